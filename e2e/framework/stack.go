@@ -1,0 +1,214 @@
+package framework
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// DefaultStateDir is where hack/local-up.sh keeps the stack unless
+// SANDMAN_STATE says otherwise.
+const DefaultStateDir = "/var/lib/sandman-local"
+
+// Stack is a running local stack, as described by its stack.env file.
+type Stack struct {
+	// Env is stack.env as written by hack/local-up.sh.
+	Env map[string]string
+	// Root is the repository's root directory.
+	Root string
+
+	RESTConfig *rest.Config
+	Kube       kubernetes.Interface
+
+	ContainerdAddress string
+	Registry          string
+	CNIConfDir        string
+	CNIBinDir         string
+
+	BusyboxImage string
+	NoShellImage string
+	DebianImage  string
+}
+
+// the stack for this test binary, set by Main.
+var (
+	current  *Stack
+	startErr error
+)
+
+// Main is TestMain for packages that need the stack. Tests are run only as
+// root; otherwise every test that calls Get skips. When the stack is not
+// running, Main starts it and stops it after the tests.
+func Main(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	if os.Geteuid() != 0 {
+		startErr = errors.New("the local stack needs root (containerd, network namespaces)")
+		return m.Run()
+	}
+	root, err := repoRoot()
+	if err != nil {
+		startErr = err
+		return m.Run()
+	}
+	started := false
+	if err := probe(root); err != nil {
+		fmt.Fprintf(os.Stderr, "framework: local stack not running (%v); starting it\n", err)
+		if err := script(root, "local-up.sh"); err != nil {
+			startErr = fmt.Errorf("hack/local-up.sh: %w", err)
+		}
+		started = true
+	}
+	if startErr == nil {
+		current, startErr = Load(root)
+	}
+	code := m.Run()
+	if started && os.Getenv("SANDMAN_KEEP_STACK") == "" {
+		if err := script(root, "local-down.sh"); err != nil {
+			fmt.Fprintf(os.Stderr, "framework: hack/local-down.sh: %v\n", err)
+			if code == 0 {
+				code = 1
+			}
+		}
+	}
+	return code
+}
+
+// Get returns the stack for a test, skipping when the test is not root and
+// failing when the stack could not be started.
+func Get(t testing.TB) *Stack {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("skipping: needs root for the local stack (containerd, network namespaces)")
+	}
+	if startErr != nil {
+		t.Fatalf("local stack: %v", startErr)
+	}
+	if current == nil {
+		t.Fatal("local stack: framework.Main was not used as TestMain")
+	}
+	return current
+}
+
+// StateDir is the stack's state directory.
+func StateDir() string {
+	if d := os.Getenv("SANDMAN_STATE"); d != "" {
+		return d
+	}
+	return DefaultStateDir
+}
+
+// Load reads stack.env and connects clients. It does not start anything.
+func Load(root string) (*Stack, error) {
+	env, err := readEnv(filepath.Join(StateDir(), "stack.env"))
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", env["KUBECONFIG"])
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig %s: %w", env["KUBECONFIG"], err)
+	}
+	cfg.QPS, cfg.Burst = 200, 400
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Stack{
+		Env:               env,
+		Root:              root,
+		RESTConfig:        cfg,
+		Kube:              kube,
+		ContainerdAddress: env["CONTAINERD_ADDRESS"],
+		Registry:          env["REGISTRY"],
+		CNIConfDir:        env["CNI_CONF_DIR"],
+		CNIBinDir:         env["CNI_BIN_DIR"],
+		BusyboxImage:      env["BUSYBOX_IMAGE"],
+		NoShellImage:      env["NOSHELL_IMAGE"],
+		DebianImage:       env["DEBIAN_IMAGE"],
+	}, nil
+}
+
+// Containerd connects to the stack's containerd in namespace ns; the client is
+// closed when the test ends.
+func (s *Stack) Containerd(t testing.TB, ns string) *containerd.Client {
+	t.Helper()
+	c, err := containerd.New(s.ContainerdAddress, containerd.WithDefaultNamespace(ns),
+		containerd.WithTimeout(10*time.Second))
+	if err != nil {
+		t.Fatalf("connect to containerd at %s: %v", s.ContainerdAddress, err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// probe checks that a stack is up: stack.env exists and the apiserver answers.
+func probe(root string) error {
+	s, err := Load(root)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if _, err := s.Kube.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx); err != nil {
+		return fmt.Errorf("apiserver: %w", err)
+	}
+	if _, err := os.Stat(s.ContainerdAddress); err != nil {
+		return fmt.Errorf("containerd: %w", err)
+	}
+	return nil
+}
+
+func script(root, name string) error {
+	cmd := exec.Command("bash", filepath.Join(root, "hack", name))
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	return cmd.Run()
+}
+
+func readEnv(path string) (map[string]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	env := map[string]string{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), "=")
+		if ok && !strings.HasPrefix(k, "#") {
+			env[strings.TrimSpace(k)] = strings.TrimSpace(v)
+		}
+	}
+	return env, sc.Err()
+}
+
+// repoRoot walks up from the working directory to the sandman module root.
+func repoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "hack", "local-up.sh")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("cannot find the repository root (hack/local-up.sh) above the working directory")
+		}
+		dir = parent
+	}
+}

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Builds the local stack's pinned binaries into a cache outside the repo:
+#   etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl
+#     from k8s.io/kubernetes (hack/tools/kube, staging modules at v0.37.2);
+#   containerd and containerd-shim-runc-v2 from the containerd module version
+#     that sandman's client uses;
+#   registry from github.com/distribution/distribution/v3.
+# Everything comes through the Go module proxy. Work already done is skipped;
+# the first run takes ~15 minutes on 2 cores.
+set -o errexit -o nounset -o pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+need go "apt-get install golang (Go 1.26 is expected at /usr/local/go)"
+
+# The builds are big; two at once crawl on a small machine.
+export GOFLAGS="${GOFLAGS:-} -trimpath"
+LDFLAGS="-s -w"
+
+build_kube() {
+	local want=(etcd kube-apiserver kube-scheduler kube-controller-manager kubectl) missing=()
+	for b in "${want[@]}"; do [ -x "$KUBE_BIN/$b" ] || missing+=("$b"); done
+	if [ ${#missing[@]} -eq 0 ]; then log "kubernetes $KUBE_VERSION: cached in $KUBE_BIN"; return; fi
+	log "kubernetes $KUBE_VERSION: building ${missing[*]} into $KUBE_BIN (first build ~12 minutes)"
+	mkdir -p "$KUBE_BIN.tmp"
+	(
+		cd "$SANDMAN_ROOT/hack/tools/kube"
+		for b in "${missing[@]}"; do
+			local pkg=k8s.io/kubernetes/cmd/$b
+			[ "$b" = etcd ] && pkg=./cmd/etcd
+			log "  go build $pkg"
+			CGO_ENABLED=0 go build -ldflags "$LDFLAGS" -o "$KUBE_BIN.tmp/$b" "$pkg"
+		done
+	)
+	mkdir -p "$KUBE_BIN"
+	mv "$KUBE_BIN.tmp"/* "$KUBE_BIN"/ && rmdir "$KUBE_BIN.tmp"
+}
+
+build_containerd() {
+	if [ -x "$CONTAINERD_BIN/containerd" ] && [ -x "$CONTAINERD_BIN/containerd-shim-runc-v2" ]; then
+		log "containerd $CONTAINERD_VERSION: cached in $CONTAINERD_BIN"; return
+	fi
+	log "containerd $CONTAINERD_VERSION: building into $CONTAINERD_BIN (~3 minutes)"
+	mkdir -p "$CONTAINERD_BIN"
+	local m=github.com/containerd/containerd/v2
+	GOBIN=$CONTAINERD_BIN CGO_ENABLED=0 go install -tags "no_btrfs no_devmapper no_zfs urfave_cli_no_docs" \
+		-ldflags "$LDFLAGS -X $m/version.Version=$CONTAINERD_VERSION" \
+		"$m/cmd/containerd@$CONTAINERD_VERSION" "$m/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION" "$m/cmd/ctr@$CONTAINERD_VERSION"
+}
+
+build_registry() {
+	if [ -x "$REGISTRY_BIN/registry" ]; then log "registry $REGISTRY_VERSION: cached in $REGISTRY_BIN"; return; fi
+	log "registry $REGISTRY_VERSION: building into $REGISTRY_BIN (~2 minutes)"
+	mkdir -p "$REGISTRY_BIN"
+	GOBIN=$REGISTRY_BIN CGO_ENABLED=0 go install -ldflags "$LDFLAGS" \
+		"github.com/distribution/distribution/v3/cmd/registry@$REGISTRY_VERSION"
+}
+
+case "${1:-all}" in
+all) build_containerd; build_registry; build_kube ;;
+kube) build_kube ;;
+containerd) build_containerd ;;
+registry) build_registry ;;
+*) die "usage: $0 [all|kube|containerd|registry]" ;;
+esac
+log "tools ready under $SANDMAN_CACHE"

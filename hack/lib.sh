@@ -1,0 +1,44 @@
+# Shared helpers for hack/*.sh. Source it; it sets nothing but functions and
+# the version pins that decide where cached binaries live.
+
+SANDMAN_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+SANDMAN_CACHE=${SANDMAN_CACHE:-/var/cache/sandman}
+SANDMAN_STATE=${SANDMAN_STATE:-/var/lib/sandman-local}
+
+KUBE_VERSION=v1.37.2
+CONTAINERD_VERSION=v2.4.2
+REGISTRY_VERSION=v3.1.2
+
+KUBE_BIN=$SANDMAN_CACHE/kube-$KUBE_VERSION
+CONTAINERD_BIN=$SANDMAN_CACHE/containerd-$CONTAINERD_VERSION
+REGISTRY_BIN=$SANDMAN_CACHE/registry-$REGISTRY_VERSION
+IMAGES_DIR=$SANDMAN_CACHE/images
+
+log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+# need CMD HINT: fail with a message naming the install step when CMD is missing.
+need() {
+	command -v "$1" >/dev/null 2>&1 || [ -x "$1" ] || die "$1 not found: run $2"
+}
+
+# Addresses of the local stack. Everything listens on loopback; slots live on
+# the bridge below, in network namespaces the node agent makes.
+APISERVER_PORT=${APISERVER_PORT:-16443}
+ETCD_PORT=${ETCD_PORT:-12379}
+REGISTRY_PORT=${REGISTRY_PORT:-15000}
+SCHEDULER_PORT=${SCHEDULER_PORT:-20259}
+CONTROLLER_MANAGER_PORT=${CONTROLLER_MANAGER_PORT:-20257}
+SERVICE_CIDR=10.214.0.0/24
+SERVICE_IP=10.214.0.1
+BRIDGE=${BRIDGE:-sandman0}
+BRIDGE_CIDR=${BRIDGE_CIDR:-10.213.0.0/16}
+BRIDGE_IP=${BRIDGE_IP:-10.213.0.1}
+CONTAINERD_ADDRESS=$SANDMAN_STATE/containerd/containerd.sock
+CNI_CONF_DIR=$SANDMAN_STATE/cni/net.d
+CNI_BIN_DIR=${CNI_BIN_DIR:-/usr/lib/cni}
+
+# Test task images, as pushed to the local registry.
+BUSYBOX_REPO=sandman/busybox:1.35
+NOSHELL_REPO=sandman/noshell:1
+DEBIAN_REPO=sandman/debian:bookworm

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Stops the local stack and removes what hack/local-up.sh and the node agents
+# made: containers and their tasks, processes, mounts, network namespaces
+# (named sandman-*), cgroups, the bridge and the state dir. Works on a
+# half-started stack: it removes what exists and says what it could not.
+# Caches ($SANDMAN_CACHE: binaries, images, registry data) are kept.
+set -o nounset -o pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+[ "$(id -u)" = 0 ] || die "run as root"
+failed=0
+warn() { log "warning: $*"; failed=1; }
+
+# stop NAME: TERM the recorded process group, KILL after 10 s.
+stop() {
+	local f=$SANDMAN_STATE/pids/$1.pid pid
+	[ -f "$f" ] || return 0
+	pid=$(cat "$f")
+	if kill -0 "$pid" 2>/dev/null; then
+		log "$1: stopping (pid $pid)"
+		kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null
+		for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+		kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+	fi
+	rm -f "$f"
+}
+
+# Node agents and other sandman processes that tests or `make run` started.
+for f in "$SANDMAN_STATE"/pids/sandman-*.pid; do
+	[ -e "$f" ] && stop "$(basename "$f" .pid)"
+done
+
+# Containers: kill every task runc knows under our state dir, then let
+# containerd forget them, then stop containerd and its shims.
+# The runc shim keeps runc state in /run/containerd/runc/<namespace>; sandman's
+# containerd namespaces all start with "sandman".
+for root in /run/containerd/runc/sandman*; do
+	[ -d "$root" ] || continue
+	for id in $(runc --root "$root" list -q 2>/dev/null); do
+		runc --root "$root" kill "$id" KILL 2>/dev/null
+		runc --root "$root" delete -f "$id" 2>/dev/null || warn "runc delete $id failed"
+	done
+done
+if [ -S "$CONTAINERD_ADDRESS" ] && [ -x "$CONTAINERD_BIN/ctr" ]; then
+	ctr=("$CONTAINERD_BIN/ctr" --address "$CONTAINERD_ADDRESS" --timeout 10s)
+	for ns in $("${ctr[@]}" namespaces ls -q 2>/dev/null); do
+		for t in $("${ctr[@]}" -n "$ns" tasks ls -q 2>/dev/null); do
+			"${ctr[@]}" -n "$ns" tasks kill -s KILL "$t" >/dev/null 2>&1
+			"${ctr[@]}" -n "$ns" tasks delete -f "$t" >/dev/null 2>&1
+		done
+		for c in $("${ctr[@]}" -n "$ns" containers ls -q 2>/dev/null); do
+			"${ctr[@]}" -n "$ns" containers delete "$c" >/dev/null 2>&1 || warn "container $ns/$c not deleted"
+		done
+	done
+fi
+stop containerd
+# Shims outlive containerd by design; ours carry our socket in their args.
+for pid in $(pgrep -f "containerd-shim-runc-v2 .*-address $CONTAINERD_ADDRESS" 2>/dev/null); do
+	kill -KILL "$pid" 2>/dev/null
+done
+
+for c in registry kube-controller-manager kube-scheduler kube-apiserver etcd; do stop "$c"; done
+
+# Network namespaces made for slots and tests.
+for ns in $(ip netns list 2>/dev/null | awk '/^sandman-/{print $1}'); do
+	ip netns delete "$ns" 2>/dev/null || warn "netns $ns not deleted"
+done
+if ip link show "$BRIDGE" >/dev/null 2>&1; then
+	log "bridge $BRIDGE: deleting"
+	ip link delete "$BRIDGE" || warn "bridge $BRIDGE not deleted"
+fi
+
+# Mounts under the state dir (snapshots, shm, netns bind mounts), deepest first.
+if [ -d "$SANDMAN_STATE" ]; then
+	for m in $(awk -v s="$SANDMAN_STATE" 'index($5, s) == 1 {print $5}' /proc/self/mountinfo | sort -r); do
+		umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || warn "umount $m failed"
+	done
+fi
+
+# cgroups (v1 controllers and the unified tree) left by sandman's namespaces.
+for d in $(find /sys/fs/cgroup -mindepth 1 -maxdepth 2 -type d -name 'sandman*' 2>/dev/null); do
+	find "$d" -depth -type d -exec rmdir {} \; 2>/dev/null || warn "cgroup $d not removed"
+done
+
+if [ -d "$SANDMAN_STATE" ]; then
+	rm -rf "$SANDMAN_STATE" || warn "could not remove $SANDMAN_STATE"
+fi
+if [ $failed = 0 ]; then log "local stack: down"; else log "local stack: down, with warnings above"; fi
+exit $failed
