@@ -1,21 +1,168 @@
-// Command sandman-daemon is the in-sandbox exec, process, session and file API (PID 1 of every sandbox).
+// Command sandman-daemon is the in-sandbox exec, process, session and file
+// API. It runs as PID 1 of every sandbox, mounted read-only into the
+// unmodified task image; arguments after the flags are the pod's command,
+// run as the main process.
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
+	"log/slog"
+	"net"
 	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandman-dev/sandman/daemon"
+	"github.com/sandman-dev/sandman/daemon/api"
 )
 
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+type hashList []string
+
+func (h *hashList) String() string     { return strings.Join(*h, ",") }
+func (h *hashList) Set(v string) error { *h = append(*h, v); return nil }
+
+type options struct {
+	listen       string
+	socket       string
+	hashes       hashList
+	allowUnauth  bool
+	stateDir     string
+	maxProcesses int
+	maxUpload    int64
+	grace        time.Duration
+	subreaper    bool
+	logLevel     string
+	printVersion bool
+}
+
 func main() {
+	code, err := run(os.Args[1:])
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "sandman-daemon: %v\n", err)
+		if code == 0 {
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func run(args []string) (int, error) {
+	var o options
 	fs := flag.NewFlagSet("sandman-daemon", flag.ContinueOnError)
+	fs.StringVar(&o.listen, "listen", envOr("SANDMAN_LISTEN", fmt.Sprintf(":%d", api.Port)), "TCP address to serve on (env SANDMAN_LISTEN; empty: none)")
+	fs.StringVar(&o.socket, "socket", os.Getenv("SANDMAN_SOCKET"), "unix socket to serve on too (env SANDMAN_SOCKET)")
+	fs.Var(&o.hashes, "token-sha256", "hex SHA-256 of an accepted bearer token; repeatable (env SANDMAN_TOKEN_SHA256, comma-separated)")
+	fs.BoolVar(&o.allowUnauth, "allow-unauthenticated", os.Getenv("SANDMAN_ALLOW_UNAUTHENTICATED") == "1", "accept calls without a token: local experiments only (env SANDMAN_ALLOW_UNAUTHENTICATED=1)")
+	fs.StringVar(&o.stateDir, "state-dir", envOr("SANDMAN_STATE_DIR", "/tmp/.sandman"), "private directory for session files (env SANDMAN_STATE_DIR)")
+	fs.IntVar(&o.maxProcesses, "max-processes", 256, "processes (execs, background, sessions) alive at once")
+	fs.Int64Var(&o.maxUpload, "max-upload-bytes", 0, "cap on one file upload (0: only the disk)")
+	fs.DurationVar(&o.grace, "grace", 10*time.Second, "on stop, how long processes get between TERM and KILL")
+	fs.BoolVar(&o.subreaper, "subreaper", false, "reap orphans as a child subreaper when not PID 1")
+	fs.StringVar(&o.logLevel, "log-level", envOr("SANDMAN_LOG_LEVEL", "info"), "debug, info, warn or error")
+	fs.BoolVar(&o.printVersion, "version", false, "print the version and exit")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: sandman-daemon [flags]\n\nsandman-daemon is the in-sandbox exec, process, session and file API (PID 1 of every sandbox).\nIt is not implemented yet.\n")
+		fmt.Fprintf(fs.Output(), "usage: sandman-daemon [flags] [--] [command [args...]]\n\n"+
+			"Serves the sandbox API (docs/daemon-api.md). A command after the flags runs as the\n"+
+			"main process; the daemon exits with its code when it exits.\n\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(os.Args[1:]); err != nil {
-		os.Exit(2)
+	if err := fs.Parse(args); err != nil {
+		return 2, nil
 	}
-	fs.Usage()
-	os.Exit(2)
+	if o.printVersion {
+		fmt.Println(version)
+		return 0, nil
+	}
+	if v := os.Getenv("SANDMAN_TOKEN_SHA256"); v != "" {
+		o.hashes = append(o.hashes, strings.Split(v, ",")...)
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return 2, fmt.Errorf("--log-level %q: %w", o.logLevel, err)
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("component", "daemon")
+
+	cfg := daemon.Config{
+		AllowUnauthenticated: o.allowUnauth,
+		Env:                  sandboxEnv(),
+		StateDir:             o.stateDir,
+		MaxProcesses:         o.maxProcesses,
+		MaxUploadBytes:       o.maxUpload,
+		Version:              version,
+		Logger:               log,
+	}
+	for _, h := range o.hashes {
+		sum, err := daemon.ParseTokenHash(h)
+		if err != nil {
+			return 2, fmt.Errorf("--token-sha256: %w", err)
+		}
+		cfg.TokenHashes = append(cfg.TokenHashes, sum)
+	}
+	reapAll := os.Getpid() == 1
+	if !reapAll && o.subreaper {
+		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+			return 1, fmt.Errorf("become a child subreaper: %w", err)
+		}
+		reapAll = true
+	}
+	cfg.Reaper = daemon.NewReaper(reapAll)
+	srv, err := daemon.New(cfg)
+	if err != nil {
+		return 2, err
+	}
+
+	var listeners []net.Listener
+	if o.listen != "" {
+		l, err := net.Listen("tcp", o.listen)
+		if err != nil {
+			return 1, err
+		}
+		listeners = append(listeners, l)
+	}
+	if o.socket != "" {
+		_ = os.MkdirAll(filepath.Dir(o.socket), 0o755)
+		_ = os.Remove(o.socket)
+		l, err := net.Listen("unix", o.socket)
+		if err != nil {
+			return 1, err
+		}
+		listeners = append(listeners, l)
+	}
+	if len(listeners) == 0 {
+		return 2, fmt.Errorf("nothing to serve on: give --listen or --socket")
+	}
+	log.Info("serving", "listen", o.listen, "socket", o.socket, "pid", os.Getpid(), "version", version,
+		"tokens", len(cfg.TokenHashes), "unauthenticated", o.allowUnauth)
+	return srv.Supervise(context.Background(), listeners, fs.Args(), o.grace)
+}
+
+// sandboxEnv is the daemon's environment without its own settings, which
+// commands in the sandbox must not see.
+func sandboxEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, "SANDMAN_") {
+			continue
+		}
+		env = append(env, kv)
+	}
+	if env == nil {
+		env = []string{}
+	}
+	return env
+}
+
+func envOr(k, def string) string {
+	if v, ok := os.LookupEnv(k); ok {
+		return v
+	}
+	return def
 }

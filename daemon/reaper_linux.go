@@ -1,0 +1,128 @@
+package daemon
+
+import (
+	"os"
+	"os/exec"
+	"os/signal"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// exitStatus is how a child ended.
+type exitStatus struct {
+	code   int    // exit code, or 128+signal when killed
+	signal string // signal name when killed
+}
+
+// Reaper collects the exit statuses of the daemon's children. With reapAll it
+// also reaps every other child that ends up with the daemon — orphans
+// reparented to PID 1 — so no zombie stays behind. Children must be started
+// through Start so that their status is not reaped before it is claimed.
+type Reaper struct {
+	reapAll bool
+
+	// mu guards waiting and is held across fork and registration, so the
+	// reaping loop cannot collect a child before it is registered.
+	mu      sync.Mutex
+	waiting map[int]waiter
+	once    sync.Once
+}
+
+type waiter struct {
+	ch   chan exitStatus
+	proc *os.Process
+}
+
+// NewReaper returns a Reaper. reapAll is for PID 1 (or a child subreaper):
+// it reaps every child on SIGCHLD; otherwise each child is waited for alone.
+func NewReaper(reapAll bool) *Reaper {
+	return &Reaper{reapAll: reapAll, waiting: map[int]waiter{}}
+}
+
+// Start starts cmd and returns a channel that receives its exit status once.
+// cmd must not be waited for by other means.
+func (r *Reaper) Start(cmd *exec.Cmd) (<-chan exitStatus, error) {
+	ch := make(chan exitStatus, 1)
+	if !r.reapAll {
+		if err := cmd.Start(); err != nil {
+			return nil, err
+		}
+		pid := cmd.Process.Pid
+		go func() {
+			ch <- waitPID(pid)
+			_ = cmd.Process.Release()
+		}()
+		return ch, nil
+	}
+	r.once.Do(r.loop)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	r.waiting[cmd.Process.Pid] = waiter{ch: ch, proc: cmd.Process}
+	return ch, nil
+}
+
+func waitPID(pid int) exitStatus {
+	var ws unix.WaitStatus
+	for {
+		_, err := unix.Wait4(pid, &ws, 0, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return exitStatus{code: -1}
+		}
+		return toStatus(ws)
+	}
+}
+
+func toStatus(ws unix.WaitStatus) exitStatus {
+	if ws.Signaled() {
+		return exitStatus{code: 128 + int(ws.Signal()), signal: signalName(ws.Signal())}
+	}
+	return exitStatus{code: ws.ExitStatus()}
+}
+
+// loop reaps children on every SIGCHLD.
+func (r *Reaper) loop() {
+	sigs := make(chan os.Signal, 64)
+	signal.Notify(sigs, syscall.SIGCHLD)
+	go func() {
+		for range sigs {
+			r.reap()
+		}
+	}()
+}
+
+func (r *Reaper) reap() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || pid <= 0 {
+			return
+		}
+		if w, ok := r.waiting[pid]; ok {
+			w.ch <- toStatus(ws)
+			_ = w.proc.Release()
+			delete(r.waiting, pid)
+		}
+	}
+}
+
+// signalName is the short name of a signal ("KILL").
+func signalName(s syscall.Signal) string {
+	n := unix.SignalName(s)
+	if n == "" {
+		return s.String()
+	}
+	return n[3:]
+}

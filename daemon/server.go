@@ -1,0 +1,412 @@
+package daemon
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/sandman-dev/sandman/daemon/api"
+)
+
+// Config configures a Server. Zero values take the defaults noted.
+type Config struct {
+	// TokenHashes are the SHA-256 digests of the accepted bearer tokens.
+	TokenHashes [][sha256.Size]byte
+	// AllowUnauthenticated accepts calls without a token (local experiments).
+	AllowUnauthenticated bool
+
+	// Env is the sandbox's environment for commands (default os.Environ()).
+	Env []string
+	// Dir is the default working directory (default: the daemon's own).
+	Dir string
+	// StateDir holds session command files (default /tmp/.sandman).
+	StateDir string
+
+	// MaxProcesses caps execs, background processes and sessions alive at
+	// once (default 256).
+	MaxProcesses int
+	// MaxBodyBytes caps JSON request bodies (default 16 MiB).
+	MaxBodyBytes int64
+	// MaxOutputBytes is the default cap on an exec's stdout and stderr each
+	// (default 16 MiB).
+	MaxOutputBytes int64
+	// ProcessOutputBytes is how much output a background process retains for
+	// re-attach (default 4 MiB).
+	ProcessOutputBytes int
+	// MaxUploadBytes caps one file upload (default 0: no cap but the disk).
+	MaxUploadBytes int64
+	// KillGrace is how long a TERM'd process group gets before KILL
+	// (default 2 s).
+	KillGrace time.Duration
+
+	Version string
+	Logger  *slog.Logger
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+	// Reaper collects exit statuses; with ReapAll it reaps every child, as
+	// PID 1 must. Default: one that waits for its own children only.
+	Reaper *Reaper
+}
+
+// Server serves the daemon API. Create it with New.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	reaper  *Reaper
+	handler http.Handler
+
+	// lastActivity is the unix-nano time of the last authenticated call.
+	lastActivity atomic.Int64
+	// running counts execs, background processes and session runs.
+	running atomic.Int32
+	// slots bounds processes alive at once (execs, background, sessions).
+	slots chan struct{}
+	// shuttingDown refuses new work once Shutdown starts.
+	shuttingDown atomic.Bool
+
+	procs    *processTable
+	sessions *sessionTable
+
+	// groupsMu guards groups: every process group the server started and
+	// that is alive, for forwarding TERM at shutdown.
+	groupsMu sync.Mutex
+	groups   map[int]struct{}
+}
+
+// New checks cfg, fills defaults and returns a Server.
+func New(cfg Config) (*Server, error) {
+	if len(cfg.TokenHashes) == 0 && !cfg.AllowUnauthenticated {
+		return nil, errors.New("no token hash configured: pass --token-sha256 (or --allow-unauthenticated for local experiments)")
+	}
+	if cfg.Env == nil {
+		cfg.Env = os.Environ()
+	}
+	if cfg.Dir == "" {
+		d, err := os.Getwd()
+		if err != nil {
+			d = "/"
+		}
+		cfg.Dir = d
+	}
+	if cfg.StateDir == "" {
+		cfg.StateDir = "/tmp/.sandman"
+	}
+	if cfg.MaxProcesses <= 0 {
+		cfg.MaxProcesses = 256
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = 16 << 20
+	}
+	if cfg.MaxOutputBytes <= 0 {
+		cfg.MaxOutputBytes = 16 << 20
+	}
+	if cfg.ProcessOutputBytes <= 0 {
+		cfg.ProcessOutputBytes = 4 << 20
+	}
+	if cfg.KillGrace <= 0 {
+		cfg.KillGrace = 2 * time.Second
+	}
+	if cfg.Version == "" {
+		cfg.Version = "dev"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Reaper == nil {
+		cfg.Reaper = NewReaper(false)
+	}
+	s := &Server{
+		cfg:    cfg,
+		log:    cfg.Logger,
+		reaper: cfg.Reaper,
+		slots:  make(chan struct{}, cfg.MaxProcesses),
+		groups: map[int]struct{}{},
+	}
+	s.procs = newProcessTable()
+	s.sessions = newSessionTable()
+	s.lastActivity.Store(cfg.Now().UnixNano())
+	s.handler = s.routes()
+	return s, nil
+}
+
+// ParseTokenHash decodes a hex SHA-256 digest as given to --token-sha256.
+func ParseTokenHash(h string) ([sha256.Size]byte, error) {
+	var out [sha256.Size]byte
+	b, err := hex.DecodeString(strings.TrimSpace(h))
+	if err != nil || len(b) != sha256.Size {
+		return out, fmt.Errorf("token hash %q: want 64 hex digits (the SHA-256 of the token)", h)
+	}
+	copy(out[:], b)
+	return out, nil
+}
+
+// Handler is the HTTP handler of the API.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/health", s.health)
+	auth := func(pattern string, h http.HandlerFunc) { mux.Handle(pattern, s.authenticated(h)) }
+	auth("POST /v1/renew", s.renew)
+	auth("POST /v1/exec", s.exec)
+	auth("POST /v1/processes", s.startProcess)
+	auth("GET /v1/processes", s.listProcesses)
+	auth("GET /v1/processes/{id}", s.getProcess)
+	auth("GET /v1/processes/{id}/output", s.processOutput)
+	auth("POST /v1/processes/{id}/stdin", s.processStdin)
+	auth("POST /v1/processes/{id}/signal", s.signalProcess)
+	auth("DELETE /v1/processes/{id}", s.deleteProcess)
+	auth("POST /v1/sessions", s.createSession)
+	auth("GET /v1/sessions", s.listSessions)
+	auth("POST /v1/sessions/{id}/run", s.runSession)
+	auth("POST /v1/sessions/{id}/interrupt", s.interruptSession)
+	auth("DELETE /v1/sessions/{id}", s.deleteSession)
+	auth("GET /v1/files", s.readFile)
+	auth("PUT /v1/files", s.writeFile)
+	auth("DELETE /v1/files", s.deleteFile)
+	auth("GET /v1/files/stat", s.statFile)
+	auth("GET /v1/files/list", s.listFiles)
+	auth("POST /v1/files/move", s.moveFile)
+	auth("POST /v1/files/mkdir", s.mkdir)
+	auth("GET /v1/attach", s.attach)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, errf(http.StatusNotFound, api.CodeNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path))
+	})
+	return s.recoverPanics(mux)
+}
+
+// recoverPanics turns a panicking handler into a logged 500 and keeps the
+// connection's server alive.
+func (s *Server) recoverPanics(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			v := recover()
+			if v == nil || v == http.ErrAbortHandler {
+				if v != nil {
+					panic(v)
+				}
+				return
+			}
+			s.log.Error("handler panic", "method", r.Method, "path", r.URL.Path, "panic", v, "stack", string(debug.Stack()))
+			writeError(w, errf(http.StatusInternalServerError, api.CodeInternal, "internal error: %v", v))
+		}()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// authenticated checks the bearer token and records the call as activity.
+func (s *Server) authenticated(h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !s.authorized(r) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="sandman"`)
+			writeError(w, errf(http.StatusUnauthorized, api.CodeUnauthorized,
+				"missing or wrong bearer token: send Authorization: Bearer <token> with the sandbox's token"))
+			return
+		}
+		s.touch()
+		h(w, r)
+	})
+}
+
+func (s *Server) authorized(r *http.Request) bool {
+	if s.cfg.AllowUnauthenticated {
+		return true
+	}
+	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok {
+		// Browsers and WebSocket clients cannot always set headers.
+		if r.URL.Path != "/v1/attach" {
+			return false
+		}
+		tok = r.URL.Query().Get("access_token")
+		if tok == "" {
+			return false
+		}
+	}
+	sum := sha256.Sum256([]byte(strings.TrimSpace(tok)))
+	match := 0
+	for _, h := range s.cfg.TokenHashes {
+		match |= subtle.ConstantTimeCompare(sum[:], h[:])
+	}
+	return match == 1
+}
+
+func (s *Server) touch() { s.lastActivity.Store(s.cfg.Now().UnixNano()) }
+
+// IdleSeconds is the time since the last authenticated call, or 0 while an
+// exec, background process or session run is in progress.
+func (s *Server) IdleSeconds() float64 {
+	if s.running.Load() > 0 {
+		return 0
+	}
+	d := s.cfg.Now().Sub(time.Unix(0, s.lastActivity.Load()))
+	return max(d.Seconds(), 0)
+}
+
+func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, api.Health{
+		Status: "ok", Version: s.cfg.Version, IdleSeconds: s.IdleSeconds(), Running: int(s.running.Load()),
+	})
+}
+
+// renew is an explicit keep-alive: the call itself counts as activity.
+func (s *Server) renew(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, api.Health{
+		Status: "ok", Version: s.cfg.Version, IdleSeconds: s.IdleSeconds(), Running: int(s.running.Load()),
+	})
+}
+
+// acquire takes a process slot or fails with 429.
+func (s *Server) acquire() error {
+	if s.shuttingDown.Load() {
+		return errf(http.StatusServiceUnavailable, api.CodeUnavailable, "the sandbox is shutting down")
+	}
+	select {
+	case s.slots <- struct{}{}:
+		return nil
+	default:
+		return errf(http.StatusTooManyRequests, api.CodeTooManyRequests,
+			"%d processes are already running in this sandbox (the daemon's limit); wait for some to exit or kill them", s.cfg.MaxProcesses)
+	}
+}
+
+func (s *Server) release() { <-s.slots }
+
+func (s *Server) addGroup(pgid int) {
+	s.groupsMu.Lock()
+	if len(s.groups) >= 2*s.cfg.MaxProcesses {
+		s.pruneGroupsLocked()
+	}
+	s.groups[pgid] = struct{}{}
+	s.groupsMu.Unlock()
+}
+
+// forgetGroup drops pgid once no process of the group is left.
+func (s *Server) forgetGroup(pgid int) {
+	if syscall.Kill(-pgid, 0) != syscall.ESRCH {
+		return
+	}
+	s.groupsMu.Lock()
+	delete(s.groups, pgid)
+	s.groupsMu.Unlock()
+}
+
+// pruneGroupsLocked drops groups with no process left.
+func (s *Server) pruneGroupsLocked() {
+	for pgid := range s.groups {
+		if syscall.Kill(-pgid, 0) == syscall.ESRCH {
+			delete(s.groups, pgid)
+		}
+	}
+}
+
+// Shutdown refuses new work, sends TERM to every process group the server
+// started, and KILLs what is left when ctx ends.
+func (s *Server) Shutdown(ctx context.Context) {
+	s.shuttingDown.Store(true)
+	s.signalGroups(sigTERM)
+	for {
+		s.groupsMu.Lock()
+		s.pruneGroupsLocked()
+		n := len(s.groups)
+		s.groupsMu.Unlock()
+		if n == 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			s.signalGroups(sigKILL)
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Serve serves the API on l until ctx ends.
+func (s *Server) Serve(ctx context.Context, l net.Listener) error {
+	hs := &http.Server{
+		Handler:           s.handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       5 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+	}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		_ = hs.Shutdown(sctx)
+	}()
+	if err := hs.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// apiError is an error with its HTTP status and API code.
+type apiError struct {
+	status int
+	code   string
+	msg    string
+}
+
+func (e *apiError) Error() string { return e.msg }
+
+func errf(status int, code, format string, args ...any) error {
+	return &apiError{status: status, code: code, msg: fmt.Sprintf(format, args...)}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	var ae *apiError
+	if !errors.As(err, &ae) {
+		ae = classify(err)
+	}
+	writeJSON(w, ae.status, api.ErrorBody{Error: api.Error{Code: ae.code, Message: ae.msg}})
+}
+
+// decode reads a JSON body of at most the configured size into v.
+func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) error {
+	body := http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var mbe *http.MaxBytesError
+		switch {
+		case errors.As(err, &mbe):
+			return errf(http.StatusRequestEntityTooLarge, api.CodeTooLarge,
+				"request body over %d bytes: send large inputs as files (PUT /v1/files)", mbe.Limit)
+		case errors.Is(err, io.EOF):
+			return errf(http.StatusBadRequest, api.CodeBadRequest, "empty request body: want a JSON object")
+		default:
+			return errf(http.StatusBadRequest, api.CodeBadRequest, "malformed JSON body: %v", err)
+		}
+	}
+	if dec.More() {
+		return errf(http.StatusBadRequest, api.CodeBadRequest, "malformed JSON body: more than one JSON value")
+	}
+	return nil
+}
