@@ -11,24 +11,35 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 failed=0
 warn() { log "warning: $*"; failed=1; }
 
-# stop NAME: TERM the recorded process group, KILL after 10 s.
+# stop NAME...: TERM the recorded process groups, KILL what is left after 10 s.
 stop() {
-	local f=$SANDMAN_STATE/pids/$1.pid pid
-	[ -f "$f" ] || return 0
-	pid=$(cat "$f")
-	if kill -0 "$pid" 2>/dev/null; then
-		log "$1: stopping (pid $pid)"
+	local pids=() name f pid
+	for name in "$@"; do
+		f=$SANDMAN_STATE/pids/$name.pid
+		[ -f "$f" ] || continue
+		pid=$(cat "$f")
+		rm -f "$f"
+		kill -0 "$pid" 2>/dev/null || continue
+		log "$name: stopping (pid $pid)"
 		kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null
-		for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-		kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
-	fi
-	rm -f "$f"
+		pids+=("$pid")
+	done
+	for _ in $(seq 100); do
+		local left=0
+		for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && left=1; done
+		[ $left = 0 ] && return 0
+		sleep 0.1
+	done
+	for pid in "${pids[@]}"; do kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null; done
+	return 0
 }
 
 # Node agents and other sandman processes that tests or `make run` started.
+agents=()
 for f in "$SANDMAN_STATE"/pids/sandman-*.pid; do
-	[ -e "$f" ] && stop "$(basename "$f" .pid)"
+	[ -e "$f" ] && agents+=("$(basename "$f" .pid)")
 done
+[ ${#agents[@]} -eq 0 ] || stop "${agents[@]}"
 
 # Containers: kill every task runc knows under our state dir, then let
 # containerd forget them, then stop containerd and its shims.
@@ -59,7 +70,11 @@ for pid in $(pgrep -f "containerd-shim-runc-v2 .*-address $CONTAINERD_ADDRESS" 2
 	kill -KILL "$pid" 2>/dev/null
 done
 
-for c in registry kube-controller-manager kube-scheduler kube-apiserver etcd; do stop "$c"; done
+stop registry kube-controller-manager kube-scheduler
+stop kube-apiserver
+stop etcd
+
+rmdir /run/containerd/runc/sandman* 2>/dev/null
 
 # Network namespaces made for slots and tests.
 for ns in $(ip netns list 2>/dev/null | awk '/^sandman-/{print $1}'); do

@@ -54,6 +54,13 @@ start() {
 	log "$name: ready"
 }
 
+# The bridge that slot network namespaces attach to, and the CNI config for it.
+if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+	log "bridge $BRIDGE: creating $BRIDGE_IP/${BRIDGE_CIDR#*/}"
+	ip link add "$BRIDGE" type bridge
+	ip addr add "$BRIDGE_IP/${BRIDGE_CIDR#*/}" dev "$BRIDGE"
+fi
+ip link set "$BRIDGE" up
 KCURL=(curl -fsS --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key")
 
 start etcd "curl -fsS http://127.0.0.1:$ETCD_PORT/health" \
@@ -67,7 +74,8 @@ start etcd "curl -fsS http://127.0.0.1:$ETCD_PORT/health" \
 start kube-apiserver "${KCURL[*]} https://127.0.0.1:$APISERVER_PORT/readyz" \
 	"$KUBE_BIN/kube-apiserver" \
 	--etcd-servers "http://127.0.0.1:$ETCD_PORT" \
-	--bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$APISERVER_PORT" \
+	--bind-address 127.0.0.1 --advertise-address "$BRIDGE_IP" --secure-port "$APISERVER_PORT" \
+	--endpoint-reconciler-type none \
 	--tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
 	--client-ca-file "$PKI/ca.crt" \
 	--kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" \
@@ -95,13 +103,6 @@ start kube-controller-manager "curl -fsSk https://127.0.0.1:$CONTROLLER_MANAGER_
 	--use-service-account-credentials --service-cluster-ip-range "$SERVICE_CIDR" \
 	--kube-api-qps 200 --kube-api-burst 400 --v 1
 
-# The bridge that slot network namespaces attach to, and the CNI config for it.
-if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
-	log "bridge $BRIDGE: creating $BRIDGE_IP/${BRIDGE_CIDR#*/}"
-	ip link add "$BRIDGE" type bridge
-	ip addr add "$BRIDGE_IP/${BRIDGE_CIDR#*/}" dev "$BRIDGE"
-fi
-ip link set "$BRIDGE" up
 mkdir -p "$CNI_CONF_DIR" "$SANDMAN_STATE/cni/ipam"
 cat >"$CNI_CONF_DIR/10-sandman.conflist" <<CNI
 {
