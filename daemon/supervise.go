@@ -22,10 +22,6 @@ import (
 func (s *Server) Supervise(ctx context.Context, listeners []net.Listener, main []string, grace time.Duration) (int, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	serveErr := make(chan error, len(listeners))
-	for _, l := range listeners {
-		go func() { serveErr <- s.Serve(ctx, l) }()
-	}
 	stop := make(chan os.Signal, 2)
 	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
 	defer signal.Stop(stop)
@@ -49,6 +45,11 @@ func (s *Server) Supervise(ctx context.Context, listeners []net.Listener, main [
 		}
 		mainProc, mainDone = p, p.done
 		s.log.Info("main process started", "pid", p.pid, "cmd", main)
+	}
+
+	serveErr := make(chan error, len(listeners))
+	for _, l := range listeners {
+		go func() { serveErr <- s.Serve(ctx, l) }()
 	}
 
 	shutdown := func() {

@@ -1,0 +1,177 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandman-dev/sandman/daemon/api"
+	"github.com/sandman-dev/sandman/daemon/client"
+)
+
+// build compiles the daemon once per test binary run.
+func build(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "sandman-daemon")
+	cmd := exec.Command("go", "build", "-o", bin, ".")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+type running struct {
+	cmd    *exec.Cmd
+	out    bytes.Buffer
+	client *client.Client
+	done   chan error
+}
+
+func start(t *testing.T, bin string, args ...string) *running {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "d.sock")
+	r := &running{done: make(chan error, 1)}
+	r.cmd = exec.Command(bin, append([]string{"--listen", "", "--socket", sock, "--allow-unauthenticated",
+		"--subreaper", "--grace", "2s", "--state-dir", t.TempDir()}, args...)...)
+	r.cmd.Stdout, r.cmd.Stderr = &r.out, &r.out
+	if err := r.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { r.done <- r.cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = r.cmd.Process.Kill()
+		<-r.done
+	})
+	c, err := client.New("unix://"+sock, client.WithRetries(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.client = c
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := c.Health(t.Context()); err == nil {
+			return r
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("daemon did not answer: %s", r.out.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (r *running) wait(t *testing.T, timeout time.Duration) int {
+	t.Helper()
+	select {
+	case err := <-r.done:
+		r.done <- err
+		if ee, ok := err.(*exec.ExitError); ok {
+			return ee.ExitCode()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return 0
+	case <-time.After(timeout):
+		t.Fatalf("daemon still running after %v", timeout)
+		return -1
+	}
+}
+
+func TestMainProcessExitCode(t *testing.T) {
+	bin := build(t)
+	r := start(t, bin, "--", "sh", "-c", "echo main-out; sleep 300")
+	// The main process's output is kept for logs.
+	p, err := r.client.Process(t.Context(), "main")
+	if err != nil || !p.Running {
+		t.Fatalf("main process: %+v %v", p, err)
+	}
+	if _, err := r.client.Signal(t.Context(), "main", "INT"); err != nil {
+		t.Fatal(err)
+	}
+	if code := r.wait(t, 10*time.Second); code != 130 {
+		t.Fatalf("daemon exit code %d, want 130 (main killed by INT); output:\n%s", code, r.out.String())
+	}
+	if !strings.Contains(r.out.String(), "main-out") {
+		t.Fatalf("main output not copied to the daemon's stdout:\n%s", r.out.String())
+	}
+}
+
+func TestSIGTERMStopsEverything(t *testing.T) {
+	bin := build(t)
+	r := start(t, bin, "--", "sleep", "300")
+	bg, err := r.client.StartProcess(t.Context(), api.ProcessRequest{Shell: "trap '' TERM; while :; do sleep 1; done"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := r.wait(t, 10*time.Second); code != 143 {
+		t.Fatalf("exit code %d, want 143; output:\n%s", code, r.out.String())
+	}
+	if alive(bg.PID) {
+		t.Fatalf("background process %d that ignores TERM survived the daemon", bg.PID)
+	}
+}
+
+// TestReapsOrphans: as a subreaper (as PID 1 would), the daemon reaps
+// orphaned grandchildren so no zombie stays.
+func TestReapsOrphans(t *testing.T) {
+	bin := build(t)
+	r := start(t, bin)
+	res, err := r.client.Exec(t.Context(), api.ExecRequest{Shell: "sleep 0.2 >/dev/null 2>&1 & echo $!"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	orphan, err := strconv.Atoi(strings.TrimSpace(string(res.Stdout)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	for {
+		if _, err := os.Stat("/proc/" + strconv.Itoa(orphan)); os.IsNotExist(err) {
+			return // exited and reaped
+		}
+		select {
+		case <-ctx.Done():
+			b, _ := os.ReadFile("/proc/" + strconv.Itoa(orphan) + "/stat")
+			t.Fatalf("orphan %d not reaped: %s", orphan, b)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func TestFlagsErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--listen", "", "--socket", ""}, "no token hash"},
+		{[]string{"--token-sha256", "nothex"}, "want 64 hex digits"},
+		{[]string{"--allow-unauthenticated", "--listen", ""}, "nothing to serve on"},
+	} {
+		code, err := run(tc.args)
+		if err == nil || code == 0 || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("run(%v) = %d, %v; want an error containing %q", tc.args, code, err, tc.want)
+		}
+	}
+}
+
+func alive(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i > 0 && len(s) > i+2 && s[i+2] != 'Z'
+}
