@@ -101,9 +101,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 
 	var timeout <-chan time.Time
 	if req.TimeoutSeconds > 0 {
-		t := time.NewTimer(time.Duration(req.TimeoutSeconds * float64(time.Second)))
-		defer t.Stop()
-		timeout = t.C
+		timeout = time.After(time.Duration(req.TimeoutSeconds * float64(time.Second)))
 	}
 	out := map[string]*capture{api.EventStdout: {limit: limit}, api.EventStderr: {limit: limit}}
 	var (
@@ -156,6 +154,13 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	if timedOut {
 		// The whole group goes, children included.
 		_ = s.signalGroup(p.pid, sigKILL)
+	} else if timeout != nil {
+		// Children the command left in its group are killed at its deadline.
+		go func(deadline <-chan time.Time, pgid int) {
+			<-deadline
+			_ = s.signalGroup(pgid, sigKILL)
+			s.forgetGroup(pgid)
+		}(timeout, p.pid)
 	}
 	res := api.ExecResult{
 		ExitCode:   status.code,

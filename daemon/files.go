@@ -86,8 +86,9 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errf(http.StatusBadRequest, api.CodeIsADirectory, "%s is a directory: list it (GET /v1/files/list) or download it with archive=tar", p))
 		return
 	}
-	if !fi.Mode().IsRegular() {
-		// Devices, FIFOs: stream what they give, without a length.
+	if !fi.Mode().IsRegular() || fi.Size() == 0 {
+		// Devices, FIFOs and /proc files (size 0): stream what they give,
+		// without a length.
 		w.Header().Set("Content-Type", "application/octet-stream")
 		_, _ = io.Copy(w, f)
 		return
