@@ -390,6 +390,9 @@ func writeError(w http.ResponseWriter, err error) {
 
 // decode reads a JSON body of at most the configured size into v.
 func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) error {
+	// A JSON body must arrive promptly; a stalled client cannot hold a
+	// handler (uploads and streams lift their deadlines themselves).
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(30 * time.Second))
 	body := http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
 	dec := json.NewDecoder(body)
 	dec.DisallowUnknownFields()

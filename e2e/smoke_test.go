@@ -38,7 +38,7 @@ func TestSmokeControlPlane(t *testing.T) {
 		t.Fatalf("create namespace: %v", err)
 	}
 	t.Cleanup(func() {
-		_ = kube.CoreV1().Namespaces().Delete(context.WithoutCancel(ctx), ns.Name, metav1.DeleteOptions{})
+		cleanup(t, "namespace", kube.CoreV1().Namespaces().Delete(context.WithoutCancel(ctx), ns.Name, metav1.DeleteOptions{}))
 	})
 
 	node, err := kube.CoreV1().Nodes().Create(ctx, &corev1.Node{
@@ -52,7 +52,7 @@ func TestSmokeControlPlane(t *testing.T) {
 		t.Fatalf("create node: %v", err)
 	}
 	t.Cleanup(func() {
-		_ = kube.CoreV1().Nodes().Delete(context.WithoutCancel(ctx), nodeName, metav1.DeleteOptions{})
+		cleanup(t, "node", kube.CoreV1().Nodes().Delete(context.WithoutCancel(ctx), nodeName, metav1.DeleteOptions{}))
 	})
 	if !hasTaint(node, corev1.TaintNodeNotReady) {
 		t.Fatalf("new node has taints %v; want the apiserver's %s taint until it is Ready", node.Spec.Taints, corev1.TaintNodeNotReady)
@@ -85,7 +85,7 @@ func TestSmokeControlPlane(t *testing.T) {
 		t.Fatalf("create node lease: %v", err)
 	}
 	t.Cleanup(func() {
-		_ = kube.CoordinationV1().Leases(corev1.NamespaceNodeLease).Delete(context.WithoutCancel(ctx), nodeName, metav1.DeleteOptions{})
+		cleanup(t, "lease", kube.CoordinationV1().Leases(corev1.NamespaceNodeLease).Delete(context.WithoutCancel(ctx), nodeName, metav1.DeleteOptions{}))
 	})
 
 	framework.Eventually(t, 60*time.Second, "kube-controller-manager to remove the not-ready taint", func(ctx context.Context) (bool, error) {
@@ -131,7 +131,13 @@ func TestSmokeControlPlane(t *testing.T) {
 		t.Fatalf("create pod: %v", err)
 	}
 	t.Cleanup(func() {
-		_ = kube.CoreV1().Pods(ns.Name).Delete(context.WithoutCancel(ctx), pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+		cctx := context.WithoutCancel(ctx)
+		cleanup(t, "pod", kube.CoreV1().Pods(ns.Name).Delete(cctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}))
+		// With no kubelet, a zero grace period removes the pod at once.
+		framework.Eventually(t, 30*time.Second, "the pod to be gone", func(ctx context.Context) (bool, error) {
+			_, err := kube.CoreV1().Pods(ns.Name).Get(cctx, pod.Name, metav1.GetOptions{})
+			return apierrors.IsNotFound(err), nil
+		})
 	})
 	framework.Eventually(t, 30*time.Second, "kube-scheduler to bind the pod", func(ctx context.Context) (bool, error) {
 		p, err := kube.CoreV1().Pods(ns.Name).Get(ctx, pod.Name, metav1.GetOptions{})
@@ -152,4 +158,12 @@ func hasTaint(n *corev1.Node, key string) bool {
 		}
 	}
 	return false
+}
+
+// cleanup reports a failed deletion; one that finds nothing is fine.
+func cleanup(t *testing.T, what string, err error) {
+	t.Helper()
+	if err != nil && !apierrors.IsNotFound(err) {
+		t.Errorf("clean up %s: %v", what, err)
+	}
 }
