@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
 	"github.com/sandman-dev/sandman/e2e/framework"
@@ -59,20 +60,27 @@ func TestSmokeControlPlane(t *testing.T) {
 	}
 
 	// Mark it Ready with capacity, and keep its lease fresh like a kubelet.
-	now := metav1.Now()
-	node.Status = corev1.NodeStatus{
-		Capacity: corev1.ResourceList{
+	// kube-controller-manager writes to new nodes too: retry on conflict.
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := kube.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		now := metav1.Now()
+		n.Status.Capacity = corev1.ResourceList{
 			corev1.ResourceCPU:    resource.MustParse("4"),
 			corev1.ResourceMemory: resource.MustParse("8Gi"),
 			corev1.ResourcePods:   resource.MustParse("110"),
-		},
-		Conditions: []corev1.NodeCondition{{
+		}
+		n.Status.Allocatable = n.Status.Capacity
+		n.Status.Conditions = []corev1.NodeCondition{{
 			Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "SmokeTest",
 			LastHeartbeatTime: now, LastTransitionTime: now,
-		}},
-	}
-	node.Status.Allocatable = node.Status.Capacity
-	if _, err := kube.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
+		}}
+		_, err = kube.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
 		t.Fatalf("mark node Ready: %v", err)
 	}
 	if _, err := kube.CoordinationV1().Leases(corev1.NamespaceNodeLease).Create(ctx, &coordinationv1.Lease{
