@@ -1,0 +1,288 @@
+package fake
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/sandman-dev/sandman/runtime"
+)
+
+var _ runtime.Runtime = (*Runtime)(nil)
+
+// Config configures a fake node.
+type Config struct {
+	// Node is the node's name (required).
+	Node string
+	// Slots is the node's slot capacity (default 10).
+	Slots int
+	// Resources is what the node offers (default 1 CPU and 1 GiB per slot).
+	Resources runtime.Resources
+	// Images are the images the fake registry has; binding any other image
+	// fails with ImageNotFound. Nil: every image exists.
+	Images []string
+	// BindLatency is how long a bind takes; ReadyLatency how long after it
+	// the daemon answers; ReleaseLatency how long a release blocks;
+	// RecycleLatency how long recycling takes in the background.
+	BindLatency, ReadyLatency, ReleaseLatency, RecycleLatency time.Duration
+	// FailBind, when set, is asked before every bind; an error fails it.
+	FailBind func(runtime.BindRequest) error
+	// IPBase is the first three octets of slot addresses (default "10.250.0").
+	IPBase string
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+// Runtime is an in-memory node.
+type Runtime struct {
+	cfg Config
+	hub *runtime.Hub
+
+	// mu guards slots and byPod; events are published under it.
+	mu    sync.Mutex
+	slots []*runtime.Slot
+	byPod map[string]*runtime.Slot
+	// closed is set by Close.
+	closed bool
+}
+
+// New returns a fake node with all its slots warm.
+func New(cfg Config) (*Runtime, error) {
+	if cfg.Node == "" {
+		return nil, fmt.Errorf("fake runtime: node name is required: %w", errdefs.ErrInvalidArgument)
+	}
+	if cfg.Slots <= 0 {
+		cfg.Slots = 10
+	}
+	if cfg.Resources == (runtime.Resources{}) {
+		cfg.Resources = runtime.Resources{MilliCPU: 1000 * int64(cfg.Slots), MemoryBytes: int64(cfg.Slots) << 30}
+	}
+	if cfg.IPBase == "" {
+		cfg.IPBase = "10.250.0"
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	r := &Runtime{cfg: cfg, hub: runtime.NewHub(4096), byPod: map[string]*runtime.Slot{}}
+	now := cfg.Now()
+	for i := range cfg.Slots {
+		r.slots = append(r.slots, &runtime.Slot{
+			ID: fmt.Sprintf("%s-%d", cfg.Node, i), State: runtime.StateWarm, Since: now,
+			IP: cfg.IPBase + "." + strconv.Itoa(i%250+2),
+		})
+	}
+	return r, nil
+}
+
+// Close ends all watches.
+func (r *Runtime) Close() {
+	r.mu.Lock()
+	r.closed = true
+	r.mu.Unlock()
+	r.hub.Close()
+}
+
+func (r *Runtime) setLocked(s *runtime.Slot, state runtime.SlotState) {
+	s.State, s.Since = state, r.cfg.Now()
+	r.hub.Publish(runtime.Event{Type: runtime.EventSlot, Time: s.Since, Slot: *s})
+}
+
+// Bind implements runtime.Runtime.
+func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Slot, error) {
+	if err := req.Validate(); err != nil {
+		return runtime.Slot{}, err
+	}
+	r.mu.Lock()
+	if _, ok := r.byPod[req.Pod.UID]; ok {
+		r.mu.Unlock()
+		return runtime.Slot{}, fmt.Errorf("bind %s: pod already bound on %s: %w", req.Pod.UID, r.cfg.Node, errdefs.ErrAlreadyExists)
+	}
+	var slot *runtime.Slot
+	var used runtime.Resources
+	for _, s := range r.slots {
+		switch s.State {
+		case runtime.StateWarm, runtime.StateHot:
+			if slot == nil {
+				slot = s
+			}
+		case runtime.StateBinding, runtime.StateBound, runtime.StateReleasing:
+			used = used.Add(s.Resources)
+		}
+	}
+	want := req.Requests()
+	if slot == nil {
+		r.mu.Unlock()
+		return runtime.Slot{}, fmt.Errorf("bind %s: no warm slot on %s: %w", req.Pod.UID, r.cfg.Node, errdefs.ErrResourceExhausted)
+	}
+	if total := used.Add(want); total.MilliCPU > r.cfg.Resources.MilliCPU || total.MemoryBytes > r.cfg.Resources.MemoryBytes {
+		r.mu.Unlock()
+		return runtime.Slot{}, fmt.Errorf("bind %s: requests %+v do not fit on %s: %w", req.Pod.UID, want, r.cfg.Node, errdefs.ErrResourceExhausted)
+	}
+	pod := req.Pod
+	slot.Pod, slot.Image, slot.Resources, slot.Ready = &pod, req.Containers[0].Image, want, false
+	r.byPod[pod.UID] = slot
+	r.setLocked(slot, runtime.StateBinding)
+	r.mu.Unlock()
+
+	err := r.bindWork(ctx, req)
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err != nil {
+		reason := runtime.ReasonStartFailed
+		if errdefs.IsNotFound(err) {
+			reason = runtime.ReasonImageNotFound
+		}
+		ev := runtime.Event{Type: runtime.EventBindFailed, Time: r.cfg.Now(), Slot: *slot, Reason: reason, Message: err.Error()}
+		r.resetLocked(slot)
+		r.hub.Publish(ev)
+		r.setLocked(slot, runtime.StateWarm)
+		return runtime.Slot{}, err
+	}
+	r.setLocked(slot, runtime.StateBound)
+	out := *slot
+	go r.ready(pod.UID, slot)
+	return out, nil
+}
+
+func (r *Runtime) bindWork(ctx context.Context, req runtime.BindRequest) error {
+	if r.cfg.FailBind != nil {
+		if err := r.cfg.FailBind(req); err != nil {
+			return err
+		}
+	}
+	if r.cfg.Images != nil {
+		for _, c := range req.Containers {
+			if !slices.Contains(r.cfg.Images, c.Image) {
+				return fmt.Errorf("bind %s: image %s: not found in the registry: %w", req.Pod.UID, c.Image, errdefs.ErrNotFound)
+			}
+		}
+	}
+	return sleep(ctx, r.cfg.BindLatency)
+}
+
+// ready marks the slot ready after ReadyLatency if it still holds the pod.
+func (r *Runtime) ready(uid string, slot *runtime.Slot) {
+	if r.cfg.ReadyLatency > 0 {
+		time.Sleep(r.cfg.ReadyLatency)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if slot.State != runtime.StateBound || slot.Pod == nil || slot.Pod.UID != uid {
+		return
+	}
+	slot.Ready = true
+	r.hub.Publish(runtime.Event{Type: runtime.EventReady, Time: r.cfg.Now(), Slot: *slot})
+}
+
+func (r *Runtime) resetLocked(s *runtime.Slot) {
+	if s.Pod != nil {
+		delete(r.byPod, s.Pod.UID)
+	}
+	s.Pod, s.Image, s.Resources, s.Ready, s.Reason = nil, "", runtime.Resources{}, false, ""
+}
+
+// Release implements runtime.Runtime.
+func (r *Runtime) Release(ctx context.Context, uid string, grace time.Duration) error {
+	r.mu.Lock()
+	slot, ok := r.byPod[uid]
+	if !ok || slot.State == runtime.StateReleasing {
+		r.mu.Unlock()
+		return nil
+	}
+	if slot.State == runtime.StateBinding {
+		// Let the bind finish first, as the real runtime would.
+		r.mu.Unlock()
+		for {
+			if err := sleep(ctx, time.Millisecond); err != nil {
+				return err
+			}
+			r.mu.Lock()
+			if s, ok := r.byPod[uid]; !ok || s.State != runtime.StateBinding {
+				r.mu.Unlock()
+				return r.Release(ctx, uid, grace)
+			}
+			r.mu.Unlock()
+		}
+	}
+	r.setLocked(slot, runtime.StateReleasing)
+	r.mu.Unlock()
+	if err := sleep(ctx, r.cfg.ReleaseLatency); err != nil {
+		return err
+	}
+	go func() {
+		if r.cfg.RecycleLatency > 0 {
+			time.Sleep(r.cfg.RecycleLatency)
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.resetLocked(slot)
+		r.setLocked(slot, runtime.StateWarm)
+	}()
+	return nil
+}
+
+// Watch implements runtime.Runtime.
+func (r *Runtime) Watch(ctx context.Context) (runtime.Inventory, <-chan runtime.Event, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return runtime.Inventory{}, nil, fmt.Errorf("fake runtime %s is closed: %w", r.cfg.Node, errdefs.ErrUnavailable)
+	}
+	return r.inventoryLocked(), r.hub.Subscribe(ctx), nil
+}
+
+// Inventory implements runtime.Runtime.
+func (r *Runtime) Inventory(ctx context.Context) (runtime.Inventory, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.inventoryLocked(), nil
+}
+
+func (r *Runtime) inventoryLocked() runtime.Inventory {
+	inv := runtime.Inventory{
+		Node:        r.cfg.Node,
+		Capacity:    runtime.Capacity{Slots: len(r.slots), Resources: r.cfg.Resources},
+		Slots:       make([]runtime.Slot, 0, len(r.slots)),
+		ReadyImages: slices.Clone(r.cfg.Images),
+	}
+	for _, s := range r.slots {
+		c := *s
+		if s.Pod != nil {
+			p := *s.Pod
+			c.Pod = &p
+		}
+		inv.Slots = append(inv.Slots, c)
+	}
+	return inv
+}
+
+// Stats implements runtime.Runtime with plausible numbers.
+func (r *Runtime) Stats(ctx context.Context, uid string) (runtime.Stats, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s, ok := r.byPod[uid]
+	if !ok || s.State != runtime.StateBound {
+		return runtime.Stats{}, fmt.Errorf("stats %s: no bound pod on %s: %w", uid, r.cfg.Node, errdefs.ErrNotFound)
+	}
+	return runtime.Stats{Pod: *s.Pod, Time: r.cfg.Now(), MemoryBytes: 4 << 20, MemoryLimitBytes: uint64(s.Resources.MemoryBytes), Pids: 1}, nil
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

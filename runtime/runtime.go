@@ -1,0 +1,219 @@
+package runtime
+
+import (
+	"context"
+	"time"
+)
+
+// Runtime is a node's set of sandbox slots. Slots move
+// warm → binding → bound → releasing → warm, or to broken when a slot cannot
+// be recycled. Implementations: runtime/containerd (real) and runtime/fake.
+//
+// Errors use github.com/containerd/errdefs classes:
+//   - ErrResourceExhausted: no warm slot, or the pod does not fit;
+//   - ErrInvalidArgument: a request that can never succeed (bad resources,
+//     no containers) — fix the pod;
+//   - ErrNotFound: an unknown pod UID, or a missing image (with ImageError
+//     telling which);
+//   - ErrAlreadyExists: the pod is bound already;
+//   - ErrUnavailable: the runtime cannot reach its backend right now.
+type Runtime interface {
+	// Bind puts the pod into a warm slot and starts it. It returns once the
+	// sandbox's containers are started (state bound); readiness (the daemon
+	// answers) arrives later as an EventReady. On error the slot goes back
+	// to warm and nothing of the pod is left.
+	Bind(ctx context.Context, req BindRequest) (Slot, error)
+	// Release stops the pod's sandbox (TERM, grace, KILL), removes its
+	// containers and snapshots, and recycles the slot in the background.
+	// Releasing an unknown or already released pod is not an error.
+	Release(ctx context.Context, podUID string, grace time.Duration) error
+	// Watch returns the current inventory and a stream of every change
+	// after it. The channel is closed when ctx ends or the watcher falls
+	// too far behind; the caller then watches again.
+	Watch(ctx context.Context) (Inventory, <-chan Event, error)
+	// Inventory is the node's capacity and slots now.
+	Inventory(ctx context.Context) (Inventory, error)
+	// Stats is the resource use of a bound pod's sandbox.
+	Stats(ctx context.Context, podUID string) (Stats, error)
+}
+
+// SlotState is where a slot is in its life.
+type SlotState string
+
+const (
+	// StateWarm: ready for any image (network namespace with an address).
+	StateWarm SlotState = "warm"
+	// StateHot: warm, with a started sandbox of one image waiting to be
+	// assigned (Slot.Image).
+	StateHot SlotState = "hot"
+	// StateBinding: a pod is being put into it.
+	StateBinding SlotState = "binding"
+	// StateBound: a pod's sandbox runs in it.
+	StateBound SlotState = "bound"
+	// StateReleasing: the pod's sandbox is being removed and the slot recycled.
+	StateReleasing SlotState = "releasing"
+	// StateBroken: the slot could not be recycled (Slot.Reason says why).
+	StateBroken SlotState = "broken"
+)
+
+// PodRef names the pod a slot holds.
+type PodRef struct {
+	UID       string `json:"uid"`
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+}
+
+// Slot is one sandbox place on a node.
+type Slot struct {
+	ID    string    `json:"id"`
+	State SlotState `json:"state"`
+	// IP is the slot's address (its network namespace's).
+	IP string `json:"ip,omitempty"`
+	// Image is the bound pod's first image, or a hot slot's image.
+	Image string  `json:"image,omitempty"`
+	Pod   *PodRef `json:"pod,omitempty"`
+	// Resources the bound pod holds.
+	Resources Resources `json:"resources,omitzero"`
+	// Ready: the bound sandbox's daemon answers.
+	Ready  bool      `json:"ready,omitempty"`
+	Since  time.Time `json:"since"`
+	Reason string    `json:"reason,omitempty"`
+}
+
+// Resources are CPU and memory amounts.
+type Resources struct {
+	// MilliCPU is in thousandths of a core.
+	MilliCPU int64 `json:"milli_cpu,omitempty"`
+	// MemoryBytes is in bytes.
+	MemoryBytes int64 `json:"memory_bytes,omitempty"`
+}
+
+// Add returns r + o.
+func (r Resources) Add(o Resources) Resources {
+	return Resources{MilliCPU: r.MilliCPU + o.MilliCPU, MemoryBytes: r.MemoryBytes + o.MemoryBytes}
+}
+
+// Capacity is what a node offers sandboxes.
+type Capacity struct {
+	Slots     int       `json:"slots"`
+	Resources Resources `json:"resources"`
+}
+
+// Inventory is a node's capacity and slots at one moment.
+type Inventory struct {
+	Node     string   `json:"node"`
+	Capacity Capacity `json:"capacity"`
+	Slots    []Slot   `json:"slots"`
+	// ReadyImages are the images unpacked on this node (for placement).
+	ReadyImages []string `json:"ready_images,omitempty"`
+}
+
+// Count returns how many slots are in each state.
+func (inv Inventory) Count() map[SlotState]int {
+	out := map[SlotState]int{}
+	for _, s := range inv.Slots {
+		out[s.State]++
+	}
+	return out
+}
+
+// BindRequest is what a pod needs from a slot.
+type BindRequest struct {
+	Pod PodRef `json:"pod"`
+	// Hostname defaults to the pod name.
+	Hostname string `json:"hostname,omitempty"`
+	// Containers share the slot's network namespace, as in a pod.
+	Containers []ContainerSpec `json:"containers"`
+	// TokenHashes are hex SHA-256 digests of the bearer tokens the daemon
+	// accepts (the creator's and the control plane's).
+	TokenHashes []string `json:"token_hashes,omitempty"`
+	// AllowUnauthenticated starts the daemon without token checks.
+	AllowUnauthenticated bool `json:"allow_unauthenticated,omitempty"`
+	// Labels are added to the containers (containerd labels).
+	Labels map[string]string `json:"labels,omitempty"`
+	// VirtualNode is the virtual node the pod is scheduled on.
+	VirtualNode string `json:"virtual_node,omitempty"`
+	// PullSecrets are docker config JSON documents for private registries.
+	PullSecrets [][]byte `json:"pull_secrets,omitempty"`
+}
+
+// ContainerSpec is one container of a pod.
+type ContainerSpec struct {
+	Name  string `json:"name"`
+	Image string `json:"image"`
+	// Command and Args follow Kubernetes: Command replaces the image's
+	// entrypoint, Args its cmd. With neither, the daemon runs no main
+	// process and the sandbox idles until released.
+	Command    []string `json:"command,omitempty"`
+	Args       []string `json:"args,omitempty"`
+	Env        []string `json:"env,omitempty"` // KEY=VALUE
+	WorkingDir string   `json:"working_dir,omitempty"`
+	// User is "uid" or "uid:gid"; empty: the image's user.
+	User string `json:"user,omitempty"`
+	// Requests and Limits; a limit of 0 means none.
+	Requests Resources `json:"requests,omitzero"`
+	Limits   Resources `json:"limits,omitzero"`
+	// ExclusiveCPUs pins the container to that many whole cores (pods of
+	// Guaranteed QoS with integer CPU requests).
+	ExclusiveCPUs int `json:"exclusive_cpus,omitempty"`
+}
+
+// EventType says what an Event reports.
+type EventType string
+
+const (
+	// EventSlot: a slot changed state (Slot holds the new state).
+	EventSlot EventType = "slot"
+	// EventReady: the bound sandbox's daemon answers.
+	EventReady EventType = "ready"
+	// EventExit: a container of a bound sandbox exited.
+	EventExit EventType = "exit"
+	// EventBindFailed: a bind failed (Reason, Message); the slot is warm again.
+	EventBindFailed EventType = "bind_failed"
+	// EventImageProgress: bytes of an image pulled so far.
+	EventImageProgress EventType = "image_progress"
+)
+
+// Event is one change on a node.
+type Event struct {
+	Type EventType `json:"type"`
+	Time time.Time `json:"time"`
+	Slot Slot      `json:"slot"`
+	// Container is the container an exit or failure concerns.
+	Container string `json:"container,omitempty"`
+	ExitCode  int    `json:"exit_code,omitempty"`
+	// Reason is a Kubernetes-style reason: Completed, Error, OOMKilled,
+	// ErrImagePull, ImageNotFound, InvalidSpec, …
+	Reason  string `json:"reason,omitempty"`
+	Message string `json:"message,omitempty"`
+	// Image progress.
+	Image      string `json:"image,omitempty"`
+	BytesDone  int64  `json:"bytes_done,omitempty"`
+	BytesTotal int64  `json:"bytes_total,omitempty"`
+}
+
+// Stats is a sandbox's resource use.
+type Stats struct {
+	Pod  PodRef    `json:"pod"`
+	Time time.Time `json:"time"`
+	// CPUUsageNanos is cumulative CPU time.
+	CPUUsageNanos uint64 `json:"cpu_usage_nanos"`
+	// ThrottledNanos and ThrottledPeriods count CFS throttling.
+	ThrottledNanos   uint64 `json:"throttled_nanos"`
+	ThrottledPeriods uint64 `json:"throttled_periods"`
+	// MemoryBytes is the working set; MemoryLimitBytes 0 means none.
+	MemoryBytes      uint64 `json:"memory_bytes"`
+	MemoryLimitBytes uint64 `json:"memory_limit_bytes"`
+	Pids             uint64 `json:"pids"`
+}
+
+// Reasons used in events and errors.
+const (
+	ReasonCompleted     = "Completed"
+	ReasonError         = "Error"
+	ReasonOOMKilled     = "OOMKilled"
+	ReasonErrImagePull  = "ErrImagePull"
+	ReasonImageNotFound = "ImageNotFound"
+	ReasonInvalidSpec   = "InvalidSpec"
+	ReasonStartFailed   = "StartError"
+)

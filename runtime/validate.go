@@ -1,0 +1,52 @@
+package runtime
+
+import (
+	"fmt"
+
+	"github.com/containerd/errdefs"
+)
+
+// Validate checks what a bind request needs before any work: a pod UID,
+// at least one container with a name and an image, unique names, and sane
+// resources. Errors are errdefs.ErrInvalidArgument with what to fix.
+func (r BindRequest) Validate() error {
+	if r.Pod.UID == "" {
+		return fmt.Errorf("bind: pod UID is required: %w", errdefs.ErrInvalidArgument)
+	}
+	if len(r.Containers) == 0 {
+		return fmt.Errorf("bind %s: the pod has no containers: %w", r.Pod.UID, errdefs.ErrInvalidArgument)
+	}
+	seen := map[string]bool{}
+	for i, c := range r.Containers {
+		switch {
+		case c.Name == "":
+			return fmt.Errorf("bind %s: container %d has no name: %w", r.Pod.UID, i, errdefs.ErrInvalidArgument)
+		case seen[c.Name]:
+			return fmt.Errorf("bind %s: container name %q used twice: %w", r.Pod.UID, c.Name, errdefs.ErrInvalidArgument)
+		case c.Image == "":
+			return fmt.Errorf("bind %s: container %q has no image: %w", r.Pod.UID, c.Name, errdefs.ErrInvalidArgument)
+		case c.Requests.MilliCPU < 0 || c.Requests.MemoryBytes < 0 || c.Limits.MilliCPU < 0 || c.Limits.MemoryBytes < 0:
+			return fmt.Errorf("bind %s: container %q has a negative resource value: %w", r.Pod.UID, c.Name, errdefs.ErrInvalidArgument)
+		case c.Limits.MemoryBytes > 0 && c.Limits.MemoryBytes < 4<<20:
+			return fmt.Errorf("bind %s: container %q memory limit %d bytes is below the 4 MiB a sandbox needs: %w", r.Pod.UID, c.Name, c.Limits.MemoryBytes, errdefs.ErrInvalidArgument)
+		case c.Limits.MilliCPU > 0 && c.Limits.MilliCPU < 10:
+			return fmt.Errorf("bind %s: container %q CPU limit %dm is below 10m: %w", r.Pod.UID, c.Name, c.Limits.MilliCPU, errdefs.ErrInvalidArgument)
+		case c.ExclusiveCPUs < 0:
+			return fmt.Errorf("bind %s: container %q asks for %d exclusive CPUs: %w", r.Pod.UID, c.Name, c.ExclusiveCPUs, errdefs.ErrInvalidArgument)
+		}
+		seen[c.Name] = true
+	}
+	if len(r.TokenHashes) == 0 && !r.AllowUnauthenticated {
+		return fmt.Errorf("bind %s: no token hash for the daemon and unauthenticated sandboxes are not allowed: %w", r.Pod.UID, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// Requests sums the containers' requests.
+func (r BindRequest) Requests() Resources {
+	var sum Resources
+	for _, c := range r.Containers {
+		sum = sum.Add(c.Requests)
+	}
+	return sum
+}
