@@ -121,8 +121,7 @@ cat >"$CNI_CONF_DIR/10-sandman.conflist" <<CNI
         "ranges": [[{"subnet": "$BRIDGE_CIDR", "gateway": "$BRIDGE_IP"}]],
         "routes": [{"dst": "0.0.0.0/0"}]
       }
-    },
-    {"type": "loopback"}
+    }
   ]
 }
 CNI

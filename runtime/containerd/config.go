@@ -1,0 +1,129 @@
+package containerd
+
+import (
+	"errors"
+	"log/slog"
+	"os"
+	goruntime "runtime"
+	"time"
+
+	ctrd "github.com/containerd/containerd/v2/client"
+
+	"github.com/sandman-dev/sandman/runtime"
+)
+
+// Labels on every container sandman makes; recovery reads them back.
+const (
+	LabelNode         = "sandman.io/node"
+	LabelSlot         = "sandman.io/slot"
+	LabelPodUID       = "sandman.io/pod-uid"
+	LabelPodNamespace = "sandman.io/pod-namespace"
+	LabelPodName      = "sandman.io/pod-name"
+	LabelVirtualNode  = "sandman.io/virtual-node"
+	LabelContainer    = "sandman.io/container"
+	LabelIndex        = "sandman.io/container-index"
+	LabelImage        = "sandman.io/image"
+)
+
+// DaemonMountPath is where the daemon binary appears in every sandbox.
+const DaemonMountPath = "/.sandman/sandman-daemon"
+
+// Config configures a Runtime.
+type Config struct {
+	// Client is connected to the worker's containerd (required).
+	Client *ctrd.Client
+	// Namespace is the containerd namespace (default "sandman").
+	Namespace string
+	// Node names this worker (required).
+	Node string
+	// Slots is the slot capacity (default 16); WarmSlots how many are kept
+	// warm ahead of binds (default min(Slots, 4)).
+	Slots     int
+	WarmSlots int
+	// Resources is what sandboxes may request in total (default: the
+	// host's CPUs and memory).
+	Resources runtime.Resources
+	// StateDir holds slot directories and network namespaces (required).
+	StateDir string
+	// DaemonPath is the host path of the static sandman-daemon (required).
+	DaemonPath string
+	// CNIConfDir and CNIBinDir locate the slot network (defaults
+	// /etc/cni/net.d and /opt/cni/bin).
+	CNIConfDir string
+	CNIBinDir  string
+	// Snapshotter (default overlayfs).
+	Snapshotter string
+	// PidsLimit bounds processes per container (default 1024).
+	PidsLimit int64
+	// PlainHTTP says which registry hosts speak plain HTTP (default:
+	// localhost and loopback addresses).
+	PlainHTTP func(host string) (bool, error)
+	// RefillConcurrency bounds warm-slot creation (default 2).
+	RefillConcurrency int
+	// ReadyTimeout bounds the wait for a sandbox's daemon to answer
+	// (default 60 s).
+	ReadyTimeout time.Duration
+	Logger       *slog.Logger
+	Now          func() time.Time
+}
+
+func (c *Config) setDefaults() error {
+	var errs []error
+	if c.Client == nil {
+		errs = append(errs, errors.New("a containerd client is required"))
+	}
+	if c.Node == "" {
+		errs = append(errs, errors.New("the node name is required"))
+	}
+	if c.StateDir == "" {
+		errs = append(errs, errors.New("a state directory is required"))
+	}
+	if c.DaemonPath == "" {
+		errs = append(errs, errors.New("the sandman-daemon path is required"))
+	} else if fi, err := os.Stat(c.DaemonPath); err != nil || fi.IsDir() || fi.Mode().Perm()&0o111 == 0 {
+		errs = append(errs, errors.New("sandman-daemon at "+c.DaemonPath+" is not an executable file"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if c.Namespace == "" {
+		c.Namespace = "sandman"
+	}
+	if c.Slots <= 0 {
+		c.Slots = 16
+	}
+	if c.WarmSlots < 0 || c.WarmSlots > c.Slots {
+		c.WarmSlots = c.Slots
+	}
+	if c.WarmSlots == 0 {
+		c.WarmSlots = min(c.Slots, 4)
+	}
+	if c.Resources == (runtime.Resources{}) {
+		c.Resources = runtime.Resources{MilliCPU: int64(goruntime.NumCPU()) * 1000, MemoryBytes: hostMemory()}
+	}
+	if c.CNIConfDir == "" {
+		c.CNIConfDir = "/etc/cni/net.d"
+	}
+	if c.CNIBinDir == "" {
+		c.CNIBinDir = "/opt/cni/bin"
+	}
+	if c.Snapshotter == "" {
+		c.Snapshotter = "overlayfs"
+	}
+	if c.PidsLimit <= 0 {
+		c.PidsLimit = 1024
+	}
+	if c.RefillConcurrency <= 0 {
+		c.RefillConcurrency = 2
+	}
+	if c.ReadyTimeout <= 0 {
+		c.ReadyTimeout = 60 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return nil
+}

@@ -1,0 +1,590 @@
+package containerd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	ctrd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/errdefs"
+	gocni "github.com/containerd/go-cni"
+	"golang.org/x/sync/singleflight"
+
+	"github.com/sandman-dev/sandman/daemon/api"
+	"github.com/sandman-dev/sandman/runtime"
+)
+
+var _ runtime.Runtime = (*Runtime)(nil)
+
+// Runtime keeps a worker's slots on containerd. Create it with New and run
+// its background work (refilling warm slots, watching exits) with Run.
+type Runtime struct {
+	cfg    Config
+	client *ctrd.Client
+	cni    gocni.CNI
+	hub    *runtime.Hub
+	log    *slog.Logger
+	pulls  singleflight.Group
+	health *http.Client
+	// kick wakes the refiller.
+	kick chan struct{}
+
+	// mu guards slots, byPod and creating; events are published under it.
+	mu       sync.Mutex
+	slots    map[string]*slot
+	byPod    map[string]*slot
+	creating int
+}
+
+// New checks cfg, loads the CNI config, re-adopts the sandboxes a previous
+// agent left running and cleans what is half made.
+func New(ctx context.Context, cfg Config) (*Runtime, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, fmt.Errorf("containerd runtime: %w", err)
+	}
+	cni, err := gocni.New(gocni.WithPluginConfDir(cfg.CNIConfDir), gocni.WithPluginDir([]string{cfg.CNIBinDir}),
+		gocni.WithMinNetworkCount(2), gocni.WithInterfacePrefix("eth"))
+	if err != nil {
+		return nil, fmt.Errorf("containerd runtime: CNI: %w", err)
+	}
+	if err := cni.Load(gocni.WithLoNetwork, gocni.WithDefaultConf); err != nil {
+		return nil, fmt.Errorf("containerd runtime: load CNI config from %s: %w", cfg.CNIConfDir, err)
+	}
+	r := &Runtime{
+		cfg: cfg, client: cfg.Client, cni: cni, hub: runtime.NewHub(4096),
+		log:    cfg.Logger.With("node", cfg.Node),
+		health: &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}},
+		kick:   make(chan struct{}, 1),
+		slots:  map[string]*slot{}, byPod: map[string]*slot{},
+	}
+	for _, d := range []string{r.slotsDir(), r.netnsDir()} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, err
+		}
+	}
+	if err := r.recover(r.nsCtx(ctx)); err != nil {
+		return nil, fmt.Errorf("containerd runtime: recover: %w", err)
+	}
+	return r, nil
+}
+
+func (r *Runtime) nsCtx(ctx context.Context) context.Context {
+	return namespaces.WithNamespace(ctx, r.cfg.Namespace)
+}
+
+// Run keeps WarmSlots slots warm until ctx ends.
+func (r *Runtime) Run(ctx context.Context) error {
+	ctx = r.nsCtx(ctx)
+	sem := make(chan struct{}, r.cfg.RefillConcurrency)
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		for {
+			r.mu.Lock()
+			n := r.needLocked()
+			if n <= 0 {
+				r.mu.Unlock()
+				break
+			}
+			r.creating++
+			r.mu.Unlock()
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				return nil
+			}
+			go func() {
+				defer func() { <-sem }()
+				s, err := r.makeSlot(ctx)
+				r.mu.Lock()
+				r.creating--
+				if err == nil {
+					r.slots[s.ID] = s
+					r.publishLocked(s)
+				}
+				r.mu.Unlock()
+				if err != nil && ctx.Err() == nil {
+					r.log.Error("make warm slot", "err", err)
+					select {
+					case <-time.After(time.Second):
+					case <-ctx.Done():
+					}
+				}
+				r.wake()
+			}()
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-r.kick:
+		case <-tick.C:
+		}
+	}
+}
+
+// needLocked is how many warm slots to make now.
+func (r *Runtime) needLocked() int {
+	warm := r.creating
+	for _, s := range r.slots {
+		if s.State == runtime.StateWarm || s.State == runtime.StateHot {
+			warm++
+		}
+	}
+	room := r.cfg.Slots - len(r.slots) - r.creating
+	return min(r.cfg.WarmSlots-warm, room)
+}
+
+func (r *Runtime) wake() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (r *Runtime) publishLocked(s *slot) {
+	r.hub.Publish(runtime.Event{Type: runtime.EventSlot, Time: s.Since, Slot: copySlot(s.Slot)})
+}
+
+func (r *Runtime) setLocked(s *slot, state runtime.SlotState) {
+	s.State, s.Since = state, r.cfg.Now()
+	r.publishLocked(s)
+}
+
+func copySlot(s runtime.Slot) runtime.Slot {
+	if s.Pod != nil {
+		p := *s.Pod
+		s.Pod = &p
+	}
+	return s
+}
+
+// Bind implements runtime.Runtime.
+func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Slot, error) {
+	if err := req.Validate(); err != nil {
+		return runtime.Slot{}, err
+	}
+	ctx = r.nsCtx(ctx)
+	s, err := r.reserve(ctx, req)
+	if err != nil {
+		return runtime.Slot{}, err
+	}
+	if err := r.start(ctx, s, req); err != nil {
+		reason := runtime.ReasonStartFailed
+		switch {
+		case errdefs.IsNotFound(err):
+			reason = runtime.ReasonImageNotFound
+		case errors.Is(err, errImagePull):
+			reason = runtime.ReasonErrImagePull
+		case errdefs.IsInvalidArgument(err):
+			reason = runtime.ReasonInvalidSpec
+		}
+		r.log.Warn("bind failed", "pod", req.Pod.Namespace+"/"+req.Pod.Name, "slot", s.ID, "reason", reason, "err", err)
+		cleanupErr := r.removeContainers(context.WithoutCancel(ctx), s, 0)
+		r.mu.Lock()
+		r.hub.Publish(runtime.Event{Type: runtime.EventBindFailed, Time: r.cfg.Now(), Slot: copySlot(s.Slot), Reason: reason, Message: err.Error()})
+		delete(r.byPod, req.Pod.UID)
+		s.Pod, s.Image, s.Resources, s.Ready, s.containers = nil, "", runtime.Resources{}, false, nil
+		if cleanupErr != nil {
+			s.Reason = cleanupErr.Error()
+			r.setLocked(s, runtime.StateBroken)
+		} else {
+			r.setLocked(s, runtime.StateWarm)
+		}
+		r.mu.Unlock()
+		return runtime.Slot{}, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.setLocked(s, runtime.StateBound)
+	return copySlot(s.Slot), nil
+}
+
+// reserve takes a warm slot for the pod (making one when the node has room
+// but none is warm) and marks it binding.
+func (r *Runtime) reserve(ctx context.Context, req runtime.BindRequest) (*slot, error) {
+	want := req.Requests()
+	pod := req.Pod
+	r.mu.Lock()
+	if _, ok := r.byPod[pod.UID]; ok {
+		r.mu.Unlock()
+		return nil, fmt.Errorf("bind %s: pod already bound on %s: %w", pod.UID, r.cfg.Node, errdefs.ErrAlreadyExists)
+	}
+	var used runtime.Resources
+	var warm *slot
+	for _, s := range r.slots {
+		switch s.State {
+		case runtime.StateWarm:
+			if warm == nil || s.Since.Before(warm.Since) {
+				warm = s
+			}
+		case runtime.StateBinding, runtime.StateBound, runtime.StateReleasing:
+			used = used.Add(s.Resources)
+		}
+	}
+	if total := used.Add(want); total.MilliCPU > r.cfg.Resources.MilliCPU || total.MemoryBytes > r.cfg.Resources.MemoryBytes {
+		r.mu.Unlock()
+		return nil, fmt.Errorf("bind %s: requests of %dm CPU and %d bytes do not fit on %s: %w", pod.UID, want.MilliCPU, want.MemoryBytes, r.cfg.Node, errdefs.ErrResourceExhausted)
+	}
+	if warm == nil {
+		if len(r.slots)+r.creating >= r.cfg.Slots {
+			r.mu.Unlock()
+			return nil, fmt.Errorf("bind %s: all %d slots of %s are in use: %w", pod.UID, r.cfg.Slots, r.cfg.Node, errdefs.ErrResourceExhausted)
+		}
+		// Make one now, outside the lock.
+		r.creating++
+		r.mu.Unlock()
+		s, err := r.makeSlot(ctx)
+		r.mu.Lock()
+		r.creating--
+		if err != nil {
+			r.mu.Unlock()
+			return nil, fmt.Errorf("bind %s: %w", pod.UID, err)
+		}
+		r.slots[s.ID] = s
+		warm = s
+	}
+	warm.Pod, warm.Image, warm.Resources, warm.Ready, warm.Reason = &pod, req.Containers[0].Image, want, false, ""
+	r.byPod[pod.UID] = warm
+	r.setLocked(warm, runtime.StateBinding)
+	r.mu.Unlock()
+	r.wake()
+	return warm, nil
+}
+
+// start ensures the images and creates and starts the pod's containers.
+func (r *Runtime) start(ctx context.Context, s *slot, req runtime.BindRequest) error {
+	images := make([]ctrd.Image, len(req.Containers))
+	for i, c := range req.Containers {
+		img, err := r.ensureImage(ctx, c.Image, req.PullSecrets)
+		if err != nil {
+			return fmt.Errorf("bind %s: %w", req.Pod.UID, err)
+		}
+		images[i] = img
+	}
+	for i, c := range req.Containers {
+		id := s.ID + "-" + c.Name
+		spec, err := r.specOpts(s, req, i, images[i])
+		if err != nil {
+			return err
+		}
+		labels := map[string]string{
+			LabelNode: r.cfg.Node, LabelSlot: s.ID, LabelPodUID: req.Pod.UID, LabelPodNamespace: req.Pod.Namespace,
+			LabelPodName: req.Pod.Name, LabelVirtualNode: req.VirtualNode, LabelContainer: c.Name,
+			LabelIndex: strconv.Itoa(i), LabelImage: c.Image, LabelRequests: formatRequests(req.Requests()),
+		}
+		maps.Copy(labels, req.Labels)
+		container, err := r.client.NewContainer(ctx, id,
+			ctrd.WithImage(images[i]),
+			ctrd.WithSnapshotter(r.cfg.Snapshotter),
+			ctrd.WithNewSnapshot(id, images[i]),
+			ctrd.WithNewSpec(spec...),
+			ctrd.WithContainerLabels(labels),
+		)
+		if err != nil {
+			return fmt.Errorf("bind %s: create container %s: %w", req.Pod.UID, c.Name, err)
+		}
+		r.mu.Lock()
+		s.containers = append(s.containers, id)
+		r.mu.Unlock()
+		if err := r.startTask(ctx, s, container, c.Name); err != nil {
+			return fmt.Errorf("bind %s: start container %s: %w", req.Pod.UID, c.Name, err)
+		}
+	}
+	r.watchReady(s, req.Pod.UID)
+	return nil
+}
+
+// startTask starts a container's task and watches for its exit.
+func (r *Runtime) startTask(ctx context.Context, s *slot, container ctrd.Container, name string) error {
+	task, err := container.NewTask(ctx, nullIO)
+	if err != nil {
+		return err
+	}
+	exit, err := task.Wait(ctx)
+	if err != nil {
+		_, _ = task.Delete(context.WithoutCancel(ctx), ctrd.WithProcessKill)
+		return err
+	}
+	if err := task.Start(ctx); err != nil {
+		_, _ = task.Delete(context.WithoutCancel(ctx), ctrd.WithProcessKill)
+		return err
+	}
+	go r.watchExit(s, container.ID(), name, exit)
+	return nil
+}
+
+// watchExit reports a container's exit while its pod is bound.
+func (r *Runtime) watchExit(s *slot, id, name string, exit <-chan ctrd.ExitStatus) {
+	st, ok := <-exit
+	if !ok {
+		return
+	}
+	code := int(st.ExitCode())
+	reason := runtime.ReasonCompleted
+	if code != 0 {
+		reason = runtime.ReasonError
+		if r.oomKilled(id) {
+			reason = runtime.ReasonOOMKilled
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if s.State != runtime.StateBound || !slices.Contains(s.containers, id) {
+		return // released, or a failed bind being undone
+	}
+	r.hub.Publish(runtime.Event{Type: runtime.EventExit, Time: st.ExitTime(), Slot: copySlot(s.Slot),
+		Container: name, ExitCode: code, Reason: reason})
+}
+
+// oomKilled reads the container's memory cgroup OOM-kill count (v1).
+func (r *Runtime) oomKilled(id string) bool {
+	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", r.cfg.Namespace, id, "memory.oom_control"))
+	if err != nil {
+		return false
+	}
+	return slices.ContainsFunc(splitLines(string(b)), func(l string) bool {
+		return len(l) > len("oom_kill ") && l[:len("oom_kill ")] == "oom_kill " && l != "oom_kill 0"
+	})
+}
+
+// watchReady polls the daemon of the pod's first container until it
+// answers, then marks the slot ready.
+func (r *Runtime) watchReady(s *slot, uid string) {
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.ReadyTimeout)
+	r.mu.Lock()
+	s.stopReady = cancel
+	url := "http://" + s.IP + ":" + strconv.Itoa(api.Port) + "/v1/health"
+	r.mu.Unlock()
+	go func() {
+		defer cancel()
+		for {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+			if resp, err := r.health.Do(req); err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					break
+				}
+			}
+			select {
+			case <-ctx.Done():
+				if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+					r.log.Warn("sandbox daemon did not answer", "slot", s.ID, "pod", uid, "timeout", r.cfg.ReadyTimeout)
+				}
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if s.Pod == nil || s.Pod.UID != uid || s.State == runtime.StateReleasing {
+			return
+		}
+		s.Ready = true
+		r.hub.Publish(runtime.Event{Type: runtime.EventReady, Time: r.cfg.Now(), Slot: copySlot(s.Slot)})
+	}()
+}
+
+// Release implements runtime.Runtime.
+func (r *Runtime) Release(ctx context.Context, uid string, grace time.Duration) error {
+	ctx = r.nsCtx(ctx)
+	for {
+		r.mu.Lock()
+		s, ok := r.byPod[uid]
+		if !ok || s.State == runtime.StateReleasing {
+			r.mu.Unlock()
+			return nil
+		}
+		if s.State != runtime.StateBinding {
+			if s.stopReady != nil {
+				s.stopReady()
+			}
+			s.Ready = false
+			r.setLocked(s, runtime.StateReleasing)
+			r.mu.Unlock()
+			break
+		}
+		r.mu.Unlock()
+		// Let the bind finish or fail first.
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	r.mu.Lock()
+	s := r.byPod[uid]
+	r.mu.Unlock()
+	err := r.removeContainers(ctx, s, grace)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.byPod, uid)
+	s.Pod, s.Image, s.Resources, s.containers = nil, "", runtime.Resources{}, nil
+	if err != nil {
+		s.Reason = err.Error()
+		r.setLocked(s, runtime.StateBroken)
+		return fmt.Errorf("release %s: %w", uid, err)
+	}
+	r.setLocked(s, runtime.StateWarm)
+	r.wake()
+	return nil
+}
+
+// removeContainers stops the slot's containers (TERM, grace, KILL) and
+// deletes them with their snapshots.
+func (r *Runtime) removeContainers(ctx context.Context, s *slot, grace time.Duration) error {
+	r.mu.Lock()
+	ids := slices.Clone(s.containers)
+	r.mu.Unlock()
+	var wg sync.WaitGroup
+	errs := make([]error, len(ids))
+	for i, id := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = r.removeContainer(ctx, id, grace)
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func (r *Runtime) removeContainer(ctx context.Context, id string, grace time.Duration) error {
+	container, err := r.client.LoadContainer(ctx, id)
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if task, err := container.Task(ctx, nil); err == nil {
+		if exit, err := task.Wait(ctx); err == nil {
+			if grace > 0 {
+				_ = task.Kill(ctx, syscall.SIGTERM)
+				select {
+				case <-exit:
+				case <-time.After(grace):
+				}
+			}
+			_ = task.Kill(ctx, syscall.SIGKILL, ctrd.WithKillAll)
+			select {
+			case <-exit:
+			case <-time.After(10 * time.Second):
+			}
+		}
+		if _, err := task.Delete(ctx, ctrd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
+			return fmt.Errorf("delete task %s: %w", id, err)
+		}
+	} else if !errdefs.IsNotFound(err) {
+		return fmt.Errorf("task of %s: %w", id, err)
+	}
+	if err := container.Delete(ctx, ctrd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("delete container %s: %w", id, err)
+	}
+	return nil
+}
+
+// Watch implements runtime.Runtime.
+func (r *Runtime) Watch(ctx context.Context) (runtime.Inventory, <-chan runtime.Event, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.inventoryLocked(), r.hub.Subscribe(ctx), nil
+}
+
+// Inventory implements runtime.Runtime.
+func (r *Runtime) Inventory(ctx context.Context) (runtime.Inventory, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.inventoryLocked(), nil
+}
+
+func (r *Runtime) inventoryLocked() runtime.Inventory {
+	inv := runtime.Inventory{
+		Node:     r.cfg.Node,
+		Capacity: runtime.Capacity{Slots: r.cfg.Slots, Resources: r.cfg.Resources},
+		Slots:    make([]runtime.Slot, 0, len(r.slots)),
+	}
+	for _, s := range r.slots {
+		inv.Slots = append(inv.Slots, copySlot(s.Slot))
+	}
+	slices.SortFunc(inv.Slots, func(a, b runtime.Slot) int { return compareStrings(a.ID, b.ID) })
+	return inv
+}
+
+// Close tears down every warm slot and ends watches; bound sandboxes keep
+// running for the next agent to adopt.
+func (r *Runtime) Close(ctx context.Context) error {
+	ctx = r.nsCtx(ctx)
+	r.mu.Lock()
+	var warm []*slot
+	for id, s := range r.slots {
+		if s.State == runtime.StateWarm {
+			warm = append(warm, s)
+			delete(r.slots, id)
+		}
+	}
+	r.mu.Unlock()
+	var errs []error
+	for _, s := range warm {
+		errs = append(errs, r.destroySlot(ctx, s.ID, s.netns.GetPath(), s.dir))
+	}
+	r.hub.Close()
+	return errors.Join(errs...)
+}
+
+// Destroy releases every bound pod and tears down every slot: nothing of
+// this runtime is left on the node.
+func (r *Runtime) Destroy(ctx context.Context) error {
+	r.mu.Lock()
+	uids := slices.Collect(maps.Keys(r.byPod))
+	r.mu.Unlock()
+	var errs []error
+	for _, uid := range uids {
+		errs = append(errs, r.Release(ctx, uid, 0))
+	}
+	ctx = r.nsCtx(ctx)
+	r.mu.Lock()
+	all := slices.Collect(maps.Values(r.slots))
+	clear(r.slots)
+	r.mu.Unlock()
+	for _, s := range all {
+		errs = append(errs, r.destroySlot(ctx, s.ID, s.netns.GetPath(), s.dir))
+	}
+	r.hub.Close()
+	return errors.Join(errs...)
+}
+
+func compareStrings(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func splitLines(s string) []string {
+	var out []string
+	start := 0
+	for i := range len(s) {
+		if s[i] == '\n' {
+			out = append(out, s[start:i])
+			start = i + 1
+		}
+	}
+	if start < len(s) {
+		out = append(out, s[start:])
+	}
+	return out
+}

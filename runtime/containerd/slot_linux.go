@@ -1,0 +1,144 @@
+package containerd
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	gocni "github.com/containerd/go-cni"
+	"github.com/containerd/containerd/v2/pkg/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/sandman-dev/sandman/runtime"
+)
+
+// slot is a runtime.Slot with what the node needs to run it.
+type slot struct {
+	runtime.Slot
+	netns *netns.NetNS
+	dir   string
+	// containers are the bound pod's containerd container IDs, in order.
+	containers []string
+	// stopReady ends the readiness poll of the bound pod.
+	stopReady context.CancelFunc
+}
+
+// slotMeta is persisted in the slot's directory so a restarted agent can
+// find the slot's namespace and address.
+type slotMeta struct {
+	ID    string `json:"id"`
+	NetNS string `json:"netns"`
+	IP    string `json:"ip"`
+}
+
+func (r *Runtime) slotsDir() string { return filepath.Join(r.cfg.StateDir, "slots") }
+func (r *Runtime) netnsDir() string { return filepath.Join(r.cfg.StateDir, "netns") }
+
+func newSlotID() string {
+	var b [5]byte
+	_, _ = rand.Read(b[:])
+	return "slot-" + hex.EncodeToString(b[:])
+}
+
+// makeSlot creates a warm slot: a network namespace set up by CNI and a
+// state directory. On error nothing of it is left.
+func (r *Runtime) makeSlot(ctx context.Context) (s *slot, retErr error) {
+	id := newSlotID()
+	dir := filepath.Join(r.slotsDir(), id)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if retErr != nil {
+			_ = os.RemoveAll(dir)
+		}
+	}()
+	ns, err := netns.NewNetNS(r.netnsDir())
+	if err != nil {
+		return nil, fmt.Errorf("slot %s: network namespace: %w", id, err)
+	}
+	defer func() {
+		if retErr != nil {
+			_ = ns.Remove()
+		}
+	}()
+	res, err := r.cni.Setup(ctx, id, ns.GetPath())
+	if err != nil {
+		return nil, fmt.Errorf("slot %s: CNI setup: %w", id, err)
+	}
+	defer func() {
+		if retErr != nil {
+			_ = r.cni.Remove(context.WithoutCancel(ctx), id, ns.GetPath())
+		}
+	}()
+	ip := resultIP(res)
+	if ip == "" {
+		return nil, fmt.Errorf("slot %s: CNI gave no address", id)
+	}
+	meta, _ := json.Marshal(slotMeta{ID: id, NetNS: ns.GetPath(), IP: ip})
+	if err := os.WriteFile(filepath.Join(dir, "slot.json"), meta, 0o600); err != nil {
+		return nil, err
+	}
+	return &slot{
+		Slot:  runtime.Slot{ID: id, State: runtime.StateWarm, IP: ip, Since: r.cfg.Now()},
+		netns: ns,
+		dir:   dir,
+	}, nil
+}
+
+// destroySlot tears a slot's network down and removes its directory.
+func (r *Runtime) destroySlot(ctx context.Context, id, nsPath, dir string) error {
+	var errs []error
+	if nsPath != "" {
+		if err := r.cni.Remove(ctx, id, nsPath); err != nil {
+			errs = append(errs, fmt.Errorf("CNI remove: %w", err))
+		}
+		if err := netns.LoadNetNS(nsPath).Remove(); err != nil {
+			errs = append(errs, fmt.Errorf("remove netns: %w", err))
+		}
+	}
+	if dir != "" {
+		if err := os.RemoveAll(dir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func resultIP(res *gocni.Result) string {
+	for name, iface := range res.Interfaces {
+		if name == "lo" || strings.HasPrefix(name, "veth") {
+			continue
+		}
+		for _, c := range iface.IPConfigs {
+			if c.IP != nil && c.IP.To4() != nil && !c.IP.IsLoopback() {
+				return c.IP.String()
+			}
+		}
+	}
+	return ""
+}
+
+// netnsMounted reports whether path is a mounted network namespace.
+func netnsMounted(path string) bool {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return false
+	}
+	return st.Type == unix.NSFS_MAGIC
+}
+
+func readMeta(dir string) (slotMeta, error) {
+	var m slotMeta
+	b, err := os.ReadFile(filepath.Join(dir, "slot.json"))
+	if err != nil {
+		return m, err
+	}
+	return m, json.Unmarshal(b, &m)
+}
