@@ -1,0 +1,191 @@
+package nodeapi
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/sandman-dev/sandman/runtime"
+)
+
+var _ runtime.Runtime = (*Client)(nil)
+
+// Client is a runtime.Runtime served by a node agent.
+type Client struct {
+	base  string
+	token string
+	hc    *http.Client
+}
+
+// NewClient returns a client for the agent at addr ("host:port" or a URL).
+func NewClient(addr, token string, hc *http.Client) *Client {
+	if !strings.Contains(addr, "://") {
+		addr = "http://" + addr
+	}
+	if hc == nil {
+		hc = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}}
+	}
+	return &Client{base: strings.TrimSuffix(addr, "/"), token: token, hc: hc}
+}
+
+func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("node agent %s: %v: %w", c.base, err, errdefs.ErrUnavailable)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return decodeError(resp)
+	}
+	if out == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return nil
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+// decodeError turns an error answer back into its errdefs class.
+func decodeError(resp *http.Response) error {
+	var b errorBody
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if json.Unmarshal(data, &b) != nil || b.Error.Code == "" {
+		return fmt.Errorf("node agent answered %s: %s", resp.Status, bytes.TrimSpace(data))
+	}
+	for _, c := range codes {
+		if c.code == b.Error.Code {
+			return remoteError{msg: b.Error.Message, class: c.err}
+		}
+	}
+	return fmt.Errorf("node agent: %s", b.Error.Message)
+}
+
+// remoteError keeps the agent's message and its errdefs class.
+type remoteError struct {
+	msg   string
+	class error
+}
+
+func (e remoteError) Error() string { return e.msg }
+func (e remoteError) Unwrap() error { return e.class }
+
+// Bind implements runtime.Runtime.
+func (c *Client) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Slot, error) {
+	var s runtime.Slot
+	err := c.do(ctx, http.MethodPost, "/v1/bind", req, &s)
+	return s, err
+}
+
+// Release implements runtime.Runtime.
+func (c *Client) Release(ctx context.Context, uid string, grace time.Duration) error {
+	return c.do(ctx, http.MethodPost, "/v1/release", releaseRequest{UID: uid, GraceSeconds: grace.Seconds()}, nil)
+}
+
+// Inventory implements runtime.Runtime.
+func (c *Client) Inventory(ctx context.Context) (runtime.Inventory, error) {
+	var inv runtime.Inventory
+	err := c.do(ctx, http.MethodGet, "/v1/inventory", nil, &inv)
+	return inv, err
+}
+
+// Stats implements runtime.Runtime.
+func (c *Client) Stats(ctx context.Context, uid string) (runtime.Stats, error) {
+	var st runtime.Stats
+	err := c.do(ctx, http.MethodGet, "/v1/stats?uid="+url.QueryEscape(uid), nil, &st)
+	return st, err
+}
+
+// Watch implements runtime.Runtime. The channel closes when ctx ends, the
+// connection breaks, or no heartbeat arrives for three periods.
+func (c *Client) Watch(ctx context.Context) (runtime.Inventory, <-chan runtime.Event, error) {
+	wctx, cancel := context.WithCancel(ctx)
+	req, err := http.NewRequestWithContext(wctx, http.MethodGet, c.base+"/v1/watch", nil)
+	if err != nil {
+		cancel()
+		return runtime.Inventory{}, nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		cancel()
+		return runtime.Inventory{}, nil, fmt.Errorf("watch node agent %s: %v: %w", c.base, err, errdefs.ErrUnavailable)
+	}
+	if resp.StatusCode/100 != 2 {
+		defer resp.Body.Close()
+		cancel()
+		return runtime.Inventory{}, nil, decodeError(resp)
+	}
+	dec := json.NewDecoder(bufio.NewReaderSize(resp.Body, 64<<10))
+	var first watchLine
+	if err := dec.Decode(&first); err != nil || first.Inventory == nil {
+		resp.Body.Close()
+		cancel()
+		return runtime.Inventory{}, nil, fmt.Errorf("watch node agent %s: no inventory first (%v): %w", c.base, err, errdefs.ErrUnavailable)
+	}
+	events := make(chan runtime.Event, 1024)
+	alive := make(chan struct{}, 1)
+	go func() {
+		// Three missed heartbeats end the watch.
+		t := time.NewTimer(3 * Heartbeat)
+		defer t.Stop()
+		for {
+			select {
+			case <-alive:
+				t.Reset(3 * Heartbeat)
+			case <-t.C:
+				cancel()
+				return
+			case <-wctx.Done():
+				return
+			}
+		}
+	}()
+	go func() {
+		defer close(events)
+		defer cancel()
+		defer resp.Body.Close()
+		for {
+			var line watchLine
+			if err := dec.Decode(&line); err != nil {
+				return
+			}
+			select {
+			case alive <- struct{}{}:
+			default:
+			}
+			if line.Event == nil {
+				continue
+			}
+			select {
+			case events <- *line.Event:
+			case <-wctx.Done():
+				return
+			}
+		}
+	}()
+	return *first.Inventory, events, nil
+}

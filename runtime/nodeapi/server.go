@@ -1,0 +1,235 @@
+package nodeapi
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/sandman-dev/sandman/runtime"
+)
+
+// Heartbeat is how often a watch stream says it is alive.
+const Heartbeat = 10 * time.Second
+
+// errorBody is every error answer.
+type errorBody struct {
+	Error struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// watchLine is one line of a watch stream.
+type watchLine struct {
+	Inventory *runtime.Inventory `json:"inventory,omitempty"`
+	Event     *runtime.Event     `json:"event,omitempty"`
+	Heartbeat *time.Time         `json:"heartbeat,omitempty"`
+}
+
+type releaseRequest struct {
+	UID          string  `json:"uid"`
+	GraceSeconds float64 `json:"grace_seconds"`
+}
+
+// codes maps errdefs classes to wire codes and HTTP statuses.
+var codes = []struct {
+	is     func(error) bool
+	code   string
+	status int
+	err    error
+}{
+	{errdefs.IsInvalidArgument, "invalid_argument", http.StatusBadRequest, errdefs.ErrInvalidArgument},
+	{errdefs.IsNotFound, "not_found", http.StatusNotFound, errdefs.ErrNotFound},
+	{errdefs.IsAlreadyExists, "already_exists", http.StatusConflict, errdefs.ErrAlreadyExists},
+	{errdefs.IsResourceExhausted, "resource_exhausted", http.StatusTooManyRequests, errdefs.ErrResourceExhausted},
+	{errdefs.IsUnauthorized, "unauthorized", http.StatusUnauthorized, errdefs.ErrUnauthenticated},
+	{errdefs.IsUnavailable, "unavailable", http.StatusServiceUnavailable, errdefs.ErrUnavailable},
+	{errdefs.IsFailedPrecondition, "failed_precondition", http.StatusPreconditionFailed, errdefs.ErrFailedPrecondition},
+}
+
+// Server serves a runtime over HTTP.
+type Server struct {
+	rt    runtime.Runtime
+	token [sha256.Size]byte
+	log   *slog.Logger
+}
+
+// ServerConfig configures a Server.
+type ServerConfig struct {
+	Runtime runtime.Runtime
+	// Token is the pool secret every caller must present (required).
+	Token  string
+	Logger *slog.Logger
+}
+
+// NewServer returns a Server.
+func NewServer(cfg ServerConfig) (*Server, error) {
+	if cfg.Runtime == nil {
+		return nil, errors.New("node API: a runtime is required")
+	}
+	if cfg.Token == "" {
+		return nil, errors.New("node API: a token (the pool secret) is required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Server{rt: cfg.Runtime, token: sha256.Sum256([]byte(cfg.Token)), log: cfg.Logger}, nil
+}
+
+// Handler is the API's HTTP handler.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("ok")) })
+	mux.Handle("GET /v1/inventory", s.auth(s.inventory))
+	mux.Handle("GET /v1/watch", s.auth(s.watch))
+	mux.Handle("POST /v1/bind", s.auth(s.bind))
+	mux.Handle("POST /v1/release", s.auth(s.release))
+	mux.Handle("GET /v1/stats", s.auth(s.stats))
+	return mux
+}
+
+// Serve serves on l until ctx ends.
+func (s *Server) Serve(ctx context.Context, l net.Listener) error {
+	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = hs.Shutdown(sctx)
+	}()
+	if err := hs.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+func (s *Server) auth(h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		sum := sha256.Sum256([]byte(tok))
+		if !ok || subtle.ConstantTimeCompare(sum[:], s.token[:]) != 1 {
+			writeError(w, errors.New("missing or wrong token: the node API takes the pool secret as a bearer token: "+errdefs.ErrUnauthenticated.Error()), http.StatusUnauthorized, "unauthorized")
+			return
+		}
+		h(w, r)
+	})
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, err error, status int, code string) {
+	var b errorBody
+	b.Error.Code, b.Error.Message = code, err.Error()
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(b)
+}
+
+func writeErr(w http.ResponseWriter, err error) {
+	for _, c := range codes {
+		if c.is(err) {
+			writeError(w, err, c.status, c.code)
+			return
+		}
+	}
+	writeError(w, err, http.StatusInternalServerError, "internal")
+}
+
+func (s *Server) inventory(w http.ResponseWriter, r *http.Request) {
+	inv, err := s.rt.Inventory(r.Context())
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, inv)
+}
+
+func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	inv, events, err := s.rt.Watch(ctx)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	rc := http.NewResponseController(w)
+	_ = rc.SetWriteDeadline(time.Time{})
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	enc := json.NewEncoder(w)
+	if enc.Encode(watchLine{Inventory: &inv}) != nil || rc.Flush() != nil {
+		return
+	}
+	hb := time.NewTicker(Heartbeat)
+	defer hb.Stop()
+	for {
+		var line watchLine
+		select {
+		case ev, ok := <-events:
+			if !ok {
+				return // the watcher fell behind: the client watches again
+			}
+			line.Event = &ev
+		case t := <-hb.C:
+			line.Heartbeat = &t
+		case <-ctx.Done():
+			return
+		}
+		if enc.Encode(line) != nil {
+			return
+		}
+		// Flush once the burst of queued events is written.
+		if len(events) == 0 && rc.Flush() != nil {
+			return
+		}
+	}
+}
+
+func (s *Server) bind(w http.ResponseWriter, r *http.Request) {
+	var req runtime.BindRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4<<20)).Decode(&req); err != nil {
+		writeError(w, err, http.StatusBadRequest, "invalid_argument")
+		return
+	}
+	slot, err := s.rt.Bind(r.Context(), req)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, slot)
+}
+
+func (s *Server) release(w http.ResponseWriter, r *http.Request) {
+	var req releaseRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req); err != nil {
+		writeError(w, err, http.StatusBadRequest, "invalid_argument")
+		return
+	}
+	// A release must finish even when the caller goes away.
+	ctx := context.WithoutCancel(r.Context())
+	if err := s.rt.Release(ctx, req.UID, time.Duration(req.GraceSeconds*float64(time.Second))); err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, map[string]string{"uid": req.UID})
+}
+
+func (s *Server) stats(w http.ResponseWriter, r *http.Request) {
+	st, err := s.rt.Stats(r.Context(), r.URL.Query().Get("uid"))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, st)
+}
