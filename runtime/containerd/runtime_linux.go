@@ -36,7 +36,8 @@ type Runtime struct {
 	hub    *runtime.Hub
 	log    *slog.Logger
 	pulls  singleflight.Group
-	health *http.Client
+	health  *http.Client
+	metrics *metrics
 	// kick wakes the refiller.
 	kick chan struct{}
 
@@ -65,7 +66,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		cfg: cfg, client: cfg.Client, cni: cni, hub: runtime.NewHub(4096),
 		log:    cfg.Logger.With("node", cfg.Node),
 		health: &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}},
-		kick:   make(chan struct{}, 1),
+		kick:   make(chan struct{}, 1), metrics: newMetrics(cfg.Node),
 		slots:  map[string]*slot{}, byPod: map[string]*slot{},
 	}
 	for _, d := range []string{r.slotsDir(), r.netnsDir()} {
@@ -175,10 +176,15 @@ func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Sl
 		return runtime.Slot{}, err
 	}
 	ctx = r.nsCtx(ctx)
+	begin := time.Now()
 	s, err := r.reserve(ctx, req)
 	if err != nil {
+		if errdefs.IsResourceExhausted(err) {
+			r.metrics.failures.WithLabelValues("NoCapacity").Inc()
+		}
 		return runtime.Slot{}, err
 	}
+	r.metrics.observePhase("reserve", begin)
 	if err := r.start(ctx, s, req); err != nil {
 		reason := runtime.ReasonStartFailed
 		switch {
@@ -189,6 +195,7 @@ func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Sl
 		case errdefs.IsInvalidArgument(err):
 			reason = runtime.ReasonInvalidSpec
 		}
+		r.metrics.failures.WithLabelValues(reason).Inc()
 		r.log.Warn("bind failed", "pod", req.Pod.Namespace+"/"+req.Pod.Name, "slot", s.ID, "reason", reason, "err", err)
 		cleanupErr := r.removeContainers(context.WithoutCancel(ctx), s, 0)
 		r.mu.Lock()
@@ -204,6 +211,7 @@ func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Sl
 		r.mu.Unlock()
 		return runtime.Slot{}, err
 	}
+	r.metrics.observePhase("total", begin)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.setLocked(s, runtime.StateBound)
@@ -264,6 +272,7 @@ func (r *Runtime) reserve(ctx context.Context, req runtime.BindRequest) (*slot, 
 
 // start ensures the images and creates and starts the pod's containers.
 func (r *Runtime) start(ctx context.Context, s *slot, req runtime.BindRequest) error {
+	t := time.Now()
 	images := make([]ctrd.Image, len(req.Containers))
 	for i, c := range req.Containers {
 		img, err := r.ensureImage(ctx, c.Image, req.PullSecrets)
@@ -272,6 +281,7 @@ func (r *Runtime) start(ctx context.Context, s *slot, req runtime.BindRequest) e
 		}
 		images[i] = img
 	}
+	r.metrics.observePhase("image", t)
 	for i, c := range req.Containers {
 		id := s.ID + "-" + c.Name
 		spec, err := r.specOpts(s, req, i, images[i])
@@ -284,6 +294,7 @@ func (r *Runtime) start(ctx context.Context, s *slot, req runtime.BindRequest) e
 			LabelIndex: strconv.Itoa(i), LabelImage: c.Image, LabelRequests: formatRequests(req.Requests()),
 		}
 		maps.Copy(labels, req.Labels)
+		t = time.Now()
 		container, err := r.client.NewContainer(ctx, id,
 			ctrd.WithImage(images[i]),
 			ctrd.WithSnapshotter(r.cfg.Snapshotter),
@@ -297,9 +308,12 @@ func (r *Runtime) start(ctx context.Context, s *slot, req runtime.BindRequest) e
 		r.mu.Lock()
 		s.containers = append(s.containers, id)
 		r.mu.Unlock()
+		r.metrics.observePhase("create", t)
+		t = time.Now()
 		if err := r.startTask(ctx, s, container, c.Name); err != nil {
 			return fmt.Errorf("bind %s: start container %s: %w", req.Pod.UID, c.Name, err)
 		}
+		r.metrics.observePhase("start", t)
 	}
 	r.watchReady(s, req.Pod.UID)
 	return nil
@@ -425,7 +439,9 @@ func (r *Runtime) Release(ctx context.Context, uid string, grace time.Duration) 
 	r.mu.Lock()
 	s := r.byPod[uid]
 	r.mu.Unlock()
+	begin := time.Now()
 	err := r.removeContainers(ctx, s, grace)
+	r.metrics.releaseSeconds.Observe(time.Since(begin).Seconds())
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.byPod, uid)
@@ -435,6 +451,7 @@ func (r *Runtime) Release(ctx context.Context, uid string, grace time.Duration) 
 		r.setLocked(s, runtime.StateBroken)
 		return fmt.Errorf("release %s: %w", uid, err)
 	}
+	r.metrics.recycles.Inc()
 	r.setLocked(s, runtime.StateWarm)
 	r.wake()
 	return nil

@@ -1,0 +1,99 @@
+package containerd
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sandman-dev/sandman/runtime"
+)
+
+// metrics are the node's slot metrics; every series carries the node label.
+type metrics struct {
+	bindSeconds    *prometheus.HistogramVec
+	releaseSeconds prometheus.Histogram
+	recycles       prometheus.Counter
+	failures       *prometheus.CounterVec
+}
+
+var durationBuckets = []float64{.005, .01, .025, .05, .1, .15, .2, .3, .5, .75, 1, 2, 5, 10, 30}
+
+func newMetrics(node string) *metrics {
+	l := prometheus.Labels{"node": node}
+	return &metrics{
+		bindSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "sandman_node_bind_duration_seconds", ConstLabels: l, Buckets: durationBuckets,
+			Help: "Time to bind a pod into a slot, by phase: reserve, image, create, start, total (seconds).",
+		}, []string{"phase"}),
+		releaseSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "sandman_node_release_duration_seconds", ConstLabels: l, Buckets: durationBuckets,
+			Help: "Time to stop and remove a released pod's containers (seconds).",
+		}),
+		recycles: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sandman_node_slot_recycles_total", ConstLabels: l,
+			Help: "Slots returned to warm after a release.",
+		}),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sandman_node_bind_failures_total", ConstLabels: l,
+			Help: "Failed binds by reason (ImageNotFound, ErrImagePull, InvalidSpec, StartError, NoCapacity).",
+		}, []string{"reason"}),
+	}
+}
+
+func (m *metrics) observePhase(phase string, start time.Time) {
+	m.bindSeconds.WithLabelValues(phase).Observe(time.Since(start).Seconds())
+}
+
+// Collector returns the runtime's metrics for a Prometheus registry: the
+// histograms and counters above, plus slots by state and capacity versus
+// allocated resources read from the inventory at scrape time.
+func (r *Runtime) Collector() prometheus.Collector { return &collector{r: r} }
+
+type collector struct{ r *Runtime }
+
+var (
+	slotsDesc     = prometheus.NewDesc("sandman_node_slots", "Slots by state (warm, hot, binding, bound, releasing, broken).", []string{"node", "state"}, nil)
+	capSlotsDesc  = prometheus.NewDesc("sandman_node_capacity_slots", "Slot capacity of the node.", []string{"node"}, nil)
+	capCPUDesc    = prometheus.NewDesc("sandman_node_capacity_cpu_cores", "CPU the node offers sandboxes (cores).", []string{"node"}, nil)
+	capMemDesc    = prometheus.NewDesc("sandman_node_capacity_memory_bytes", "Memory the node offers sandboxes (bytes).", []string{"node"}, nil)
+	allocCPUDesc  = prometheus.NewDesc("sandman_node_allocated_cpu_cores", "CPU requested by bound and binding pods (cores).", []string{"node"}, nil)
+	allocMemDesc  = prometheus.NewDesc("sandman_node_allocated_memory_bytes", "Memory requested by bound and binding pods (bytes).", []string{"node"}, nil)
+	allSlotStates = []runtime.SlotState{runtime.StateWarm, runtime.StateHot, runtime.StateBinding, runtime.StateBound, runtime.StateReleasing, runtime.StateBroken}
+)
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{slotsDesc, capSlotsDesc, capCPUDesc, capMemDesc, allocCPUDesc, allocMemDesc} {
+		ch <- d
+	}
+	c.r.metrics.bindSeconds.Describe(ch)
+	c.r.metrics.releaseSeconds.Describe(ch)
+	c.r.metrics.recycles.Describe(ch)
+	c.r.metrics.failures.Describe(ch)
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	inv, err := c.r.Inventory(context.Background())
+	if err == nil {
+		node := inv.Node
+		counts := inv.Count()
+		var alloc runtime.Resources
+		for _, s := range inv.Slots {
+			if s.State == runtime.StateBound || s.State == runtime.StateBinding || s.State == runtime.StateReleasing {
+				alloc = alloc.Add(s.Resources)
+			}
+		}
+		for _, st := range allSlotStates {
+			ch <- prometheus.MustNewConstMetric(slotsDesc, prometheus.GaugeValue, float64(counts[st]), node, string(st))
+		}
+		ch <- prometheus.MustNewConstMetric(capSlotsDesc, prometheus.GaugeValue, float64(inv.Capacity.Slots), node)
+		ch <- prometheus.MustNewConstMetric(capCPUDesc, prometheus.GaugeValue, float64(inv.Capacity.Resources.MilliCPU)/1000, node)
+		ch <- prometheus.MustNewConstMetric(capMemDesc, prometheus.GaugeValue, float64(inv.Capacity.Resources.MemoryBytes), node)
+		ch <- prometheus.MustNewConstMetric(allocCPUDesc, prometheus.GaugeValue, float64(alloc.MilliCPU)/1000, node)
+		ch <- prometheus.MustNewConstMetric(allocMemDesc, prometheus.GaugeValue, float64(alloc.MemoryBytes), node)
+	}
+	c.r.metrics.bindSeconds.Collect(ch)
+	c.r.metrics.releaseSeconds.Collect(ch)
+	c.r.metrics.recycles.Collect(ch)
+	c.r.metrics.failures.Collect(ch)
+}
