@@ -35,6 +35,7 @@ type config struct {
 
 var suites = []suite{
 	{"daemon", benchDaemon},
+	{"node", benchNode},
 }
 
 func main() {
@@ -132,6 +133,25 @@ func timeN(n int, f func() error) (durations, error) {
 			return nil, err
 		}
 		out = append(out, time.Since(start))
+	}
+	return out, nil
+}
+
+// sampleN runs f n times (after a short warm-up) and keeps the durations f
+// reports, for benchmarks that time only part of each iteration.
+func sampleN(n int, f func() (time.Duration, error)) (durations, error) {
+	for range min(n/10+1, 5) {
+		if _, err := f(); err != nil {
+			return nil, err
+		}
+	}
+	out := make(durations, 0, n)
+	for range n {
+		d, err := f()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, d)
 	}
 	return out, nil
 }

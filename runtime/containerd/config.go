@@ -58,6 +58,12 @@ type Config struct {
 	// PlainHTTP says which registry hosts speak plain HTTP (default:
 	// localhost and loopback addresses).
 	PlainHTTP func(host string) (bool, error)
+	// ShimGroupSize is how many slots share one runc shim (the
+	// io.containerd.runc.v2.group annotation): fewer shims, less host
+	// memory per idle sandbox, and no shim start on most binds; a shim
+	// failure takes its group down. 1 gives every slot its own shim
+	// (default 8).
+	ShimGroupSize int
 	// RefillConcurrency bounds warm-slot creation (default 2).
 	RefillConcurrency int
 	// ReadyTimeout bounds the wait for a sandbox's daemon to answer
@@ -112,6 +118,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.PidsLimit <= 0 {
 		c.PidsLimit = 1024
+	}
+	if c.ShimGroupSize <= 0 {
+		c.ShimGroupSize = 8
 	}
 	if c.RefillConcurrency <= 0 {
 		c.RefillConcurrency = 2

@@ -71,7 +71,7 @@ func (r *Runtime) recover(ctx context.Context) error {
 		if err == nil && meta.ID == id && meta.IP != "" && netnsMounted(meta.NetNS) && len(r.slots) < r.cfg.Slots {
 			r.slots[id] = &slot{
 				Slot:  runtime.Slot{ID: id, State: runtime.StateWarm, IP: meta.IP, Since: r.cfg.Now()},
-				netns: netns.LoadNetNS(meta.NetNS), dir: dir,
+				netns: netns.LoadNetNS(meta.NetNS), dir: dir, group: r.nextGroup(),
 			}
 			continue
 		}
@@ -142,7 +142,7 @@ func (r *Runtime) adopt(ctx context.Context, id, dir string, cs []ctrd.Container
 			Pod:       &runtime.PodRef{UID: labels[LabelPodUID], Namespace: labels[LabelPodNamespace], Name: labels[LabelPodName]},
 			Resources: parseRequests(labels[LabelRequests]),
 		},
-		netns: netns.LoadNetNS(meta.NetNS), dir: dir,
+		netns: netns.LoadNetNS(meta.NetNS), dir: dir, group: r.nextGroup(),
 	}
 	for _, m := range members {
 		exit, err := m.task.Wait(ctx)

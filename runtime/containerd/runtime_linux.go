@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -38,6 +39,8 @@ type Runtime struct {
 	pulls  singleflight.Group
 	health  *http.Client
 	metrics *metrics
+	// groupSeq numbers slots for shim groups.
+	groupSeq atomic.Int64
 	// kick wakes the refiller.
 	kick chan struct{}
 

@@ -23,6 +23,8 @@ type slot struct {
 	runtime.Slot
 	netns *netns.NetNS
 	dir   string
+	// group is the runc shim group the slot's containers join.
+	group string
 	// containers are the bound pod's containerd container IDs, in order.
 	containers []string
 	// stopReady ends the readiness poll of the bound pod.
@@ -89,6 +91,7 @@ func (r *Runtime) makeSlot(ctx context.Context) (s *slot, retErr error) {
 		Slot:  runtime.Slot{ID: id, State: runtime.StateWarm, IP: ip, Since: r.cfg.Now()},
 		netns: ns,
 		dir:   dir,
+		group: r.nextGroup(),
 	}, nil
 }
 
@@ -141,4 +144,10 @@ func readMeta(dir string) (slotMeta, error) {
 		return m, err
 	}
 	return m, json.Unmarshal(b, &m)
+}
+
+// nextGroup assigns slots to shim groups of ShimGroupSize, in creation order.
+func (r *Runtime) nextGroup() string {
+	n := r.groupSeq.Add(1) - 1
+	return fmt.Sprintf("%s-shim-%d", r.cfg.Node, n/int64(r.cfg.ShimGroupSize))
 }

@@ -62,8 +62,9 @@ func (r *Runtime) specOpts(s *slot, req runtime.BindRequest, i int, img ctrd.Ima
 		oci.WithDroppedCapabilities(droppedCapabilities),
 		seccomp.WithDefaultProfile(),
 		oci.WithPidsLimit(r.cfg.PidsLimit),
-		// The pod's containers share one shim, as a pod shares a sandbox.
-		oci.WithAnnotations(map[string]string{"io.containerd.runc.v2.group": s.ID}),
+		// Slots share shims in groups (Config.ShimGroupSize); a pod's
+		// containers always share their slot's.
+		oci.WithAnnotations(map[string]string{"io.containerd.runc.v2.group": s.group}),
 	}
 	if len(c.Env) > 0 {
 		opts = append(opts, oci.WithEnv(c.Env))

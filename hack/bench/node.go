@@ -1,0 +1,250 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	ctrd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/remotes/docker"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/containerd/v2/pkg/oci"
+	"github.com/containerd/errdefs"
+	"github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/sandman-dev/sandman/runtime"
+	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
+	"github.com/sandman-dev/sandman/runtime/runtimetest"
+)
+
+const benchNamespace = "sandman-bench"
+
+// stackEnv reads the local stack's stack.env.
+func stackEnv() (map[string]string, error) {
+	dir := os.Getenv("SANDMAN_STATE")
+	if dir == "" {
+		dir = "/var/lib/sandman-local"
+	}
+	f, err := os.Open(filepath.Join(dir, "stack.env"))
+	if err != nil {
+		return nil, fmt.Errorf("the local stack is not up (%v): run make local-up", err)
+	}
+	defer f.Close()
+	env := map[string]string{"SANDMAN_STATE": dir}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(sc.Text(), "="); ok {
+			env[k] = v
+		}
+	}
+	return env, sc.Err()
+}
+
+// benchNode measures binds on the real containerd runtime beside raw
+// containerd create+start of an equivalent container.
+func benchNode(cfg config) ([]row, error) {
+	env, err := stackEnv()
+	if err != nil {
+		return nil, err
+	}
+	ctx := namespaces.WithNamespace(context.Background(), benchNamespace)
+	client, err := ctrd.New(env["CONTAINERD_ADDRESS"], ctrd.WithDefaultNamespace(benchNamespace))
+	if err != nil {
+		return nil, err
+	}
+	defer client.Close()
+	tmp, err := os.MkdirTemp("", "sandman-bench-node")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	daemonBin := filepath.Join(tmp, "sandman-daemon")
+	build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", daemonBin, "./cmd/sandman-daemon")
+	build.Dir, build.Env = cfg.root, append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("build daemon: %v\n%s", err, out)
+	}
+	image := env["BUSYBOX_IMAGE"]
+	resolver := docker.NewResolver(docker.ResolverOptions{Hosts: docker.ConfigureDefaultRegistries(docker.WithPlainHTTP(docker.MatchLocalhost))})
+	img, err := client.Pull(ctx, image, ctrd.WithPullUnpack, ctrd.WithResolver(resolver))
+	if err != nil {
+		return nil, err
+	}
+	n := min(cfg.n, 60)
+
+	// Baseline: raw containerd create+start of the same image with the
+	// daemon bind-mounted as PID 1 (a fresh, unconfigured netns).
+	raw, err := sampleN(n, func() (time.Duration, error) {
+		id := "raw-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+		start := time.Now()
+		c, err := client.NewContainer(ctx, id, ctrd.WithNewSnapshot(id, img),
+			ctrd.WithNewSpec(oci.WithImageConfig(img), oci.WithProcessArgs(rtcontainerd.DaemonMountPath, "--allow-unauthenticated"),
+				oci.WithMounts([]specs.Mount{{Destination: rtcontainerd.DaemonMountPath, Type: "bind", Source: daemonBin, Options: []string{"rbind", "ro"}}})))
+		if err != nil {
+			return 0, err
+		}
+		t, err := c.NewTask(ctx, cio.NullIO)
+		if err == nil {
+			err = t.Start(ctx)
+		}
+		elapsed := time.Since(start)
+		if t != nil {
+			_ = t.Kill(ctx, syscall.SIGKILL)
+			_, _ = t.Delete(ctx, ctrd.WithProcessKill)
+		}
+		_ = c.Delete(ctx, ctrd.WithSnapshotCleanup)
+		return elapsed, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("raw containerd: %w", err)
+	}
+
+	rt, err := rtcontainerd.New(ctx, rtcontainerd.Config{
+		Client: client, Namespace: benchNamespace, Node: "bench", Slots: 24, WarmSlots: 8,
+		StateDir: filepath.Join(env["SANDMAN_STATE"], "bench-node"), DaemonPath: daemonBin,
+		CNIConfDir: env["CNI_CONF_DIR"], CNIBinDir: env["CNI_BIN_DIR"],
+		Resources: runtime.Resources{MilliCPU: 1 << 30, MemoryBytes: 1 << 50},
+		Logger:    slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
+	})
+	if err != nil {
+		return nil, err
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = rt.Run(rctx) }()
+	defer func() {
+		cancel()
+		wg.Wait()
+		_ = rt.Destroy(context.Background())
+	}()
+	waitWarm := func(want int) error {
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			inv, err := rt.Inventory(ctx)
+			if err != nil {
+				return err
+			}
+			if inv.Count()[runtime.StateWarm] >= want {
+				return nil
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("slots not warm: %v", inv.Count())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	if err := waitWarm(8); err != nil {
+		return nil, err
+	}
+	i := 0
+	generic, err := sampleN(n, func() (time.Duration, error) {
+		i++
+		uid := "g-" + strconv.Itoa(i)
+		start := time.Now()
+		_, err := rt.Bind(ctx, runtimetest.Request(uid, image))
+		elapsed := time.Since(start)
+		if err != nil {
+			return 0, err
+		}
+		return elapsed, rt.Release(ctx, uid, 0)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("generic bind: %w", err)
+	}
+
+	// Throughput: 48 binds, 8 at a time.
+	if err := waitWarm(8); err != nil {
+		return nil, err
+	}
+	const burst = 48
+	var g errgroup.Group
+	g.SetLimit(8)
+	start := time.Now()
+	for j := range burst {
+		g.Go(func() error {
+			for {
+				_, err := rt.Bind(ctx, runtimetest.Request("t-"+strconv.Itoa(j), image))
+				if !errdefs.IsResourceExhausted(err) {
+					return err
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		})
+		if j == 23 {
+			// Capacity is 24: release the first half as the second arrives.
+			if err := g.Wait(); err != nil {
+				return nil, err
+			}
+			for k := range 24 {
+				g.Go(func() error { return rt.Release(ctx, "t-"+strconv.Itoa(k), 0) })
+			}
+		}
+	}
+	if err := g.Wait(); err != nil {
+		return nil, fmt.Errorf("throughput: %w", err)
+	}
+	rate := float64(burst) / time.Since(start).Seconds()
+
+	// Host memory per idle sandbox: the 24 bound ones above are idle now.
+	time.Sleep(2 * time.Second) // let them settle before reading memory
+	pss, procs, err := sandboxPSS(benchNamespace)
+	if err != nil {
+		return nil, err
+	}
+	for k := 24; k < burst; k++ {
+		_ = rt.Release(ctx, "t-"+strconv.Itoa(k), 0)
+	}
+	rows := []row{
+		{name: "raw containerd create+start, same image + daemon (baseline)", n: n, p50: ms(raw.p50()), p99: ms(raw.p99()), baseline: "-", ratio: "1.00×"},
+		{name: "generic warm-slot bind (netns+IP ready)", n: n, p50: ms(generic.p50()), p99: ms(generic.p99()), baseline: "raw create+start", ratio: ratio(generic.p50(), raw.p50()), note: "target ≤ 1.2×"},
+		{name: "binds per second, concurrency 8", n: burst, p50: fmt.Sprintf("%.1f /s", rate), p99: "-", baseline: "-", ratio: "-"},
+		{name: "host memory per idle sandbox (PSS of shim + daemon)", n: 24, p50: fmt.Sprintf("%.1f MB", pss/24/1e6), p99: "-", baseline: "-", ratio: "-", note: fmt.Sprintf("%d processes; target ≤ 4 MB with grouping", procs)},
+	}
+	return rows, nil
+}
+
+// sandboxPSS sums the proportional set size of every process whose cgroup
+// or command line belongs to containerd namespace ns (tasks and shims).
+func sandboxPSS(ns string) (float64, int, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, 0, err
+	}
+	var total float64
+	n := 0
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if !strings.Contains(string(cg), "/"+ns+"/") && !strings.Contains(string(cmd), "-namespace\x00"+ns+"\x00") {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "Pss:"); ok {
+				kb, _ := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")))
+				total += float64(kb) * 1024
+				n++
+			}
+		}
+	}
+	return total, n, nil
+}
