@@ -31,12 +31,12 @@ var _ runtime.Runtime = (*Runtime)(nil)
 // Runtime keeps a worker's slots on containerd. Create it with New and run
 // its background work (refilling warm slots, watching exits) with Run.
 type Runtime struct {
-	cfg    Config
-	client *ctrd.Client
-	cni    gocni.CNI
-	hub    *runtime.Hub
-	log    *slog.Logger
-	pulls  singleflight.Group
+	cfg     Config
+	client  *ctrd.Client
+	cni     gocni.CNI
+	hub     *runtime.Hub
+	log     *slog.Logger
+	pulls   singleflight.Group
 	health  *http.Client
 	metrics *metrics
 	// groupSeq numbers slots for shim groups.
@@ -70,7 +70,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		log:    cfg.Logger.With("node", cfg.Node),
 		health: &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}},
 		kick:   make(chan struct{}, 1), metrics: newMetrics(cfg.Node),
-		slots:  map[string]*slot{}, byPod: map[string]*slot{},
+		slots: map[string]*slot{}, byPod: map[string]*slot{},
 	}
 	for _, d := range []string{r.slotsDir(), r.netnsDir()} {
 		if err := os.MkdirAll(d, 0o700); err != nil {

@@ -11,8 +11,8 @@ import (
 	"path/filepath"
 	"strings"
 
-	gocni "github.com/containerd/go-cni"
 	"github.com/containerd/containerd/v2/pkg/netns"
+	gocni "github.com/containerd/go-cni"
 	"golang.org/x/sys/unix"
 
 	"github.com/sandman-dev/sandman/runtime"

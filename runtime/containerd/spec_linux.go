@@ -107,4 +107,3 @@ func mainCommand(ctx context.Context, c runtime.ContainerSpec, img ctrd.Image) (
 	}
 	return nil, nil
 }
-

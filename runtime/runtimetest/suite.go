@@ -375,4 +375,3 @@ func testMultiContainer(t *testing.T, h Harness) {
 	release(t, h, "multi-1")
 	waitWarm(t, h, h.WarmSlots)
 }
-
