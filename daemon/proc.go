@@ -33,7 +33,8 @@ type commandSpec struct {
 // environment's PATH, or a command line for the image's shell; its own
 // process group; the sandbox's environment with spec.env merged over it.
 func (s *Server) command(spec commandSpec) (*exec.Cmd, error) {
-	env := mergeEnv(s.cfg.Env, spec.env)
+	a := s.access.Load()
+	env := mergeEnv(a.env, spec.env)
 	argv := spec.argv
 	switch {
 	case len(argv) > 0 && spec.shell != "":
@@ -53,7 +54,7 @@ func (s *Server) command(spec commandSpec) (*exec.Cmd, error) {
 	}
 	dir := spec.cwd
 	if dir == "" {
-		dir = s.cfg.Dir
+		dir = a.dir
 	}
 	if !filepath.IsAbs(dir) {
 		return nil, errf(http.StatusBadRequest, api.CodeBadRequest, "cwd %q is not an absolute path", dir)

@@ -29,6 +29,11 @@ type Config struct {
 	TokenHashes [][sha256.Size]byte
 	// AllowUnauthenticated accepts calls without a token (local experiments).
 	AllowUnauthenticated bool
+	// AssignTokenHash, when set, starts the daemon unassigned (a hot slot):
+	// it answers health, and POST /v1/assign from the holder of this token
+	// (the node agent) sets the tokens, environment and main process. Until
+	// then every other call gets 503.
+	AssignTokenHash *[sha256.Size]byte
 
 	// Env is the sandbox's environment for commands (default os.Environ()).
 	Env []string
@@ -82,6 +87,13 @@ type Server struct {
 	procs    *processTable
 	sessions *sessionTable
 
+	// access is who may call and with which environment commands run; an
+	// assignment replaces it.
+	access atomic.Pointer[access]
+	// assignMain receives the main command of an assignment (Supervise
+	// starts it).
+	assignMain chan []string
+
 	// groupsMu guards groups: every process group the server started and
 	// that is alive, for forwarding TERM at shutdown.
 	groupsMu sync.Mutex
@@ -90,7 +102,7 @@ type Server struct {
 
 // New checks cfg, fills defaults and returns a Server.
 func New(cfg Config) (*Server, error) {
-	if len(cfg.TokenHashes) == 0 && !cfg.AllowUnauthenticated {
+	if len(cfg.TokenHashes) == 0 && !cfg.AllowUnauthenticated && cfg.AssignTokenHash == nil {
 		return nil, errors.New("no token hash configured: pass --token-sha256 (or --allow-unauthenticated for local experiments)")
 	}
 	if cfg.Env == nil {
@@ -140,6 +152,11 @@ func New(cfg Config) (*Server, error) {
 		slots:  make(chan struct{}, cfg.MaxProcesses),
 		groups: map[int]struct{}{},
 	}
+	s.access.Store(&access{
+		hashes: cfg.TokenHashes, allowUnauth: cfg.AllowUnauthenticated, env: cfg.Env, dir: cfg.Dir,
+		assigned: cfg.AssignTokenHash == nil,
+	})
+	s.assignMain = make(chan []string, 1)
 	s.procs = newProcessTable()
 	s.sessions = newSessionTable()
 	s.lastActivity.Store(cfg.Now().UnixNano())
@@ -165,6 +182,7 @@ func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/health", s.health)
 	auth := func(pattern string, h http.HandlerFunc) { mux.Handle(pattern, s.authenticated(h)) }
+	mux.HandleFunc("POST /v1/assign", s.assign)
 	auth("POST /v1/renew", s.renew)
 	auth("POST /v1/exec", s.exec)
 	auth("POST /v1/processes", s.startProcess)
@@ -215,6 +233,10 @@ func (s *Server) recoverPanics(next http.Handler) http.Handler {
 // authenticated checks the bearer token and records the call as activity.
 func (s *Server) authenticated(h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !s.access.Load().assigned {
+			writeError(w, errf(http.StatusServiceUnavailable, api.CodeUnavailable, "this sandbox is not assigned to a pod yet"))
+			return
+		}
 		if !s.authorized(r) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="sandman"`)
 			writeError(w, errf(http.StatusUnauthorized, api.CodeUnauthorized,
@@ -227,7 +249,8 @@ func (s *Server) authenticated(h http.HandlerFunc) http.Handler {
 }
 
 func (s *Server) authorized(r *http.Request) bool {
-	if s.cfg.AllowUnauthenticated {
+	a := s.access.Load()
+	if a.allowUnauth {
 		return true
 	}
 	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
@@ -243,7 +266,7 @@ func (s *Server) authorized(r *http.Request) bool {
 	}
 	sum := sha256.Sum256([]byte(strings.TrimSpace(tok)))
 	match := 0
-	for _, h := range s.cfg.TokenHashes {
+	for _, h := range a.hashes {
 		match |= subtle.ConstantTimeCompare(sum[:], h[:])
 	}
 	return match == 1
@@ -262,8 +285,12 @@ func (s *Server) IdleSeconds() float64 {
 }
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	status := "ok"
+	if !s.access.Load().assigned {
+		status = "waiting"
+	}
 	writeJSON(w, http.StatusOK, api.Health{
-		Status: "ok", Version: s.cfg.Version, IdleSeconds: s.IdleSeconds(), Running: int(s.running.Load()),
+		Status: status, Version: s.cfg.Version, IdleSeconds: s.IdleSeconds(), Running: int(s.running.Load()),
 	})
 }
 

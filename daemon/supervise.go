@@ -28,18 +28,19 @@ func (s *Server) Supervise(ctx context.Context, listeners []net.Listener, main [
 
 	var mainDone <-chan struct{}
 	var mainProc *process
+	tee := func(stream string, b []byte) {
+		if stream == "stderr" {
+			_, _ = os.Stderr.Write(b)
+		} else {
+			_, _ = os.Stdout.Write(b)
+		}
+	}
 	if len(main) > 0 {
 		cmd, err := s.command(commandSpec{argv: main})
 		if err != nil {
 			return 127, err
 		}
-		p, err := s.startBackground("main", cmd, false, 0, "", func(stream string, b []byte) {
-			if stream == "stderr" {
-				_, _ = os.Stderr.Write(b)
-			} else {
-				_, _ = os.Stdout.Write(b)
-			}
-		})
+		p, err := s.startBackground("main", cmd, false, 0, "", tee)
 		if err != nil {
 			return 127, err
 		}
@@ -58,6 +59,38 @@ func (s *Server) Supervise(ctx context.Context, listeners []net.Listener, main [
 		s.Shutdown(sctx)
 	}
 	code := 0
+	for mainDone == nil {
+		// A hot sandbox learns its main command when it is assigned.
+		select {
+		case argv := <-s.assignMain:
+			cmd, err := s.command(commandSpec{argv: argv})
+			if err != nil {
+				s.log.Error("assigned main command", "err", err)
+				shutdown()
+				return 127, err
+			}
+			p, err := s.startBackground("main", cmd, false, 0, "", tee)
+			if err != nil {
+				shutdown()
+				return 127, err
+			}
+			mainProc, mainDone = p, p.done
+			continue
+		case sig := <-stop:
+			s.log.Info("stopping", "signal", sig.String())
+			shutdown()
+			return 0, nil
+		case <-ctx.Done():
+			shutdown()
+			return 0, nil
+		case err := <-serveErr:
+			shutdown()
+			if err != nil {
+				return 1, err
+			}
+			return 1, errors.New("listener closed")
+		}
+	}
 	select {
 	case <-mainDone:
 		info := mainProc.info()

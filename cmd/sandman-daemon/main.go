@@ -33,6 +33,7 @@ type options struct {
 	listen       string
 	socket       string
 	hashes       hashList
+	assignHash   string
 	allowUnauth  bool
 	stateDir     string
 	maxProcesses int
@@ -60,6 +61,7 @@ func run(args []string) (int, error) {
 	fs.StringVar(&o.listen, "listen", envOr("SANDMAN_LISTEN", fmt.Sprintf(":%d", api.Port)), "TCP address to serve on (env SANDMAN_LISTEN; empty: none)")
 	fs.StringVar(&o.socket, "socket", os.Getenv("SANDMAN_SOCKET"), "unix socket to serve on too (env SANDMAN_SOCKET)")
 	fs.Var(&o.hashes, "token-sha256", "hex SHA-256 of an accepted bearer token; repeatable (env SANDMAN_TOKEN_SHA256, comma-separated)")
+	fs.StringVar(&o.assignHash, "assign-token-sha256", "", "start unassigned (a hot slot): hex SHA-256 of the token the node agent assigns the sandbox with")
 	fs.BoolVar(&o.allowUnauth, "allow-unauthenticated", os.Getenv("SANDMAN_ALLOW_UNAUTHENTICATED") == "1", "accept calls without a token: local experiments only (env SANDMAN_ALLOW_UNAUTHENTICATED=1)")
 	fs.StringVar(&o.stateDir, "state-dir", envOr("SANDMAN_STATE_DIR", "/tmp/.sandman"), "private directory for session files (env SANDMAN_STATE_DIR)")
 	fs.IntVar(&o.maxProcesses, "max-processes", 256, "processes (execs, background, sessions) alive at once")
@@ -105,6 +107,13 @@ func run(args []string) (int, error) {
 			return 2, fmt.Errorf("--token-sha256: %w", err)
 		}
 		cfg.TokenHashes = append(cfg.TokenHashes, sum)
+	}
+	if o.assignHash != "" {
+		sum, err := daemon.ParseTokenHash(o.assignHash)
+		if err != nil {
+			return 2, fmt.Errorf("--assign-token-sha256: %w", err)
+		}
+		cfg.AssignTokenHash = &sum
 	}
 	reapAll := os.Getpid() == 1
 	if !reapAll && o.subreaper {

@@ -210,3 +210,16 @@ type WriteResult struct {
 	// Entries counts extracted entries for archive uploads.
 	Entries int `json:"entries,omitempty"`
 }
+
+// AssignRequest is POST /v1/assign: the node agent hands a waiting (hot)
+// sandbox to a pod.
+type AssignRequest struct {
+	TokenHashes          []string `json:"token_hashes,omitempty"`
+	AllowUnauthenticated bool     `json:"allow_unauthenticated,omitempty"`
+	// Env (KEY=VALUE) is set over the sandbox's environment.
+	Env []string `json:"env,omitempty"`
+	// Dir is the default working directory.
+	Dir string `json:"dir,omitempty"`
+	// Main is the pod's command, started as the main process.
+	Main []string `json:"main,omitempty"`
+}

@@ -1,0 +1,55 @@
+package daemon_test
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"net/http"
+	"testing"
+
+	"github.com/sandman-dev/sandman/daemon/api"
+	"github.com/sandman-dev/sandman/daemon/client"
+)
+
+// TestAssign: a hot (unassigned) daemon serves nothing but health until the
+// node agent assigns it, with the assign token, to a pod's tokens and env.
+func TestAssign(t *testing.T) {
+	assignSum := sha256.Sum256([]byte("assign-secret"))
+	h := newHarness(t, func(c *daemonConfig) {
+		c.TokenHashes = nil
+		c.AssignTokenHash = &assignSum
+	})
+	ctx := t.Context()
+	if hl, err := h.client.Health(ctx); err != nil || hl.Status != "waiting" {
+		t.Fatalf("health before assignment: %+v %v", hl, err)
+	}
+	if _, err := h.client.Exec(ctx, api.ExecRequest{Cmd: []string{"true"}}); !client.IsCode(err, api.CodeUnavailable) {
+		t.Fatalf("exec before assignment: %v", err)
+	}
+	podSum := sha256.Sum256([]byte(testToken))
+	assign := func(token string) int {
+		body, _ := json.Marshal(api.AssignRequest{TokenHashes: []string{hex.EncodeToString(podSum[:])}, Env: []string{"POD_VAR=set"}})
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.url+"/v1/assign", bytes.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := assign(testToken); code != http.StatusUnauthorized {
+		t.Fatalf("assign with the pod's token: %d, want 401", code)
+	}
+	if code := assign("assign-secret"); code != http.StatusOK {
+		t.Fatalf("assign: %d", code)
+	}
+	if code := assign("assign-secret"); code != http.StatusConflict {
+		t.Fatalf("second assign: %d, want 409", code)
+	}
+	res, err := h.client.Exec(ctx, api.ExecRequest{Shell: "echo $POD_VAR"})
+	if err != nil || string(res.Stdout) != "set\n" {
+		t.Fatalf("exec after assignment: %v %q", err, res.Stdout)
+	}
+}
