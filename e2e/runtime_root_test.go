@@ -25,7 +25,7 @@ const runtimeNamespace = "sandman-rt"
 
 // newContainerdRuntime starts a containerd runtime against the stack and
 // destroys it (and checks nothing is left) when the test ends.
-func newContainerdRuntime(t *testing.T, s *framework.Stack, slots, warm int) *rtcontainerd.Runtime {
+func newContainerdRuntime(t *testing.T, s *framework.Stack, slots, warm int, mutate ...func(*rtcontainerd.Config)) *rtcontainerd.Runtime {
 	t.Helper()
 	node := "rt-" + rand.String(6)
 	stateDir := filepath.Join(framework.StateDir(), "test-runtimes", node)
@@ -34,13 +34,17 @@ func newContainerdRuntime(t *testing.T, s *framework.Stack, slots, warm int) *rt
 	if os.Getenv("SANDMAN_TEST_DEBUG") != "" {
 		logLevel = slog.LevelDebug
 	}
-	rt, err := rtcontainerd.New(t.Context(), rtcontainerd.Config{
+	cfg := rtcontainerd.Config{
 		Client: cc, Namespace: runtimeNamespace, Node: node, Slots: slots, WarmSlots: warm,
 		StateDir: stateDir, DaemonPath: buildDaemon(t, s.Root),
 		CNIConfDir: s.CNIConfDir, CNIBinDir: s.CNIBinDir, PidsLimit: 256,
 		Resources: runtime.Resources{MilliCPU: 64000, MemoryBytes: 64 << 30},
 		Logger:    slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel})),
-	})
+	}
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	rt, err := rtcontainerd.New(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,5 +94,53 @@ func TestRootContainerdConformance(t *testing.T) {
 			Exec:    sandboxExec,
 			Timeout: 60 * time.Second,
 		}
+	})
+}
+
+// TestRootHotSlots: pinned images get started sandboxes whose daemon waits;
+// binding one assigns it the pod's token, env, hostname, limits and command.
+func TestRootHotSlots(t *testing.T) {
+	s := framework.Get(t)
+	rt := newContainerdRuntime(t, s, 4, 1, func(c *rtcontainerd.Config) {
+		c.HotSlots, c.HotImages = 2, []string{s.BusyboxImage}
+	})
+	ctx := t.Context()
+	framework.Eventually(t, time.Minute, "two hot slots", func(ctx context.Context) (bool, error) {
+		inv, err := rt.Inventory(ctx)
+		return err == nil && inv.Count()[runtime.StateHot] == 2, err
+	})
+	req := runtimetest.Request("hot-1", s.BusyboxImage, "sh", "-c", "echo main-ran > /tmp/main; sleep 1000")
+	req.Containers[0].Env = []string{"POD_ENV=from-pod"}
+	req.Containers[0].Limits.MemoryBytes = 256 << 20
+	start := time.Now()
+	slot, err := rt.Bind(ctx, req)
+	took := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("hot bind took %v", took)
+	if slot.State != runtime.StateBound || slot.Image != s.BusyboxImage {
+		t.Fatalf("slot %+v", slot)
+	}
+	out, err := sandboxExec(ctx, slot, runtimetest.Token, "sh", "-c", "echo $POD_ENV $(hostname)")
+	if err != nil || out != "from-pod pod-hot-1\n" {
+		t.Fatalf("exec in the assigned sandbox: %q %v", out, err)
+	}
+	if st, err := rt.Stats(ctx, "hot-1"); err != nil || st.MemoryLimitBytes != 256<<20 {
+		t.Fatalf("memory limit of the assigned sandbox: %d (%v), want %d", st.MemoryLimitBytes, err, 256<<20)
+	}
+	framework.Eventually(t, 10*time.Second, "the main process to run", func(ctx context.Context) (bool, error) {
+		out, err := sandboxExec(ctx, slot, runtimetest.Token, "cat", "/tmp/main")
+		return err == nil && out == "main-ran\n", nil
+	})
+	if _, err := sandboxExec(ctx, slot, "wrong", "true"); err == nil {
+		t.Fatal("a wrong token was accepted")
+	}
+	if err := rt.Release(ctx, "hot-1", time.Second); err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, time.Minute, "the hot pool to refill", func(ctx context.Context) (bool, error) {
+		inv, err := rt.Inventory(ctx)
+		return err == nil && inv.Count()[runtime.StateHot] == 2, err
 	})
 }

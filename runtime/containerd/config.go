@@ -23,6 +23,7 @@ const (
 	LabelContainer    = "sandman.io/container"
 	LabelIndex        = "sandman.io/container-index"
 	LabelImage        = "sandman.io/image"
+	LabelHot          = "sandman.io/hot"
 )
 
 // DaemonMountPath is where the daemon binary appears in every sandbox.
@@ -58,11 +59,22 @@ type Config struct {
 	// PlainHTTP says which registry hosts speak plain HTTP (default:
 	// localhost and loopback addresses).
 	PlainHTTP func(host string) (bool, error)
+	// HotSlots bounds the slots that hold a started sandbox of a popular
+	// image whose daemon waits to be assigned (0: no hot slots). Binding a
+	// pod to one hands over tokens, env and command and takes milliseconds.
+	HotSlots int
+	// HotImages are kept hot whatever the mix (operator pins), within
+	// HotSlots.
+	HotImages []string
+	// HotMixWindow is how many recent binds decide which images are
+	// popular (default 100).
+	HotMixWindow int
 	// ShimGroupSize is how many slots share one runc shim (the
-	// io.containerd.runc.v2.group annotation): fewer shims, less host
-	// memory per idle sandbox, and no shim start on most binds; a shim
-	// failure takes its group down. 1 gives every slot its own shim
-	// (default 8).
+	// io.containerd.runc.v2.group annotation): fewer shims and less host
+	// memory per idle sandbox, but a shim failure takes its group down and
+	// a bind can meet the group's shim exiting (it is retried). 1 (the
+	// default) gives every bind its own shim, shared by the pod's
+	// containers.
 	ShimGroupSize int
 	// RefillConcurrency bounds warm-slot creation (default 2).
 	RefillConcurrency int
@@ -119,8 +131,11 @@ func (c *Config) setDefaults() error {
 	if c.PidsLimit <= 0 {
 		c.PidsLimit = 1024
 	}
+	if c.HotMixWindow <= 0 {
+		c.HotMixWindow = 100
+	}
 	if c.ShimGroupSize <= 0 {
-		c.ShimGroupSize = 8
+		c.ShimGroupSize = 1
 	}
 	if c.RefillConcurrency <= 0 {
 		c.RefillConcurrency = 2

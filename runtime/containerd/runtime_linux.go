@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -49,6 +50,10 @@ type Runtime struct {
 	slots    map[string]*slot
 	byPod    map[string]*slot
 	creating int
+	// heating counts hot sandboxes being started; recent is the image of
+	// each recent bind (the mix that decides which images are kept hot).
+	heating int
+	recent  []string
 }
 
 // New checks cfg, loads the CNI config, re-adopts the sandboxes a previous
@@ -128,6 +133,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 				r.wake()
 			}()
 		}
+		r.heat(ctx)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -141,7 +147,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 func (r *Runtime) needLocked() int {
 	warm := r.creating
 	for _, s := range r.slots {
-		if s.State == runtime.StateWarm || s.State == runtime.StateHot {
+		if s.State == runtime.StateWarm && !s.heating {
 			warm++
 		}
 	}
@@ -204,7 +210,7 @@ func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Sl
 		r.mu.Lock()
 		r.hub.Publish(runtime.Event{Type: runtime.EventBindFailed, Time: r.cfg.Now(), Slot: copySlot(s.Slot), Reason: reason, Message: err.Error()})
 		delete(r.byPod, req.Pod.UID)
-		s.Pod, s.Image, s.Resources, s.Ready, s.containers = nil, "", runtime.Resources{}, false, nil
+		s.Pod, s.Image, s.Resources, s.Ready, s.containers, s.assignToken = nil, "", runtime.Resources{}, false, nil, ""
 		if cleanupErr != nil {
 			s.Reason = cleanupErr.Error()
 			r.setLocked(s, runtime.StateBroken)
@@ -218,6 +224,9 @@ func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Sl
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.setLocked(s, runtime.StateBound)
+	// Refill after the bind, not during it: on a small node the two would
+	// share the CPU.
+	r.wake()
 	return copySlot(s.Slot), nil
 }
 
@@ -231,12 +240,21 @@ func (r *Runtime) reserve(ctx context.Context, req runtime.BindRequest) (*slot, 
 		r.mu.Unlock()
 		return nil, fmt.Errorf("bind %s: pod already bound on %s: %w", pod.UID, r.cfg.Node, errdefs.ErrAlreadyExists)
 	}
+	r.recent = append(r.recent, req.Containers[0].Image)
+	if len(r.recent) > r.cfg.HotMixWindow {
+		r.recent = r.recent[len(r.recent)-r.cfg.HotMixWindow:]
+	}
 	var used runtime.Resources
-	var warm *slot
+	var warm, hot *slot
+	hotOK := len(req.Containers) == 1 && req.Containers[0].User == "" && req.Containers[0].ExclusiveCPUs == 0
 	for _, s := range r.slots {
 		switch s.State {
+		case runtime.StateHot:
+			if hotOK && hot == nil && s.Image == req.Containers[0].Image {
+				hot = s
+			}
 		case runtime.StateWarm:
-			if warm == nil || s.Since.Before(warm.Since) {
+			if !s.heating && (warm == nil || s.Since.Before(warm.Since)) {
 				warm = s
 			}
 		case runtime.StateBinding, runtime.StateBound, runtime.StateReleasing:
@@ -247,7 +265,9 @@ func (r *Runtime) reserve(ctx context.Context, req runtime.BindRequest) (*slot, 
 		r.mu.Unlock()
 		return nil, fmt.Errorf("bind %s: requests of %dm CPU and %d bytes do not fit on %s: %w", pod.UID, want.MilliCPU, want.MemoryBytes, r.cfg.Node, errdefs.ErrResourceExhausted)
 	}
-	if warm == nil {
+	if hot != nil {
+		warm = hot
+	} else if warm == nil {
 		if len(r.slots)+r.creating >= r.cfg.Slots {
 			r.mu.Unlock()
 			return nil, fmt.Errorf("bind %s: all %d slots of %s are in use: %w", pod.UID, r.cfg.Slots, r.cfg.Node, errdefs.ErrResourceExhausted)
@@ -265,16 +285,24 @@ func (r *Runtime) reserve(ctx context.Context, req runtime.BindRequest) (*slot, 
 		r.slots[s.ID] = s
 		warm = s
 	}
+	if warm.State != runtime.StateHot {
+		warm.containers, warm.assignToken = nil, ""
+	}
 	warm.Pod, warm.Image, warm.Resources, warm.Ready, warm.Reason = &pod, req.Containers[0].Image, want, false, ""
 	r.byPod[pod.UID] = warm
 	r.setLocked(warm, runtime.StateBinding)
 	r.mu.Unlock()
-	r.wake()
 	return warm, nil
 }
 
 // start ensures the images and creates and starts the pod's containers.
 func (r *Runtime) start(ctx context.Context, s *slot, req runtime.BindRequest) error {
+	r.mu.Lock()
+	token := s.assignToken
+	r.mu.Unlock()
+	if token != "" {
+		return r.assignHot(ctx, s, req, token)
+	}
 	t := time.Now()
 	images := make([]ctrd.Image, len(req.Containers))
 	for i, c := range req.Containers {
@@ -287,7 +315,7 @@ func (r *Runtime) start(ctx context.Context, s *slot, req runtime.BindRequest) e
 	r.metrics.observePhase("image", t)
 	for i, c := range req.Containers {
 		id := s.ID + "-" + c.Name
-		spec, err := r.specOpts(s, req, i, images[i])
+		spec, err := r.specOpts(s, req, i, images[i], "")
 		if err != nil {
 			return err
 		}
@@ -324,7 +352,21 @@ func (r *Runtime) start(ctx context.Context, s *slot, req runtime.BindRequest) e
 
 // startTask starts a container's task and watches for its exit.
 func (r *Runtime) startTask(ctx context.Context, s *slot, container ctrd.Container, name string) error {
-	task, err := container.NewTask(ctx, nullIO)
+	var task ctrd.Task
+	var err error
+	for attempt := range 4 {
+		task, err = container.NewTask(ctx, nullIO)
+		if err == nil || !shimGone(err) {
+			break
+		}
+		// The group's shim was exiting as this task asked for it (its last
+		// container had just gone): the next attempt starts a new one.
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Duration(attempt+1) * 20 * time.Millisecond):
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -357,6 +399,12 @@ func (r *Runtime) watchExit(s *slot, id, name string, exit <-chan ctrd.ExitStatu
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if s.State == runtime.StateHot && slices.Contains(s.containers, id) {
+		r.log.Warn("hot sandbox exited while waiting", "slot", s.ID, "image", s.Image, "code", code)
+		s.State = runtime.StateBinding // nobody may take it while it is cleaned
+		go r.coolDown(s)
+		return
+	}
 	if s.State != runtime.StateBound || !slices.Contains(s.containers, id) {
 		return // released, or a failed bind being undone
 	}
@@ -448,7 +496,7 @@ func (r *Runtime) Release(ctx context.Context, uid string, grace time.Duration) 
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.byPod, uid)
-	s.Pod, s.Image, s.Resources, s.containers = nil, "", runtime.Resources{}, nil
+	s.Pod, s.Image, s.Resources, s.containers, s.assignToken = nil, "", runtime.Resources{}, nil, ""
 	if err != nil {
 		s.Reason = err.Error()
 		r.setLocked(s, runtime.StateBroken)
@@ -541,14 +589,15 @@ func (r *Runtime) inventoryLocked() runtime.Inventory {
 	return inv
 }
 
-// Close tears down every warm slot and ends watches; bound sandboxes keep
-// running for the next agent to adopt.
+// Close tears down every warm and hot slot and ends watches; bound
+// sandboxes keep running for the next agent to adopt.
 func (r *Runtime) Close(ctx context.Context) error {
 	ctx = r.nsCtx(ctx)
 	r.mu.Lock()
 	var warm []*slot
 	for id, s := range r.slots {
-		if s.State == runtime.StateWarm {
+		if s.State == runtime.StateWarm || s.State == runtime.StateHot {
+			s.State = runtime.StateReleasing
 			warm = append(warm, s)
 			delete(r.slots, id)
 		}
@@ -556,6 +605,8 @@ func (r *Runtime) Close(ctx context.Context) error {
 	r.mu.Unlock()
 	var errs []error
 	for _, s := range warm {
+		// Hot sandboxes belong to no pod: they go too.
+		errs = append(errs, r.removeContainers(ctx, s, 0))
 		errs = append(errs, r.destroySlot(ctx, s.ID, s.netns.GetPath(), s.dir))
 	}
 	r.hub.Close()
@@ -576,8 +627,12 @@ func (r *Runtime) Destroy(ctx context.Context) error {
 	r.mu.Lock()
 	all := slices.Collect(maps.Values(r.slots))
 	clear(r.slots)
+	for _, s := range all {
+		s.State = runtime.StateReleasing // hot sandboxes: no cool-down
+	}
 	r.mu.Unlock()
 	for _, s := range all {
+		errs = append(errs, r.removeContainers(ctx, s, 0))
 		errs = append(errs, r.destroySlot(ctx, s.ID, s.netns.GetPath(), s.dir))
 	}
 	r.hub.Close()
@@ -607,4 +662,11 @@ func splitLines(s string) []string {
 		out = append(out, s[start:])
 	}
 	return out
+}
+
+// shimGone reports a task creation that met a shim on its way out.
+func shimGone(err error) bool {
+	msg := err.Error()
+	return errdefs.IsUnavailable(err) || strings.Contains(msg, "ttrpc: closed") ||
+		strings.Contains(msg, "transport is closing") || strings.Contains(msg, "failed to start shim")
 }

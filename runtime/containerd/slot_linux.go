@@ -25,6 +25,10 @@ type slot struct {
 	dir   string
 	// group is the runc shim group the slot's containers join.
 	group string
+	// heating: a hot sandbox is being started in this warm slot.
+	heating bool
+	// assignToken assigns the waiting daemon of a hot slot.
+	assignToken string
 	// containers are the bound pod's containerd container IDs, in order.
 	containers []string
 	// stopReady ends the readiness poll of the bound pod.
@@ -146,8 +150,18 @@ func readMeta(dir string) (slotMeta, error) {
 	return m, json.Unmarshal(b, &m)
 }
 
-// nextGroup assigns slots to shim groups of ShimGroupSize, in creation order.
+// nextGroup assigns slots to shim groups of ShimGroupSize, in creation
+// order. With groups of one, every call gives a fresh group, so a bind never
+// meets the shim of its slot's previous pod on its way out.
 func (r *Runtime) nextGroup() string {
 	n := r.groupSeq.Add(1) - 1
 	return fmt.Sprintf("%s-shim-%d", r.cfg.Node, n/int64(r.cfg.ShimGroupSize))
+}
+
+// bindGroup is the shim group for the next pod in s.
+func (r *Runtime) bindGroupLocked(s *slot) string {
+	if r.cfg.ShimGroupSize == 1 {
+		s.group = r.nextGroup()
+	}
+	return s.group
 }

@@ -25,8 +25,14 @@ var droppedCapabilities = []string{"CAP_NET_RAW", "CAP_MKNOD", "CAP_AUDIT_WRITE"
 
 // specOpts builds container i of the pod: the unmodified image with the
 // daemon bind-mounted read-only as PID 1, in the slot's network namespace.
-func (r *Runtime) specOpts(s *slot, req runtime.BindRequest, i int, img ctrd.Image) ([]oci.SpecOpts, error) {
+func (r *Runtime) specOpts(s *slot, req runtime.BindRequest, i int, img ctrd.Image, assignHash string) ([]oci.SpecOpts, error) {
 	c := req.Containers[i]
+	r.mu.Lock()
+	group := s.group
+	if i == 0 {
+		group = r.bindGroupLocked(s)
+	}
+	r.mu.Unlock()
 	// Containers share the network namespace: each daemon has its own port.
 	args := []string{DaemonMountPath, "--listen", ":" + strconv.Itoa(api.Port+i)}
 	for _, h := range req.TokenHashes {
@@ -34,6 +40,10 @@ func (r *Runtime) specOpts(s *slot, req runtime.BindRequest, i int, img ctrd.Ima
 	}
 	if req.AllowUnauthenticated {
 		args = append(args, "--allow-unauthenticated")
+	}
+	if assignHash != "" {
+		// A hot sandbox: the pod's tokens, env and command come with the assignment.
+		args = append(args, "--assign-token-sha256", assignHash)
 	}
 	main, err := mainCommand(context.Background(), c, img)
 	if err != nil {
@@ -64,7 +74,7 @@ func (r *Runtime) specOpts(s *slot, req runtime.BindRequest, i int, img ctrd.Ima
 		oci.WithPidsLimit(r.cfg.PidsLimit),
 		// Slots share shims in groups (Config.ShimGroupSize); a pod's
 		// containers always share their slot's.
-		oci.WithAnnotations(map[string]string{"io.containerd.runc.v2.group": s.group}),
+		oci.WithAnnotations(map[string]string{"io.containerd.runc.v2.group": group}),
 	}
 	if len(c.Env) > 0 {
 		opts = append(opts, oci.WithEnv(c.Env))

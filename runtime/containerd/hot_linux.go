@@ -1,0 +1,376 @@
+package containerd
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"net/http"
+	"os"
+	"path/filepath"
+	goruntime "runtime"
+	"slices"
+	"strconv"
+	"time"
+
+	cgroups "github.com/containerd/cgroups/v3"
+	"github.com/containerd/cgroups/v3/cgroup2"
+	ctrd "github.com/containerd/containerd/v2/client"
+	"github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/sandman-dev/sandman/daemon/api"
+	"github.com/sandman-dev/sandman/runtime"
+)
+
+// desiredHot splits HotSlots among images: pinned images first, then the
+// most frequent images of the recent bind mix, in proportion.
+func (r *Runtime) desiredHotLocked() map[string]int {
+	want := map[string]int{}
+	budget := r.cfg.HotSlots
+	for _, img := range r.cfg.HotImages {
+		if budget == 0 {
+			return want
+		}
+		want[img]++
+		budget--
+	}
+	if budget == 0 {
+		return want
+	}
+	if len(r.recent) == 0 {
+		// No mix yet: the pinned images share the rest.
+		for i := 0; budget > 0 && len(r.cfg.HotImages) > 0; i++ {
+			want[r.cfg.HotImages[i%len(r.cfg.HotImages)]]++
+			budget--
+		}
+		return want
+	}
+	counts := map[string]int{}
+	for _, img := range r.recent {
+		counts[img]++
+	}
+	images := slices.SortedFunc(maps.Keys(counts), func(a, b string) int { return counts[b] - counts[a] })
+	total := budget
+	for _, img := range images {
+		if budget == 0 {
+			break
+		}
+		n := min(budget, max(1, total*counts[img]/len(r.recent)))
+		want[img] += n
+		budget -= n
+	}
+	return want
+}
+
+// heat starts hot sandboxes in warm slots where the desired mix is short.
+func (r *Runtime) heat(ctx context.Context) {
+	if r.cfg.HotSlots == 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	have := map[string]int{}
+	for _, s := range r.slots {
+		if s.State == runtime.StateHot || s.heating {
+			have[s.Image]++
+		}
+	}
+	for img, n := range r.desiredHotLocked() {
+		for ; have[img] < n && r.heating < r.cfg.RefillConcurrency; have[img]++ {
+			var warm *slot
+			for _, s := range r.slots {
+				if s.State == runtime.StateWarm && !s.heating {
+					warm = s
+					break
+				}
+			}
+			if warm == nil {
+				return
+			}
+			warm.heating, warm.Image = true, img
+			r.heating++
+			go r.startHot(ctx, warm, img)
+		}
+	}
+}
+
+// startHot starts img's sandbox in s with a daemon waiting to be assigned.
+func (r *Runtime) startHot(ctx context.Context, s *slot, image string) {
+	err := r.startHotWork(ctx, s, image)
+	r.mu.Lock()
+	r.heating--
+	s.heating = false
+	if err == nil {
+		r.setLocked(s, runtime.StateHot)
+		r.mu.Unlock()
+		return
+	}
+	r.mu.Unlock()
+	if ctx.Err() == nil {
+		r.log.Warn("start hot sandbox", "slot", s.ID, "image", image, "err", err)
+	}
+	_ = r.removeContainers(context.WithoutCancel(ctx), s, 0)
+	r.mu.Lock()
+	s.Image, s.containers, s.assignToken = "", nil, ""
+	r.mu.Unlock()
+	r.wake()
+}
+
+func (r *Runtime) startHotWork(ctx context.Context, s *slot, image string) error {
+	img, err := r.ensureImage(ctx, image, nil)
+	if err != nil {
+		return err
+	}
+	var tok [16]byte
+	_, _ = rand.Read(tok[:])
+	token := hex.EncodeToString(tok[:])
+	sum := sha256.Sum256([]byte(token))
+	req := runtime.BindRequest{
+		Pod:        runtime.PodRef{Name: "sandbox"},
+		Containers: []runtime.ContainerSpec{{Name: "task", Image: image}},
+	}
+	id := s.ID + "-hot"
+	spec, err := r.specOpts(s, req, 0, img, hex.EncodeToString(sum[:]))
+	if err != nil {
+		return err
+	}
+	container, err := r.client.NewContainer(ctx, id,
+		ctrd.WithImage(img), ctrd.WithSnapshotter(r.cfg.Snapshotter), ctrd.WithNewSnapshot(id, img),
+		ctrd.WithNewSpec(spec...),
+		ctrd.WithContainerLabels(map[string]string{
+			LabelNode: r.cfg.Node, LabelSlot: s.ID, LabelContainer: "task", LabelIndex: "0", LabelImage: image, LabelHot: "true",
+		}),
+	)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	s.containers, s.assignToken = []string{id}, token
+	r.mu.Unlock()
+	if err := r.startTask(ctx, s, container, "task"); err != nil {
+		return err
+	}
+	// Hot means the daemon answers.
+	url := "http://" + s.IP + ":" + strconv.Itoa(api.Port) + "/v1/health"
+	deadline := time.Now().Add(r.cfg.ReadyTimeout)
+	for {
+		hreq, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if resp, err := r.health.Do(hreq); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the hot sandbox's daemon did not answer within %v", r.cfg.ReadyTimeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// assignHot hands a hot slot's running sandbox to the pod: its labels,
+// resource limits and hostname are set, then its daemon is assigned the
+// pod's tokens, env and command.
+func (r *Runtime) assignHot(ctx context.Context, s *slot, req runtime.BindRequest, token string) error {
+	begin := time.Now()
+	r.mu.Lock()
+	id := s.containers[0]
+	r.mu.Unlock()
+	c := req.Containers[0]
+	container, err := r.client.LoadContainer(ctx, id)
+	if err != nil {
+		return err
+	}
+	task, err := container.Task(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if res := linuxResources(c); res != nil {
+		// Writing the cgroup directly takes microseconds; runc update
+		// (task.Update) forks runc and takes tens of milliseconds.
+		if err := updateCgroup("/"+r.cfg.Namespace+"/"+id, res); err != nil {
+			r.log.Debug("direct cgroup update failed; using runc update", "err", err)
+			if err := task.Update(ctx, ctrd.WithResources(res)); err != nil {
+				return fmt.Errorf("set limits of hot sandbox: %w", err)
+			}
+		}
+	}
+	hostname := req.Hostname
+	if hostname == "" {
+		hostname = req.Pod.Name
+	}
+	if len(hostname) > 63 {
+		hostname = hostname[:63]
+	}
+	tLimits := time.Now()
+	if err := setHostname(task.Pid(), hostname); err != nil {
+		return fmt.Errorf("set hostname of hot sandbox: %w", err)
+	}
+	tHost := time.Now()
+	img, err := container.Image(ctx)
+	if err != nil {
+		return err
+	}
+	main, err := mainCommand(ctx, c, img)
+	if err != nil {
+		return err
+	}
+	body, _ := json.Marshal(api.AssignRequest{
+		TokenHashes: req.TokenHashes, AllowUnauthenticated: req.AllowUnauthenticated,
+		Env: c.Env, Dir: c.WorkingDir, Main: main,
+	})
+	hreq, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+s.IP+":"+strconv.Itoa(api.Port)+"/v1/assign", bytes.NewReader(body))
+	hreq.Header.Set("Authorization", "Bearer "+token)
+	resp, err := r.health.Do(hreq)
+	if err != nil {
+		return fmt.Errorf("assign hot sandbox: %w", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("assign hot sandbox: daemon answered %s", resp.Status)
+	}
+	r.mu.Lock()
+	s.assignToken = ""
+	r.mu.Unlock()
+	r.metrics.observePhase("assign", begin)
+	r.log.Debug("assigned hot sandbox", "slot", s.ID, "limits", tLimits.Sub(begin),
+		"hostname", tHost.Sub(tLimits), "assign", time.Since(tHost))
+	// The labels that let a restarted agent re-adopt the pod are written
+	// after the pod has its sandbox: a containerd metadata write costs
+	// ~20 ms here. An agent killed in between loses this one sandbox (the
+	// virtual node then reports the pod lost).
+	go func() {
+		labels := map[string]string{
+			LabelPodUID: req.Pod.UID, LabelPodNamespace: req.Pod.Namespace, LabelPodName: req.Pod.Name,
+			LabelVirtualNode: req.VirtualNode, LabelContainer: c.Name, LabelRequests: formatRequests(req.Requests()), LabelHot: "assigned",
+		}
+		maps.Copy(labels, req.Labels)
+		if _, err := container.SetLabels(context.WithoutCancel(ctx), labels); err != nil {
+			r.log.Warn("label assigned hot sandbox", "slot", s.ID, "err", err)
+		}
+	}()
+	r.watchReady(s, req.Pod.UID)
+	return nil
+}
+
+// coolDown removes a hot sandbox that exited and makes the slot warm.
+func (r *Runtime) coolDown(s *slot) {
+	ctx := r.nsCtx(context.Background())
+	err := r.removeContainers(ctx, s, 0)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s.Image, s.containers, s.assignToken = "", nil, ""
+	if err != nil {
+		s.Reason = err.Error()
+		r.setLocked(s, runtime.StateBroken)
+		return
+	}
+	r.setLocked(s, runtime.StateWarm)
+	r.wake()
+}
+
+func linuxResources(c runtime.ContainerSpec) *specs.LinuxResources {
+	var res specs.LinuxResources
+	set := false
+	if m := c.Limits.MemoryBytes; m > 0 {
+		res.Memory = &specs.LinuxMemory{Limit: &m, Swap: &m}
+		set = true
+	}
+	cpu := &specs.LinuxCPU{}
+	if l := c.Limits.MilliCPU; l > 0 {
+		q, p := l*100, uint64(100000)
+		cpu.Quota, cpu.Period = &q, &p
+		set = true
+	}
+	if rq := c.Requests.MilliCPU; rq > 0 {
+		sh := uint64(max(2, rq*1024/1000))
+		cpu.Shares = &sh
+		set = true
+	}
+	if cpu.Quota != nil || cpu.Shares != nil {
+		res.CPU = cpu
+	}
+	if !set {
+		return nil
+	}
+	return &res
+}
+
+// setHostname sets the hostname in the UTS namespace of pid, from a thread
+// that joins it and is then thrown away.
+func setHostname(pid uint32, name string) error {
+	errc := make(chan error, 1)
+	go func() {
+		goruntime.LockOSThread() // never unlocked: the thread dies with the goroutine
+		f, err := os.Open(fmt.Sprintf("/proc/%d/ns/uts", pid))
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer f.Close()
+		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWUTS); err != nil {
+			errc <- err
+			return
+		}
+		errc <- unix.Sethostname([]byte(name))
+	}()
+	return <-errc
+}
+
+// updateCgroup applies res to the container's cgroup (the default spec's
+// cgroupsPath, /<namespace>/<id>).
+func updateCgroup(path string, res *specs.LinuxResources) error {
+	if cgroups.Mode() != cgroups.Unified {
+		return updateCgroupV1(path, res)
+	}
+	if cgroups.Mode() == cgroups.Unified {
+		m, err := cgroup2.Load(path)
+		if err != nil {
+			return err
+		}
+		return m.Update(cgroup2.ToResources(res))
+	}
+	return nil
+}
+
+// updateCgroupV1 writes the few v1 files a sandbox's limits touch.
+func updateCgroupV1(path string, res *specs.LinuxResources) error {
+	write := func(ctl, file string, v int64) error {
+		return os.WriteFile(filepath.Join("/sys/fs/cgroup", ctl, path, file), []byte(strconv.FormatInt(v, 10)), 0)
+	}
+	if m := res.Memory; m != nil && m.Limit != nil {
+		if err := write("memory", "memory.limit_in_bytes", *m.Limit); err != nil {
+			return err
+		}
+		if m.Swap != nil {
+			_ = write("memory", "memory.memsw.limit_in_bytes", *m.Swap) // absent without swap accounting
+		}
+	}
+	if c := res.CPU; c != nil {
+		if c.Period != nil {
+			if err := write("cpu", "cpu.cfs_period_us", int64(*c.Period)); err != nil {
+				return err
+			}
+		}
+		if c.Quota != nil {
+			if err := write("cpu", "cpu.cfs_quota_us", *c.Quota); err != nil {
+				return err
+			}
+		}
+		if c.Shares != nil {
+			if err := write("cpu", "cpu.shares", int64(*c.Shares)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
