@@ -49,6 +49,7 @@ func Suite(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"Exhaustion", testExhaustion},
 		{"ConcurrentBinds", testConcurrentBinds},
 		{"MultiContainer", testMultiContainer},
+		{"NoShellImage", testNoShellImage},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -373,5 +374,27 @@ func testMultiContainer(t *testing.T, h Harness) {
 		t.Fatalf("slot %+v", slot)
 	}
 	release(t, h, "multi-1")
+	waitWarm(t, h, h.WarmSlots)
+}
+
+// testNoShellImage: a sandbox works in an image without a shell (the
+// daemon brings everything it needs).
+func testNoShellImage(t *testing.T, h Harness) {
+	ctx := t.Context()
+	slot, err := h.Runtime.Bind(ctx, Request("noshell-1", h.NoShellImage))
+	if err != nil {
+		t.Fatalf("bind an image without a shell: %v", err)
+	}
+	poll(t, h.Timeout, "the sandbox to be ready", func() (bool, error) {
+		s, ok := slotOf(t, h, "noshell-1")
+		return ok && s.Ready, nil
+	})
+	if h.Exec != nil {
+		out, err := h.Exec(ctx, slot, Token, "/bin/noshell", "hi")
+		if err != nil || out != "hi\n" {
+			t.Fatalf("exec in the no-shell sandbox: %q %v", out, err)
+		}
+	}
+	release(t, h, "noshell-1")
 	waitWarm(t, h, h.WarmSlots)
 }
