@@ -383,11 +383,28 @@ func (r *Runtime) startTask(ctx context.Context, s *slot, container ctrd.Contain
 	return nil
 }
 
-// watchExit reports a container's exit while its pod is bound.
+// watchExit reports a container's exit while its pod is bound (or cools a
+// hot slot whose waiting sandbox exited). A wait that breaks because
+// containerd restarted is not an exit: the wait is re-established.
 func (r *Runtime) watchExit(s *slot, id, name string, exit <-chan ctrd.ExitStatus) {
-	st, ok := <-exit
-	if !ok {
-		return
+	var st ctrd.ExitStatus
+	for {
+		var ok bool
+		if st, ok = <-exit; !ok {
+			return
+		}
+		if st.Error() == nil {
+			break
+		}
+		next, lost, released := r.rewait(s, id)
+		if released {
+			return
+		}
+		if lost {
+			st = *ctrd.NewExitStatus(255, time.Now(), nil)
+			break
+		}
+		exit = next
 	}
 	code := int(st.ExitCode())
 	reason := runtime.ReasonCompleted
@@ -410,6 +427,40 @@ func (r *Runtime) watchExit(s *slot, id, name string, exit <-chan ctrd.ExitStatu
 	}
 	r.hub.Publish(runtime.Event{Type: runtime.EventExit, Time: st.ExitTime(), Slot: copySlot(s.Slot),
 		Container: name, ExitCode: code, Reason: reason})
+}
+
+// rewait re-establishes the exit watch of container id after its wait
+// broke (containerd restarting), retrying with backoff. lost: the task is
+// gone; released: the slot no longer holds the container.
+func (r *Runtime) rewait(s *slot, id string) (exit <-chan ctrd.ExitStatus, lost, released bool) {
+	ctx := r.nsCtx(context.Background())
+	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
+		r.mu.Lock()
+		held := slices.Contains(s.containers, id)
+		r.mu.Unlock()
+		if !held {
+			return nil, false, true
+		}
+		time.Sleep(backoff)
+		container, err := r.client.LoadContainer(ctx, id)
+		if errdefs.IsNotFound(err) {
+			return nil, true, false
+		}
+		var task ctrd.Task
+		if err == nil {
+			task, err = container.Task(ctx, nil)
+			if errdefs.IsNotFound(err) {
+				return nil, true, false
+			}
+		}
+		if err == nil {
+			if exit, err = task.Wait(ctx); err == nil {
+				r.log.Info("re-established an exit watch after losing containerd", "slot", s.ID, "container", id)
+				return exit, false, false
+			}
+		}
+		r.log.Debug("exit watch: containerd not back yet", "container", id, "err", err)
+	}
 }
 
 // oomKilled reads the container's memory cgroup OOM-kill count (v1).
