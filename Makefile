@@ -48,7 +48,7 @@ run: deps tools images ## bring the local stack up and print how to reach it
 	bash hack/local-up.sh
 
 .PHONY: bench
-bench: ## benchmarks with baselines measured in the same run
+bench: deps tools images ## benchmarks with baselines measured in the same run (BENCH_SUITE=daemon|node)
 	bash hack/bench.sh
 
 .PHONY: deps

@@ -1,9 +1,20 @@
 #!/usr/bin/env bash
 # `make bench`: runs every benchmark suite with its baseline measured in the
 # same run and prints one table (median and p99, ratio against the
-# baseline). BENCH_SUITE picks suites (default all), BENCH_N the iterations.
-# The figures belong in docs/benchmarks.md with this command.
+# baseline). BENCH_SUITE picks suites (default all), BENCH_N the iterations,
+# BENCH_OUT where the markdown table is also written. Suites that need the
+# local stack get one: a running stack is reused, one started here is
+# stopped at the end. The figures belong in docs/benchmarks.md with this
+# command.
 set -o errexit -o nounset -o pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$SANDMAN_ROOT"
-go run ./hack/bench -suite "${BENCH_SUITE:-all}" -n "${BENCH_N:-500}" -out "${BENCH_OUT:-/tmp/sandman-bench.md}"
+
+suite=${BENCH_SUITE:-all}
+if [ "$suite" != daemon ]; then
+	if ! [ -f "$SANDMAN_STATE/stack.env" ] || ! kill -0 "$(cat "$SANDMAN_STATE/pids/containerd.pid" 2>/dev/null)" 2>/dev/null; then
+		trap 'bash hack/local-down.sh' EXIT
+	fi
+	bash hack/local-up.sh
+fi
+go run ./hack/bench -suite "$suite" -n "${BENCH_N:-500}" -out "${BENCH_OUT:-/tmp/sandman-bench.md}"

@@ -33,6 +33,7 @@ type options struct {
 	slots, warmSlots                            int
 	stateDir, daemonPath, cniConfDir, cniBinDir string
 	listen, tokenFile, cpu, memory, logLevel    string
+	guardCIDR                                   string
 	pidsLimit                                   int64
 }
 
@@ -57,6 +58,7 @@ func run(args []string) error {
 	fs.StringVar(&o.cniConfDir, "cni-conf-dir", "/etc/cni/net.d", "CNI configuration directory")
 	fs.StringVar(&o.cniBinDir, "cni-bin-dir", "/opt/cni/bin", "CNI plugin directory")
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:9651", "node API and /metrics address (keep it unreachable from sandboxes)")
+	fs.StringVar(&o.guardCIDR, "guard-from", "", "slot network CIDR whose addresses are rejected at the node API port (iptables); needed when --listen is reachable from sandboxes")
 	fs.StringVar(&o.tokenFile, "token-file", "", "file with the pool secret callers must present (or env SANDMAN_POOL_TOKEN)")
 	fs.StringVar(&o.cpu, "cpu", "", "CPU sandboxes may request in total, e.g. 8 (default: all cores)")
 	fs.StringVar(&o.memory, "memory", "", "memory sandboxes may request in total, e.g. 16Gi (default: all memory)")
@@ -124,6 +126,17 @@ func run(args []string) error {
 	l, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return err
+	}
+	if o.guardCIDR != "" {
+		unguard, err := rtcontainerd.GuardPort(o.guardCIDR, l.Addr().(*net.TCPAddr).Port)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if err := unguard(); err != nil {
+				log.Error("remove the node API guard", "err", err)
+			}
+		}()
 	}
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {

@@ -29,11 +29,9 @@ func benchDaemon(cfg config) ([]row, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(tmp)
-	bin := filepath.Join(tmp, "sandman-daemon")
-	build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", bin, "./cmd/sandman-daemon")
-	build.Dir, build.Env = cfg.root, append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("build daemon: %v\n%s", err, out)
+	bin, err := buildDaemon(cfg.root, tmp)
+	if err != nil {
+		return nil, err
 	}
 	const token = "bench-token"
 	sum := sha256.Sum256([]byte(token))
@@ -184,4 +182,15 @@ func rssKB(pid int) (int, error) {
 		}
 	}
 	return 0, fmt.Errorf("no VmRSS for pid %d", pid)
+}
+
+// buildDaemon builds the daemon as it ships (static, stripped) into dir.
+func buildDaemon(root, dir string) (string, error) {
+	bin := filepath.Join(dir, "sandman-daemon")
+	build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", bin, "./cmd/sandman-daemon")
+	build.Dir, build.Env = root, append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build daemon: %v\n%s", err, out)
+	}
+	return bin, nil
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -69,11 +68,9 @@ func benchNode(cfg config) ([]row, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(tmp)
-	daemonBin := filepath.Join(tmp, "sandman-daemon")
-	build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", daemonBin, "./cmd/sandman-daemon")
-	build.Dir, build.Env = cfg.root, append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("build daemon: %v\n%s", err, out)
+	daemonBin, err := buildDaemon(cfg.root, tmp)
+	if err != nil {
+		return nil, err
 	}
 	image := env["BUSYBOX_IMAGE"]
 	resolver := docker.NewResolver(docker.ResolverOptions{Hosts: docker.ConfigureDefaultRegistries(docker.WithPlainHTTP(docker.MatchLocalhost))})
@@ -110,41 +107,13 @@ func benchNode(cfg config) ([]row, error) {
 		return nil, fmt.Errorf("raw containerd: %w", err)
 	}
 
-	rt, err := rtcontainerd.New(ctx, rtcontainerd.Config{
-		Client: client, Namespace: benchNamespace, Node: "bench", Slots: 24, WarmSlots: 8,
-		StateDir: filepath.Join(env["SANDMAN_STATE"], "bench-node"), DaemonPath: daemonBin,
-		CNIConfDir: env["CNI_CONF_DIR"], CNIBinDir: env["CNI_BIN_DIR"],
-		Resources: runtime.Resources{MilliCPU: 1 << 30, MemoryBytes: 1 << 50},
-		Logger:    slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
-	})
+	be := benchEnv{client: client, env: env, daemonBin: daemonBin}
+	rt, stop, err := be.startRuntime(ctx, "bench", func(c *rtcontainerd.Config) { c.Slots, c.WarmSlots = 24, 8 })
 	if err != nil {
 		return nil, err
 	}
-	rctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); _ = rt.Run(rctx) }()
-	defer func() {
-		cancel()
-		wg.Wait()
-		_ = rt.Destroy(context.Background())
-	}()
-	waitWarm := func(want int) error {
-		deadline := time.Now().Add(2 * time.Minute)
-		for {
-			inv, err := rt.Inventory(ctx)
-			if err != nil {
-				return err
-			}
-			if inv.Count()[runtime.StateWarm] >= want {
-				return nil
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("slots not warm: %v", inv.Count())
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
+	defer stop()
+	waitWarm := func(want int) error { return waitCount(ctx, rt, runtime.StateWarm, want) }
 	if err := waitWarm(8); err != nil {
 		return nil, err
 	}
@@ -165,37 +134,13 @@ func benchNode(cfg config) ([]row, error) {
 	}
 
 	// Hot slots: the busybox image pinned, 4 started sandboxes waiting.
-	hotRT, err := rtcontainerd.New(ctx, rtcontainerd.Config{
-		Client: client, Namespace: benchNamespace, Node: "bench-hot", Slots: 6, WarmSlots: 1, HotSlots: 4,
-		HotImages: []string{image},
-		StateDir:  filepath.Join(env["SANDMAN_STATE"], "bench-hot"), DaemonPath: daemonBin,
-		CNIConfDir: env["CNI_CONF_DIR"], CNIBinDir: env["CNI_BIN_DIR"],
-		Resources: runtime.Resources{MilliCPU: 1 << 30, MemoryBytes: 1 << 50},
-		Logger:    slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
+	hotRT, stopHot, err := be.startRuntime(ctx, "bench-hot", func(c *rtcontainerd.Config) {
+		c.Slots, c.WarmSlots, c.HotSlots, c.HotImages = 6, 1, 4, []string{image}
 	})
 	if err != nil {
 		return nil, err
 	}
-	hctx, hcancel := context.WithCancel(ctx)
-	var hwg sync.WaitGroup
-	hwg.Add(1)
-	go func() { defer hwg.Done(); _ = hotRT.Run(hctx) }()
-	waitHot := func() error {
-		deadline := time.Now().Add(2 * time.Minute)
-		for {
-			inv, err := hotRT.Inventory(ctx)
-			if err != nil {
-				return err
-			}
-			if inv.Count()[runtime.StateHot] >= 4 {
-				return nil
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("hot slots not ready: %v", inv.Count())
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
+	waitHot := func() error { return waitCount(ctx, hotRT, runtime.StateHot, 4) }
 	hot, err := sampleN(min(n, 30), func() (time.Duration, error) {
 		if err := waitHot(); err != nil {
 			return 0, err
@@ -210,9 +155,7 @@ func benchNode(cfg config) ([]row, error) {
 		}
 		return elapsed, hotRT.Release(ctx, uid, 0)
 	})
-	hcancel()
-	hwg.Wait()
-	_ = hotRT.Destroy(context.Background())
+	stopHot()
 	if err != nil {
 		return nil, fmt.Errorf("hot bind: %w", err)
 	}
@@ -259,7 +202,7 @@ func benchNode(cfg config) ([]row, error) {
 	for k := 24; k < burst; k++ {
 		_ = rt.Release(ctx, "t-"+strconv.Itoa(k), 0)
 	}
-	groupedPSS, groupedProcs, err := groupedMemory(ctx, client, env, daemonBin, image)
+	groupedPSS, groupedProcs, err := be.groupedMemory(ctx, image)
 	if err != nil {
 		return nil, fmt.Errorf("grouped shims: %w", err)
 	}
@@ -310,26 +253,14 @@ func sandboxPSS(ns string) (float64, int, error) {
 
 // groupedMemory binds 24 idle sandboxes with 8 slots per shim and measures
 // their host memory.
-func groupedMemory(ctx context.Context, client *ctrd.Client, env map[string]string, daemonBin, image string) (float64, int, error) {
-	rt, err := rtcontainerd.New(ctx, rtcontainerd.Config{
-		Client: client, Namespace: benchNamespace, Node: "bench-grouped", Slots: 24, WarmSlots: 24, ShimGroupSize: 8,
-		StateDir: filepath.Join(env["SANDMAN_STATE"], "bench-grouped"), DaemonPath: daemonBin,
-		CNIConfDir: env["CNI_CONF_DIR"], CNIBinDir: env["CNI_BIN_DIR"],
-		Resources: runtime.Resources{MilliCPU: 1 << 30, MemoryBytes: 1 << 50},
-		Logger:    slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
+func (b benchEnv) groupedMemory(ctx context.Context, image string) (float64, int, error) {
+	rt, stop, err := b.startRuntime(ctx, "bench-grouped", func(c *rtcontainerd.Config) {
+		c.Slots, c.WarmSlots, c.ShimGroupSize = 24, 24, 8
 	})
 	if err != nil {
 		return 0, 0, err
 	}
-	rctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); _ = rt.Run(rctx) }()
-	defer func() {
-		cancel()
-		wg.Wait()
-		_ = rt.Destroy(context.Background())
-	}()
+	defer stop()
 	var g errgroup.Group
 	g.SetLimit(4)
 	for j := range 24 {
@@ -348,4 +279,54 @@ func groupedMemory(ctx context.Context, client *ctrd.Client, env map[string]stri
 	}
 	time.Sleep(2 * time.Second) // let them settle before reading memory
 	return sandboxPSS(benchNamespace)
+}
+
+// benchEnv is what every node benchmark shares.
+type benchEnv struct {
+	client    *ctrd.Client
+	env       map[string]string
+	daemonBin string
+}
+
+// startRuntime starts a containerd runtime for a benchmark; stop destroys it.
+func (b benchEnv) startRuntime(ctx context.Context, node string, mutate func(*rtcontainerd.Config)) (*rtcontainerd.Runtime, func(), error) {
+	cfg := rtcontainerd.Config{
+		Client: b.client, Namespace: benchNamespace, Node: node,
+		StateDir: filepath.Join(b.env["SANDMAN_STATE"], node), DaemonPath: b.daemonBin,
+		CNIConfDir: b.env["CNI_CONF_DIR"], CNIBinDir: b.env["CNI_BIN_DIR"],
+		Resources: runtime.Resources{MilliCPU: 1 << 30, MemoryBytes: 1 << 50},
+		Logger:    slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
+	}
+	mutate(&cfg)
+	rt, err := rtcontainerd.New(ctx, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = rt.Run(rctx) }()
+	return rt, func() {
+		cancel()
+		wg.Wait()
+		_ = rt.Destroy(context.Background())
+	}, nil
+}
+
+// waitCount polls rt until at least want slots are in state.
+func waitCount(ctx context.Context, rt runtime.Runtime, state runtime.SlotState, want int) error {
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		inv, err := rt.Inventory(ctx)
+		if err != nil {
+			return err
+		}
+		if inv.Count()[state] >= want {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d slots not %s: %v", want, state, inv.Count())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
