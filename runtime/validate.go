@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/containerd/errdefs"
 )
@@ -49,4 +50,11 @@ func (r BindRequest) Requests() Resources {
 		sum = sum.Add(c.Requests)
 	}
 	return sum
+}
+
+// InvalidSpecEvent is the bind-failed event for a request that Validate
+// refused: it names the pod (no slot was used) and says what to fix.
+func InvalidSpecEvent(req BindRequest, err error, now time.Time) Event {
+	pod := req.Pod
+	return Event{Type: EventBindFailed, Time: now, Slot: Slot{Pod: &pod, State: StateWarm}, Reason: ReasonInvalidSpec, Message: err.Error()}
 }

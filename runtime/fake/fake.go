@@ -95,6 +95,8 @@ func (r *Runtime) setLocked(s *runtime.Slot, state runtime.SlotState) {
 // Bind implements runtime.Runtime.
 func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Slot, error) {
 	if err := req.Validate(); err != nil {
+		// No slot was touched; watchers still learn why the pod failed.
+		r.hub.Publish(runtime.InvalidSpecEvent(req, err, r.cfg.Now()))
 		return runtime.Slot{}, err
 	}
 	r.mu.Lock()

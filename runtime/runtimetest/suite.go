@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -230,6 +231,12 @@ func testBindAndRelease(t *testing.T, h Harness) {
 
 func testBindErrors(t *testing.T, h Harness) {
 	ctx := t.Context()
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	_, events, err := h.Runtime.Watch(wctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	noToken := Request("err-1", h.Image)
 	noToken.TokenHashes = nil
 	badMem := Request("err-2", h.Image)
@@ -245,6 +252,20 @@ func testBindErrors(t *testing.T, h Harness) {
 	} {
 		if _, err := h.Runtime.Bind(ctx, req); !errdefs.IsInvalidArgument(err) {
 			t.Errorf("%s: err = %v, want invalid argument", name, err)
+		}
+	}
+	// The tiny memory limit is reported as an event that says what to fix.
+	deadline := time.After(h.Timeout)
+	for found := false; !found; {
+		select {
+		case ev, ok := <-events:
+			if !ok {
+				t.Fatal("watch closed")
+			}
+			found = ev.Type == runtime.EventBindFailed && ev.Slot.Pod != nil && ev.Slot.Pod.UID == "err-2" &&
+				ev.Reason == runtime.ReasonInvalidSpec && strings.Contains(ev.Message, "memory limit")
+		case <-deadline:
+			t.Fatal("no InvalidSpec event for an invalid resource value")
 		}
 	}
 	waitWarm(t, h, h.WarmSlots)
