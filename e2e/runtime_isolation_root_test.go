@@ -11,6 +11,7 @@ import (
 	"github.com/sandman-dev/sandman/daemon/client"
 	"github.com/sandman-dev/sandman/e2e/framework"
 	"github.com/sandman-dev/sandman/runtime"
+	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
 	"github.com/sandman-dev/sandman/runtime/runtimetest"
 )
 
@@ -20,7 +21,7 @@ import (
 // clear exit event.
 func TestRootSandboxIsolation(t *testing.T) {
 	s := framework.Get(t)
-	rt := newContainerdRuntime(t, s, 3, 2)
+	rt := newContainerdRuntime(t, s, 4, 2, func(c *rtcontainerd.Config) { c.DiskCheckInterval = 200 * time.Millisecond })
 	ctx := t.Context()
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -62,12 +63,51 @@ func TestRootSandboxIsolation(t *testing.T) {
 		})
 	}
 
+	// Disk: a sandbox that writes past its limit is stopped alone.
+	filler := runtimetest.Request("filler", s.BusyboxImage)
+	filler.Containers[0].DiskBytes = 50 << 20
+	f, err := rt.Bind(ctx, filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, time.Minute, "the filler to answer", func(ctx context.Context) (bool, error) {
+		_, err := sandboxExec(ctx, f, runtimetest.Token, "true")
+		return err == nil, nil
+	})
+	// The exec may end before or because the sandbox is stopped.
+	_, _ = daemonClient(t, f).Exec(ctx, api.ExecRequest{Shell: "dd if=/dev/zero of=/fill bs=1M count=200; sleep 30"})
+	waitExit(t, events, f.ID, func(ev runtime.Event) {
+		if ev.Reason != runtime.ReasonEvicted || ev.Message == "" {
+			t.Fatalf("filler exit %+v: want reason Evicted with a message", ev)
+		}
+	})
+	for _, sl := range []runtime.Slot{a, b} {
+		if out, err := sandboxExec(ctx, sl, runtimetest.Token, "echo", "ok"); err != nil || out != "ok\n" {
+			t.Fatalf("sandbox %s after its neighbour filled its disk: %q %v", sl.Pod.UID, out, err)
+		}
+	}
+
 	// A shell command in an image without a shell: the main process cannot
 	// start, the sandbox exits 127 and says so.
 	c, err := rt.Bind(ctx, runtimetest.Request("no-shell-cmd", s.NoShellImage, "sh", "-c", "true"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	waitExit(t, events, c.ID, func(ev runtime.Event) {
+		if ev.ExitCode != 127 || ev.Reason != runtime.ReasonError {
+			t.Fatalf("exit event %+v: want 127 Error", ev)
+		}
+	})
+	for _, uid := range []string{"greedy", "neighbour", "filler", "no-shell-cmd"} {
+		if err := rt.Release(ctx, uid, time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// waitExit waits for the exit event of slot and checks it.
+func waitExit(t *testing.T, events <-chan runtime.Event, slot string, check func(runtime.Event)) {
+	t.Helper()
 	deadline := time.After(time.Minute)
 	for {
 		select {
@@ -75,19 +115,12 @@ func TestRootSandboxIsolation(t *testing.T) {
 			if !ok {
 				t.Fatal("watch closed")
 			}
-			if ev.Type == runtime.EventExit && ev.Slot.ID == c.ID {
-				if ev.ExitCode != 127 || ev.Reason != runtime.ReasonError {
-					t.Fatalf("exit event %+v: want 127 Error", ev)
-				}
-				for _, uid := range []string{"greedy", "neighbour", "no-shell-cmd"} {
-					if err := rt.Release(ctx, uid, time.Second); err != nil {
-						t.Fatal(err)
-					}
-				}
+			if ev.Type == runtime.EventExit && ev.Slot.ID == slot {
+				check(ev)
 				return
 			}
 		case <-deadline:
-			t.Fatal("no exit event for a main command the image cannot run")
+			t.Fatalf("no exit event for slot %s", slot)
 		}
 	}
 }

@@ -156,6 +156,9 @@ type ContainerSpec struct {
 	// ExclusiveCPUs pins the container to that many whole cores (pods of
 	// Guaranteed QoS with integer CPU requests).
 	ExclusiveCPUs int `json:"exclusive_cpus,omitempty"`
+	// DiskBytes caps what the container may write to its filesystem (its
+	// ephemeral-storage limit); 0: the node's default.
+	DiskBytes int64 `json:"disk_bytes,omitempty"`
 }
 
 // EventType says what an Event reports.
@@ -216,4 +219,6 @@ const (
 	ReasonImageNotFound = "ImageNotFound"
 	ReasonInvalidSpec   = "InvalidSpec"
 	ReasonStartFailed   = "StartError"
+	// ReasonEvicted: the sandbox was stopped for using more disk than its limit.
+	ReasonEvicted = "Evicted"
 )

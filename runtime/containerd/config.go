@@ -76,6 +76,13 @@ type Config struct {
 	// default) gives every bind its own shim, shared by the pod's
 	// containers.
 	ShimGroupSize int
+	// DiskBytes is the default cap on what a container may write to its
+	// filesystem (default 10 GiB). Overlay snapshots have no quota on a
+	// shared filesystem, so usage is measured every DiskCheckInterval
+	// (default 2 s) and a sandbox over its limit is stopped, as kubelet
+	// evicts pods over their ephemeral-storage limit.
+	DiskBytes         int64
+	DiskCheckInterval time.Duration
 	// RefillConcurrency bounds warm-slot creation (default 2).
 	RefillConcurrency int
 	// ReadyTimeout bounds the wait for a sandbox's daemon to answer
@@ -136,6 +143,12 @@ func (c *Config) setDefaults() error {
 	}
 	if c.ShimGroupSize <= 0 {
 		c.ShimGroupSize = 1
+	}
+	if c.DiskBytes <= 0 {
+		c.DiskBytes = 10 << 30
+	}
+	if c.DiskCheckInterval <= 0 {
+		c.DiskCheckInterval = 2 * time.Second
 	}
 	if c.RefillConcurrency <= 0 {
 		c.RefillConcurrency = 2

@@ -240,6 +240,7 @@ func (r *Runtime) assignHot(ctx context.Context, s *slot, req runtime.BindReques
 	}
 	r.mu.Lock()
 	s.assignToken = ""
+	r.setDiskLimitLocked(s, id, c.DiskBytes)
 	r.mu.Unlock()
 	r.metrics.observePhase("assign", begin)
 	r.log.Debug("assigned hot sandbox", "slot", s.ID, "limits", tLimits.Sub(begin),

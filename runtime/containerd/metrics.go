@@ -36,7 +36,7 @@ func newMetrics(node string) *metrics {
 		}),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sandman_node_bind_failures_total", ConstLabels: l,
-			Help: "Failed binds by reason (ImageNotFound, ErrImagePull, InvalidSpec, StartError, NoCapacity).",
+			Help: "Failed binds by reason (ImageNotFound, ErrImagePull, InvalidSpec, StartError, NoCapacity), and sandboxes stopped for their disk use (Evicted).",
 		}, []string{"reason"}),
 	}
 }

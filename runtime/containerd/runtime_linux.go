@@ -95,6 +95,7 @@ func (r *Runtime) nsCtx(ctx context.Context) context.Context {
 // Run keeps WarmSlots slots warm until ctx ends.
 func (r *Runtime) Run(ctx context.Context) error {
 	ctx = r.nsCtx(ctx)
+	go r.watchDisk(ctx)
 	sem := make(chan struct{}, r.cfg.RefillConcurrency)
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -213,6 +214,7 @@ func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Sl
 		r.hub.Publish(runtime.Event{Type: runtime.EventBindFailed, Time: r.cfg.Now(), Slot: copySlot(s.Slot), Reason: reason, Message: err.Error()})
 		delete(r.byPod, req.Pod.UID)
 		s.Pod, s.Image, s.Resources, s.Ready, s.containers, s.assignToken = nil, "", runtime.Resources{}, false, nil, ""
+		s.diskLimits, s.evicted = nil, ""
 		if cleanupErr != nil {
 			s.Reason = cleanupErr.Error()
 			r.setLocked(s, runtime.StateBroken)
@@ -340,6 +342,7 @@ func (r *Runtime) start(ctx context.Context, s *slot, req runtime.BindRequest) e
 		}
 		r.mu.Lock()
 		s.containers = append(s.containers, id)
+		r.setDiskLimitLocked(s, id, c.DiskBytes)
 		r.mu.Unlock()
 		r.metrics.observePhase("create", t)
 		t = time.Now()
@@ -418,6 +421,10 @@ func (r *Runtime) watchExit(s *slot, id, name string, exit <-chan ctrd.ExitStatu
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	message := ""
+	if s.evicted != "" {
+		reason, message = runtime.ReasonEvicted, s.evicted
+	}
 	if s.State == runtime.StateHot && slices.Contains(s.containers, id) {
 		r.log.Warn("hot sandbox exited while waiting", "slot", s.ID, "image", s.Image, "code", code)
 		s.State = runtime.StateBinding // nobody may take it while it is cleaned
@@ -428,7 +435,7 @@ func (r *Runtime) watchExit(s *slot, id, name string, exit <-chan ctrd.ExitStatu
 		return // released, or a failed bind being undone
 	}
 	r.hub.Publish(runtime.Event{Type: runtime.EventExit, Time: st.ExitTime(), Slot: copySlot(s.Slot),
-		Container: name, ExitCode: code, Reason: reason})
+		Container: name, ExitCode: code, Reason: reason, Message: message})
 }
 
 // rewait re-establishes the exit watch of container id after its wait
@@ -550,6 +557,7 @@ func (r *Runtime) Release(ctx context.Context, uid string, grace time.Duration) 
 	defer r.mu.Unlock()
 	delete(r.byPod, uid)
 	s.Pod, s.Image, s.Resources, s.containers, s.assignToken = nil, "", runtime.Resources{}, nil, ""
+	s.diskLimits, s.evicted = nil, ""
 	if err != nil {
 		s.Reason = err.Error()
 		r.setLocked(s, runtime.StateBroken)

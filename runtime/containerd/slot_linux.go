@@ -29,6 +29,10 @@ type slot struct {
 	heating bool
 	// assignToken assigns the waiting daemon of a hot slot.
 	assignToken string
+	// diskLimits are the bound pod's per-container disk caps (bytes), by
+	// container ID; evicted says why the sandbox was stopped, if it was.
+	diskLimits map[string]int64
+	evicted    string
 	// containers are the bound pod's containerd container IDs, in order.
 	containers []string
 	// stopReady ends the readiness poll of the bound pod.
