@@ -8,9 +8,12 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"k8s.io/apimachinery/pkg/util/rand"
 
 	"github.com/sandman-dev/sandman/daemon/api"
@@ -143,4 +146,63 @@ func TestRootHotSlots(t *testing.T) {
 		inv, err := rt.Inventory(ctx)
 		return err == nil && inv.Count()[runtime.StateHot] == 2, err
 	})
+}
+
+// TestRootExclusiveCPUs: a pod that asks for exclusive cores gets them, and
+// every other sandbox leaves them until the pod is released.
+func TestRootExclusiveCPUs(t *testing.T) {
+	s := framework.Get(t)
+	if goruntime.NumCPU() < 2 {
+		t.Skip("needs 2 CPUs: CPU 0 is reserved for the shared pool")
+	}
+	rt := newContainerdRuntime(t, s, 3, 1)
+	ctx := t.Context()
+	all := fmt.Sprintf("0-%d", goruntime.NumCPU()-1)
+	cpus := func(sl runtime.Slot) string {
+		t.Helper()
+		var out string
+		framework.Eventually(t, time.Minute, "the sandbox's CPU list", func(ctx context.Context) (bool, error) {
+			var err error
+			out, err = sandboxExec(ctx, sl, runtimetest.Token, "sh", "-c", "grep Cpus_allowed_list /proc/self/status | cut -f2")
+			return err == nil, nil
+		})
+		return strings.TrimSpace(out)
+	}
+	shared, err := rt.Bind(ctx, runtimetest.Request("shared", s.BusyboxImage))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cpus(shared); got != all {
+		t.Fatalf("shared sandbox runs on %q, want %q", got, all)
+	}
+	req := runtimetest.Request("exclusive", s.BusyboxImage)
+	req.Containers[0].ExclusiveCPUs = 1
+	excl, err := rt.Bind(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cpus(excl); got != "1" {
+		t.Fatalf("exclusive sandbox runs on %q, want 1", got)
+	}
+	wantShared := "0"
+	if goruntime.NumCPU() > 2 {
+		wantShared = fmt.Sprintf("0,2-%d", goruntime.NumCPU()-1)
+	}
+	if got := cpus(shared); got != wantShared {
+		t.Fatalf("shared sandbox runs on %q while core 1 is exclusive, want %q", got, wantShared)
+	}
+	more := runtimetest.Request("too-many", s.BusyboxImage)
+	more.Containers[0].ExclusiveCPUs = goruntime.NumCPU()
+	if _, err := rt.Bind(ctx, more); !errdefs.IsResourceExhausted(err) {
+		t.Fatalf("more exclusive cores than free: %v", err)
+	}
+	if err := rt.Release(ctx, "exclusive", 0); err != nil {
+		t.Fatal(err)
+	}
+	if got := cpus(shared); got != all {
+		t.Fatalf("shared sandbox runs on %q after the release, want %q", got, all)
+	}
+	if err := rt.Release(ctx, "shared", 0); err != nil {
+		t.Fatal(err)
+	}
 }

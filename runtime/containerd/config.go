@@ -76,6 +76,9 @@ type Config struct {
 	// default) gives every bind its own shim, shared by the pod's
 	// containers.
 	ShimGroupSize int
+	// ReservedCPUs stay in the shared pool and are never given to a pod
+	// exclusively (default "0").
+	ReservedCPUs string
 	// DiskBytes is the default cap on what a container may write to its
 	// filesystem (default 10 GiB). Overlay snapshots have no quota on a
 	// shared filesystem, so usage is measured every DiskCheckInterval
@@ -143,6 +146,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.ShimGroupSize <= 0 {
 		c.ShimGroupSize = 1
+	}
+	if c.ReservedCPUs == "" {
+		c.ReservedCPUs = "0"
 	}
 	if c.DiskBytes <= 0 {
 		c.DiskBytes = 10 << 30

@@ -126,6 +126,11 @@ func (r *Runtime) adopt(ctx context.Context, id, dir string, cs []ctrd.Container
 		if err != nil || st.Status != ctrd.Running {
 			return nil, fmt.Errorf("container %s is not running (%v, %v)", c.ID(), st.Status, err)
 		}
+		if cpus, err := parseCPUList(l[LabelExclusiveCPUs]); err == nil {
+			for _, cpu := range cpus {
+				r.cpus.owner[cpu] = c.ID()
+			}
+		}
 		idx, _ := strconv.Atoi(l[LabelIndex])
 		members = append(members, member{idx, c, l[LabelContainer], task})
 		if idx == 0 {

@@ -40,6 +40,8 @@ type Runtime struct {
 	pulls   singleflight.Group
 	health  *http.Client
 	metrics *metrics
+	// cpus hands out exclusive cores (guarded by mu).
+	cpus *cpuSets
 	// groupSeq numbers slots for shim groups.
 	groupSeq atomic.Int64
 	// kick wakes the refiller.
@@ -76,6 +78,9 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		health: &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}},
 		kick:   make(chan struct{}, 1), metrics: newMetrics(cfg.Node),
 		slots: map[string]*slot{}, byPod: map[string]*slot{},
+	}
+	if r.cpus, err = newCPUSets(cfg.ReservedCPUs); err != nil {
+		return nil, fmt.Errorf("containerd runtime: %w", err)
 	}
 	for _, d := range []string{r.slotsDir(), r.netnsDir()} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
@@ -211,6 +216,16 @@ func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Sl
 		r.log.Warn("bind failed", "pod", req.Pod.Namespace+"/"+req.Pod.Name, "slot", s.ID, "reason", reason, "err", err)
 		cleanupErr := r.removeContainers(context.WithoutCancel(ctx), s, 0)
 		r.mu.Lock()
+		freed := false
+		for _, c := range req.Containers {
+			// Cores given to a container that was never created.
+			freed = r.cpus.releaseLocked(s.ID+"-"+c.Name) || freed
+		}
+		r.mu.Unlock()
+		if freed {
+			r.rebalanceCPUs()
+		}
+		r.mu.Lock()
 		r.hub.Publish(runtime.Event{Type: runtime.EventBindFailed, Time: r.cfg.Now(), Slot: copySlot(s.Slot), Reason: reason, Message: err.Error()})
 		delete(r.byPod, req.Pod.UID)
 		s.Pod, s.Image, s.Resources, s.Ready, s.containers, s.assignToken = nil, "", runtime.Resources{}, false, nil, ""
@@ -225,6 +240,12 @@ func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Sl
 		return runtime.Slot{}, err
 	}
 	r.metrics.observePhase("total", begin)
+	for _, c := range req.Containers {
+		if c.ExclusiveCPUs > 0 {
+			r.rebalanceCPUs() // the new exclusive cores leave the shared pool
+			break
+		}
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.setLocked(s, runtime.StateBound)
@@ -251,6 +272,15 @@ func (r *Runtime) reserve(ctx context.Context, req runtime.BindRequest) (*slot, 
 	var used runtime.Resources
 	var warm, hot *slot
 	hotOK := len(req.Containers) == 1 && req.Containers[0].User == "" && req.Containers[0].ExclusiveCPUs == 0
+	exclusive := 0
+	for _, c := range req.Containers {
+		exclusive += c.ExclusiveCPUs
+	}
+	if exclusive > len(r.cpus.all)-len(r.cpus.reserved)-len(r.cpus.owner) {
+		r.mu.Unlock()
+		return nil, fmt.Errorf("bind %s: %d exclusive CPUs asked, %d free on %s: %w", pod.UID, exclusive,
+			len(r.cpus.all)-len(r.cpus.reserved)-len(r.cpus.owner), r.cfg.Node, errdefs.ErrResourceExhausted)
+	}
 	for _, s := range r.slots {
 		switch s.State {
 		case runtime.StateHot:
@@ -329,6 +359,11 @@ func (r *Runtime) start(ctx context.Context, s *slot, req runtime.BindRequest) e
 			LabelIndex: strconv.Itoa(i), LabelImage: c.Image, LabelRequests: formatRequests(req.Requests()),
 		}
 		maps.Copy(labels, req.Labels)
+		r.mu.Lock()
+		if cpus := r.cpus.ownedLocked(id); len(cpus) > 0 {
+			labels[LabelExclusiveCPUs] = formatCPUList(cpus)
+		}
+		r.mu.Unlock()
 		t = time.Now()
 		container, err := r.client.NewContainer(ctx, id,
 			ctrd.WithImage(images[i]),
@@ -585,6 +620,15 @@ func (r *Runtime) removeContainers(ctx context.Context, s *slot, grace time.Dura
 		}()
 	}
 	wg.Wait()
+	r.mu.Lock()
+	freed := false
+	for _, id := range ids {
+		freed = r.cpus.releaseLocked(id) || freed
+	}
+	r.mu.Unlock()
+	if freed {
+		r.rebalanceCPUs() // the freed cores rejoin the shared pool
+	}
 	return errors.Join(errs...)
 }
 

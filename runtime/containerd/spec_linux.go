@@ -94,6 +94,23 @@ func (r *Runtime) specOpts(s *slot, req runtime.BindRequest, i int, img ctrd.Ima
 	if cpu := c.Requests.MilliCPU; cpu > 0 {
 		opts = append(opts, oci.WithCPUShares(uint64(max(2, cpu*1024/1000))))
 	}
+	// Exclusive cores for this container, or the shared pool.
+	id := s.ID + "-" + c.Name
+	if assignHash != "" {
+		id = s.ID + "-hot"
+	}
+	r.mu.Lock()
+	var cpus []int
+	if c.ExclusiveCPUs > 0 {
+		cpus, err = r.cpus.allocateLocked(id, c.ExclusiveCPUs)
+	} else {
+		cpus = r.cpus.sharedLocked()
+	}
+	r.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	opts = append(opts, oci.WithCPUs(formatCPUList(cpus)))
 	return opts, nil
 }
 
