@@ -40,7 +40,9 @@ var (
 func buildDaemon(t *testing.T, root string) string {
 	t.Helper()
 	daemonOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "sandman-daemon-bin")
+		// Built into the stack's state dir, which local-down removes.
+		dir := filepath.Join(framework.StateDir(), "test-bin")
+		err := os.MkdirAll(dir, 0o755)
 		if err != nil {
 			daemonErr = err
 			return

@@ -36,7 +36,9 @@ var (
 func buildNode(t *testing.T, root string) string {
 	t.Helper()
 	nodeOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "sandman-node-bin")
+		// Built into the stack's state dir, which local-down removes.
+		dir := filepath.Join(framework.StateDir(), "test-bin")
+		err := os.MkdirAll(dir, 0o755)
 		if err != nil {
 			nodeErr = err
 			return
