@@ -108,23 +108,10 @@ func TestRootSandboxIsolation(t *testing.T) {
 // waitExit waits for the exit event of slot and checks it.
 func waitExit(t *testing.T, events <-chan runtime.Event, slot string, check func(runtime.Event)) {
 	t.Helper()
-	deadline := time.After(time.Minute)
-	for {
-		select {
-		case ev, ok := <-events:
-			if !ok {
-				t.Fatal("watch closed")
-			}
-			if ev.Type == runtime.EventExit && ev.Slot.ID == slot {
-				check(ev)
-				return
-			}
-		case <-deadline:
-			t.Fatalf("no exit event for slot %s", slot)
-		}
-	}
+	check(runtimetest.WaitEvent(t, events, time.Minute, "the exit event of slot "+slot, func(ev runtime.Event) bool {
+		return ev.Type == runtime.EventExit && ev.Slot.ID == slot
+	}))
 }
-
 func daemonClient(t *testing.T, sl runtime.Slot) *client.Client {
 	t.Helper()
 	c, err := client.New(sl.IP+":49983", client.WithToken(runtimetest.Token))

@@ -80,6 +80,15 @@ type Slot struct {
 	Reason string    `json:"reason,omitempty"`
 }
 
+// Clone returns a copy that shares nothing with s.
+func (s Slot) Clone() Slot {
+	if s.Pod != nil {
+		p := *s.Pod
+		s.Pod = &p
+	}
+	return s
+}
+
 // Resources are CPU and memory amounts.
 type Resources struct {
 	// MilliCPU is in thousandths of a core.

@@ -333,14 +333,11 @@ func updateCgroup(path string, res *specs.LinuxResources) error {
 	if cgroups.Mode() != cgroups.Unified {
 		return updateCgroupV1(path, res)
 	}
-	if cgroups.Mode() == cgroups.Unified {
-		m, err := cgroup2.Load(path)
-		if err != nil {
-			return err
-		}
-		return m.Update(cgroup2.ToResources(res))
+	m, err := cgroup2.Load(path)
+	if err != nil {
+		return err
 	}
-	return nil
+	return m.Update(cgroup2.ToResources(res))
 }
 
 // updateCgroupV1 writes the few v1 files a sandbox's limits touch.

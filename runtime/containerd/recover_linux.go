@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 
 	ctrd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/netns"
@@ -167,20 +168,11 @@ func formatRequests(res runtime.Resources) string {
 
 func parseRequests(v string) runtime.Resources {
 	var res runtime.Resources
-	cpu, mem, ok := cut(v, ',')
+	cpu, mem, ok := strings.Cut(v, ",")
 	if !ok {
 		return res
 	}
 	res.MilliCPU, _ = strconv.ParseInt(cpu, 10, 64)
 	res.MemoryBytes, _ = strconv.ParseInt(mem, 10, 64)
 	return res
-}
-
-func cut(s string, sep byte) (string, string, bool) {
-	for i := range len(s) {
-		if s[i] == sep {
-			return s[:i], s[i+1:], true
-		}
-	}
-	return s, "", false
 }

@@ -169,20 +169,12 @@ func (r *Runtime) wake() {
 }
 
 func (r *Runtime) publishLocked(s *slot) {
-	r.hub.Publish(runtime.Event{Type: runtime.EventSlot, Time: s.Since, Slot: copySlot(s.Slot)})
+	r.hub.Publish(runtime.Event{Type: runtime.EventSlot, Time: s.Since, Slot: s.Slot.Clone()})
 }
 
 func (r *Runtime) setLocked(s *slot, state runtime.SlotState) {
 	s.State, s.Since = state, r.cfg.Now()
 	r.publishLocked(s)
-}
-
-func copySlot(s runtime.Slot) runtime.Slot {
-	if s.Pod != nil {
-		p := *s.Pod
-		s.Pod = &p
-	}
-	return s
 }
 
 // Bind implements runtime.Runtime.
@@ -226,7 +218,7 @@ func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Sl
 			r.rebalanceCPUs()
 		}
 		r.mu.Lock()
-		r.hub.Publish(runtime.Event{Type: runtime.EventBindFailed, Time: r.cfg.Now(), Slot: copySlot(s.Slot), Reason: reason, Message: err.Error()})
+		r.hub.Publish(runtime.Event{Type: runtime.EventBindFailed, Time: r.cfg.Now(), Slot: s.Slot.Clone(), Reason: reason, Message: err.Error()})
 		delete(r.byPod, req.Pod.UID)
 		s.Pod, s.Image, s.Resources, s.Ready, s.containers, s.assignToken = nil, "", runtime.Resources{}, false, nil, ""
 		s.diskLimits, s.evicted = nil, ""
@@ -252,7 +244,7 @@ func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Sl
 	// Refill after the bind, not during it: on a small node the two would
 	// share the CPU.
 	r.wake()
-	return copySlot(s.Slot), nil
+	return s.Slot.Clone(), nil
 }
 
 // reserve takes a warm slot for the pod (making one when the node has room
@@ -469,7 +461,7 @@ func (r *Runtime) watchExit(s *slot, id, name string, exit <-chan ctrd.ExitStatu
 	if s.State != runtime.StateBound || !slices.Contains(s.containers, id) {
 		return // released, or a failed bind being undone
 	}
-	r.hub.Publish(runtime.Event{Type: runtime.EventExit, Time: st.ExitTime(), Slot: copySlot(s.Slot),
+	r.hub.Publish(runtime.Event{Type: runtime.EventExit, Time: st.ExitTime(), Slot: s.Slot.Clone(),
 		Container: name, ExitCode: code, Reason: reason, Message: message})
 }
 
@@ -513,8 +505,8 @@ func (r *Runtime) oomKilled(id string) bool {
 	if err != nil {
 		return false
 	}
-	return slices.ContainsFunc(splitLines(string(b)), func(l string) bool {
-		return len(l) > len("oom_kill ") && l[:len("oom_kill ")] == "oom_kill " && l != "oom_kill 0"
+	return slices.ContainsFunc(strings.Split(string(b), "\n"), func(l string) bool {
+		return strings.HasPrefix(l, "oom_kill ") && l != "oom_kill 0"
 	})
 }
 
@@ -551,7 +543,7 @@ func (r *Runtime) watchReady(s *slot, uid string) {
 			return
 		}
 		s.Ready = true
-		r.hub.Publish(runtime.Event{Type: runtime.EventReady, Time: r.cfg.Now(), Slot: copySlot(s.Slot)})
+		r.hub.Publish(runtime.Event{Type: runtime.EventReady, Time: r.cfg.Now(), Slot: s.Slot.Clone()})
 	}()
 }
 
@@ -688,9 +680,9 @@ func (r *Runtime) inventoryLocked() runtime.Inventory {
 		Slots:    make([]runtime.Slot, 0, len(r.slots)),
 	}
 	for _, s := range r.slots {
-		inv.Slots = append(inv.Slots, copySlot(s.Slot))
+		inv.Slots = append(inv.Slots, s.Slot.Clone())
 	}
-	slices.SortFunc(inv.Slots, func(a, b runtime.Slot) int { return compareStrings(a.ID, b.ID) })
+	slices.SortFunc(inv.Slots, func(a, b runtime.Slot) int { return strings.Compare(a.ID, b.ID) })
 	return inv
 }
 
@@ -742,31 +734,6 @@ func (r *Runtime) Destroy(ctx context.Context) error {
 	}
 	r.hub.Close()
 	return errors.Join(errs...)
-}
-
-func compareStrings(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
-func splitLines(s string) []string {
-	var out []string
-	start := 0
-	for i := range len(s) {
-		if s[i] == '\n' {
-			out = append(out, s[start:i])
-			start = i + 1
-		}
-	}
-	if start < len(s) {
-		out = append(out, s[start:])
-	}
-	return out
 }
 
 // shimGone reports a task creation that met a shim on its way out.

@@ -89,7 +89,7 @@ func (r *Runtime) Close() {
 
 func (r *Runtime) setLocked(s *runtime.Slot, state runtime.SlotState) {
 	s.State, s.Since = state, r.cfg.Now()
-	r.hub.Publish(runtime.Event{Type: runtime.EventSlot, Time: s.Since, Slot: *s})
+	r.hub.Publish(runtime.Event{Type: runtime.EventSlot, Time: s.Since, Slot: s.Clone()})
 }
 
 // Bind implements runtime.Runtime.
@@ -140,14 +140,14 @@ func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Sl
 		if errdefs.IsNotFound(err) {
 			reason = runtime.ReasonImageNotFound
 		}
-		ev := runtime.Event{Type: runtime.EventBindFailed, Time: r.cfg.Now(), Slot: *slot, Reason: reason, Message: err.Error()}
+		ev := runtime.Event{Type: runtime.EventBindFailed, Time: r.cfg.Now(), Slot: slot.Clone(), Reason: reason, Message: err.Error()}
 		r.resetLocked(slot)
 		r.hub.Publish(ev)
 		r.setLocked(slot, runtime.StateWarm)
 		return runtime.Slot{}, err
 	}
 	r.setLocked(slot, runtime.StateBound)
-	out := *slot
+	out := slot.Clone()
 	go r.ready(pod.UID, slot)
 	return out, nil
 }
@@ -179,7 +179,7 @@ func (r *Runtime) ready(uid string, slot *runtime.Slot) {
 		return
 	}
 	slot.Ready = true
-	r.hub.Publish(runtime.Event{Type: runtime.EventReady, Time: r.cfg.Now(), Slot: *slot})
+	r.hub.Publish(runtime.Event{Type: runtime.EventReady, Time: r.cfg.Now(), Slot: slot.Clone()})
 }
 
 func (r *Runtime) resetLocked(s *runtime.Slot) {
@@ -254,12 +254,7 @@ func (r *Runtime) inventoryLocked() runtime.Inventory {
 		ReadyImages: slices.Clone(r.cfg.Images),
 	}
 	for _, s := range r.slots {
-		c := *s
-		if s.Pod != nil {
-			p := *s.Pod
-			c.Pod = &p
-		}
-		inv.Slots = append(inv.Slots, c)
+		inv.Slots = append(inv.Slots, s.Clone())
 	}
 	return inv
 }

@@ -75,6 +75,26 @@ func Request(uid, image string, cmd ...string) runtime.BindRequest {
 	}
 }
 
+// WaitEvent reads events until match accepts one and returns it, failing
+// the test when the watch closes or timeout passes.
+func WaitEvent(t testing.TB, events <-chan runtime.Event, timeout time.Duration, what string, match func(runtime.Event) bool) runtime.Event {
+	t.Helper()
+	deadline := time.After(timeout)
+	for {
+		select {
+		case ev, ok := <-events:
+			if !ok {
+				t.Fatalf("watch closed while waiting for %s", what)
+			}
+			if match(ev) {
+				return ev
+			}
+		case <-deadline:
+			t.Fatalf("no %s within %v", what, timeout)
+		}
+	}
+}
+
 // poll waits until cond holds.
 func poll(t *testing.T, timeout time.Duration, what string, cond func() (bool, error)) {
 	t.Helper()
@@ -166,28 +186,18 @@ func testBindAndRelease(t *testing.T, h Harness) {
 	}
 	// The watch sees the slot go binding → bound, then ready.
 	var sawBinding, sawBound bool
-	deadline := time.After(h.Timeout)
-	for ready := false; !ready; {
-		select {
-		case ev, ok := <-events:
-			if !ok {
-				t.Fatal("watch closed")
-			}
-			if ev.Slot.ID != slot.ID {
-				continue
-			}
-			switch {
-			case ev.Type == runtime.EventSlot && ev.Slot.State == runtime.StateBinding:
-				sawBinding = true
-			case ev.Type == runtime.EventSlot && ev.Slot.State == runtime.StateBound:
-				sawBound = sawBinding
-			case ev.Type == runtime.EventReady:
-				ready = true
-			}
-		case <-deadline:
-			t.Fatalf("no ready event within %v (binding %v, bound %v)", h.Timeout, sawBinding, sawBound)
+	WaitEvent(t, events, h.Timeout, "the ready event", func(ev runtime.Event) bool {
+		if ev.Slot.ID != slot.ID {
+			return false
 		}
-	}
+		switch {
+		case ev.Type == runtime.EventSlot && ev.Slot.State == runtime.StateBinding:
+			sawBinding = true
+		case ev.Type == runtime.EventSlot && ev.Slot.State == runtime.StateBound:
+			sawBound = sawBinding
+		}
+		return ev.Type == runtime.EventReady
+	})
 	if !sawBound {
 		t.Fatal("watch did not see binding then bound before ready")
 	}
@@ -255,19 +265,10 @@ func testBindErrors(t *testing.T, h Harness) {
 		}
 	}
 	// The tiny memory limit is reported as an event that says what to fix.
-	deadline := time.After(h.Timeout)
-	for found := false; !found; {
-		select {
-		case ev, ok := <-events:
-			if !ok {
-				t.Fatal("watch closed")
-			}
-			found = ev.Type == runtime.EventBindFailed && ev.Slot.Pod != nil && ev.Slot.Pod.UID == "err-2" &&
-				ev.Reason == runtime.ReasonInvalidSpec && strings.Contains(ev.Message, "memory limit")
-		case <-deadline:
-			t.Fatal("no InvalidSpec event for an invalid resource value")
-		}
-	}
+	WaitEvent(t, events, h.Timeout, "an InvalidSpec event for an invalid resource value", func(ev runtime.Event) bool {
+		return ev.Type == runtime.EventBindFailed && ev.Slot.Pod != nil && ev.Slot.Pod.UID == "err-2" &&
+			ev.Reason == runtime.ReasonInvalidSpec && strings.Contains(ev.Message, "memory limit")
+	})
 	waitWarm(t, h, h.WarmSlots)
 }
 
@@ -287,22 +288,9 @@ func testMissingImage(t *testing.T, h Harness) {
 	if d := time.Since(start); d > h.Timeout {
 		t.Fatalf("a missing image took %v to fail", d)
 	}
-	deadline := time.After(h.Timeout)
-	for found := false; !found; {
-		select {
-		case ev, ok := <-events:
-			if !ok {
-				t.Fatal("watch closed")
-			}
-			if ev.Type == runtime.EventBindFailed {
-				if ev.Reason != runtime.ReasonImageNotFound || ev.Message == "" {
-					t.Fatalf("bind failed event %+v: want reason %s and the registry's message", ev, runtime.ReasonImageNotFound)
-				}
-				found = true
-			}
-		case <-deadline:
-			t.Fatal("no bind-failed event")
-		}
+	ev := WaitEvent(t, events, h.Timeout, "a bind-failed event", func(ev runtime.Event) bool { return ev.Type == runtime.EventBindFailed })
+	if ev.Reason != runtime.ReasonImageNotFound || ev.Message == "" {
+		t.Fatalf("bind failed event %+v: want reason %s and the registry's message", ev, runtime.ReasonImageNotFound)
 	}
 	if _, ok := slotOf(t, h, "missing-1"); ok {
 		t.Fatal("the failed pod still holds a slot")
