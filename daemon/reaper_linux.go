@@ -4,6 +4,8 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -50,6 +52,7 @@ func (r *Reaper) Start(cmd *exec.Cmd) (<-chan exitStatus, error) {
 			return nil, err
 		}
 		pid := cmd.Process.Pid
+		unshieldOOM(pid)
 		go func() {
 			ch <- waitPID(pid)
 			_ = cmd.Process.Release()
@@ -63,7 +66,37 @@ func (r *Reaper) Start(cmd *exec.Cmd) (<-chan exitStatus, error) {
 		return nil, err
 	}
 	r.waiting[cmd.Process.Pid] = waiter{ch: ch, proc: cmd.Process}
+	unshieldOOM(cmd.Process.Pid)
 	return ch, nil
+}
+
+// ownOOMScoreAdj is the daemon's own oom_score_adj, read once.
+var ownOOMScoreAdj = sync.OnceValue(func() int {
+	b, err := os.ReadFile("/proc/self/oom_score_adj")
+	if err != nil {
+		return 0
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return 0
+	}
+	return n
+})
+
+// unshieldOOM makes a child the OOM killer's first choice over the daemon.
+// When a sandbox runs out of memory (a fork bomb of shells is enough), the
+// kernel must kill the task's processes and not PID 1, whose death would end
+// the sandbox. Lowering the daemon's own score needs CAP_SYS_RESOURCE, which
+// sandboxes do not have; raising a child's needs nothing, so every child
+// gets the daemon's score + 1000 (at most 1000) as soon as it exists, and
+// its descendants inherit it. What the child forks in the microseconds
+// before that keeps the daemon's score.
+func unshieldOOM(pid int) {
+	adj := min(1000, ownOOMScoreAdj()+1000)
+	if adj <= ownOOMScoreAdj() {
+		return
+	}
+	_ = os.WriteFile("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", []byte(strconv.Itoa(adj)), 0)
 }
 
 func waitPID(pid int) exitStatus {

@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -46,6 +47,13 @@ func TestRootSandboxIsolation(t *testing.T) {
 		return e1 == nil && e2 == nil, nil
 	})
 
+	// What the daemon starts is the OOM killer's first choice, the daemon
+	// (PID 1, whose death would end the sandbox) its last.
+	out, err := sandboxExec(ctx, a, runtimetest.Token, "cat", "/proc/1/oom_score_adj", "/proc/self/oom_score_adj")
+	var daemonAdj, execAdj int
+	if _, serr := fmt.Sscan(out, &daemonAdj, &execAdj); err != nil || serr != nil || execAdj != min(1000, daemonAdj+1000) || execAdj <= daemonAdj {
+		t.Fatalf("oom_score_adj of the daemon and of an exec: %q %v", out, err)
+	}
 	// Memory: the hog is OOM-killed inside its own cgroup.
 	res, err := ca.Exec(ctx, api.ExecRequest{Shell: "head -c 400000000 /dev/zero | tail > /dev/null", TimeoutSeconds: 60})
 	if err != nil || res.ExitCode == 0 {
