@@ -1,0 +1,328 @@
+package pool
+
+import (
+	"context"
+	"time"
+
+	"github.com/sandman-dev/sandman/runtime"
+)
+
+// node is one node agent as the pool tracks it.
+type node struct {
+	name   string
+	rt     Binder
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	// Guarded by Pool.mu:
+	// healthy: the watch stream is up.
+	healthy bool
+	// synced: an inventory arrived at least once.
+	synced bool
+	// since is when healthy last changed; err why it is unhealthy.
+	since time.Time
+	err   error
+	inv   runtime.Inventory
+	slots map[string]runtime.Slot // by slot ID
+	// hot counts hot slots by image; images are ready on the node (its
+	// report, plus the images of its bound slots).
+	hot      map[string]int
+	images   map[string]bool
+	inflight int
+}
+
+func (n *node) stop() {
+	n.cancel()
+	<-n.done
+}
+
+func (n *node) markUnhealthyLocked(now time.Time, err error) {
+	if n.healthy {
+		n.since = now
+	}
+	n.healthy, n.err = false, err
+}
+
+// applyInventoryLocked replaces what the pool knows of the node.
+func (n *node) applyInventoryLocked(inv runtime.Inventory) {
+	n.inv = inv
+	n.slots = map[string]runtime.Slot{}
+	for _, s := range inv.Slots {
+		n.slots[s.ID] = s
+	}
+	n.images = map[string]bool{}
+	for _, img := range inv.ReadyImages {
+		n.images[img] = true
+	}
+	n.recountLocked()
+}
+
+func (n *node) recountLocked() {
+	n.hot = map[string]int{}
+	slots := make([]runtime.Slot, 0, len(n.slots))
+	for _, s := range n.slots {
+		slots = append(slots, s)
+		if s.State == runtime.StateHot {
+			n.hot[s.Image]++
+		}
+		if s.Image != "" {
+			n.images[s.Image] = true
+		}
+	}
+	n.inv.Slots = slots
+}
+
+// freeSlotsLocked: warm and hot slots not yet taken by a reservation the
+// node's inventory does not show yet.
+func (n *node) freeSlotsLocked(placed map[string]*placement) int {
+	free := 0
+	for _, s := range n.slots {
+		if s.State == runtime.StateWarm || s.State == runtime.StateHot {
+			free++
+		}
+	}
+	for _, pl := range placed {
+		if pl.node == n.name && !pl.seen {
+			free--
+		}
+	}
+	return free
+}
+
+// fitsLocked: the node's resources hold want on top of what its slots and
+// unseen reservations hold.
+func (n *node) fitsLocked(want runtime.Resources, placed map[string]*placement) bool {
+	capa := n.inv.Capacity.Resources
+	var used runtime.Resources
+	for _, s := range n.slots {
+		switch s.State {
+		case runtime.StateBinding, runtime.StateBound, runtime.StateReleasing:
+			used = used.Add(s.Resources)
+		}
+	}
+	for _, pl := range placed {
+		if pl.node == n.name && !pl.seen {
+			used = used.Add(pl.req.Bind.Requests())
+		}
+	}
+	total := used.Add(want)
+	return (capa.MilliCPU == 0 || total.MilliCPU <= capa.MilliCPU) &&
+		(capa.MemoryBytes == 0 || total.MemoryBytes <= capa.MemoryBytes)
+}
+
+func (n *node) hasImageLocked(image string) bool {
+	return image != "" && n.images[image]
+}
+
+// AddNode starts following a node agent. Adding a name again replaces it.
+func (p *Pool) AddNode(ctx context.Context, name string, rt Binder) {
+	p.RemoveNode(name)
+	ctx, cancel := context.WithCancel(ctx)
+	n := &node{name: name, rt: rt, cancel: cancel, done: make(chan struct{}), since: p.cfg.Now(),
+		slots: map[string]runtime.Slot{}, hot: map[string]int{}, images: map[string]bool{}}
+	p.mu.Lock()
+	p.nodes[name] = n
+	p.mu.Unlock()
+	go p.follow(ctx, n)
+}
+
+// RemoveNode stops following a node agent. Its pods are reported lost after
+// LostAfter unless it is added again.
+func (p *Pool) RemoveNode(name string) {
+	p.mu.Lock()
+	n := p.nodes[name]
+	delete(p.nodes, name)
+	p.mu.Unlock()
+	if n != nil {
+		n.stop()
+	}
+}
+
+// NodeNames lists the node agents the pool follows.
+func (p *Pool) NodeNames() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []string
+	for _, n := range p.sortedNodesLocked() {
+		out = append(out, n.name)
+	}
+	return out
+}
+
+// WaitSynced waits until every node agent has reported its inventory once
+// or ctx ends (a node agent that cannot be reached does not hold up the
+// others past ctx).
+func (p *Pool) WaitSynced(ctx context.Context) error {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		p.mu.Lock()
+		all := true
+		for _, n := range p.nodes {
+			all = all && n.synced
+		}
+		p.mu.Unlock()
+		if all {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// follow keeps a watch on a node agent, reconnecting with backoff.
+func (p *Pool) follow(ctx context.Context, n *node) {
+	defer close(n.done)
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		inv, events, err := n.rt.Watch(ctx)
+		if err != nil {
+			p.mu.Lock()
+			n.markUnhealthyLocked(p.cfg.Now(), err)
+			p.mu.Unlock()
+			p.log.Warn("node agent unreachable", "node", n.name, "err", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 10*time.Second)
+			continue
+		}
+		backoff = 100 * time.Millisecond
+		p.resync(n, inv)
+		for ev := range events {
+			p.apply(n, ev)
+		}
+		p.mu.Lock()
+		n.markUnhealthyLocked(p.cfg.Now(), errWatchEnded)
+		p.mu.Unlock()
+	}
+}
+
+var errWatchEnded = errorString("watch stream ended")
+
+type errorString string
+
+func (e errorString) Error() string { return string(e) }
+
+// resync takes a fresh inventory: pods the pool placed on the node that it
+// no longer holds (and are not still binding) are lost.
+func (p *Pool) resync(n *node, inv runtime.Inventory) {
+	now := p.cfg.Now()
+	p.mu.Lock()
+	n.applyInventoryLocked(inv)
+	n.healthy, n.synced, n.err, n.since = true, true, nil, now
+	held := map[string]runtime.Slot{}
+	for _, s := range n.slots {
+		if s.Pod != nil && (s.State == runtime.StateBinding || s.State == runtime.StateBound) {
+			held[s.Pod.UID] = s
+		}
+	}
+	var updates []Update
+	for uid, pl := range p.placed {
+		if pl.node != n.name || pl.binding {
+			continue
+		}
+		if s, ok := held[uid]; ok {
+			pl.seen = true
+			if s.Ready {
+				updates = append(updates, Update{Kind: Ready, UID: uid, Node: n.name, Slot: s.Clone(), Time: now})
+			}
+			continue
+		}
+		delete(p.placed, uid)
+		updates = append(updates, Update{Kind: Lost, UID: uid, Node: n.name, Time: now, Reason: "SandboxLost",
+			Message: "node agent " + n.name + " no longer holds the sandbox (it restarted without it)"})
+	}
+	p.mu.Unlock()
+	for _, u := range updates {
+		p.cfg.OnUpdate(u)
+	}
+	p.nudge()
+}
+
+// apply folds one node event into the inventory and reports what concerns
+// placed pods.
+func (p *Pool) apply(n *node, ev runtime.Event) {
+	var u *Update
+	p.mu.Lock()
+	switch ev.Type {
+	case runtime.EventSlot:
+		s := ev.Slot
+		n.slots[s.ID] = s.Clone()
+		n.recountLocked()
+		if s.Pod != nil {
+			if pl, ok := p.placed[s.Pod.UID]; ok && pl.node == n.name {
+				switch s.State {
+				case runtime.StateBinding, runtime.StateBound:
+					pl.seen = true
+				}
+			}
+		}
+	case runtime.EventReady:
+		if s := ev.Slot; s.Pod != nil {
+			if cur, ok := n.slots[s.ID]; ok {
+				cur.Ready = true
+				n.slots[s.ID] = cur
+			}
+			if pl, ok := p.placed[s.Pod.UID]; ok && pl.node == n.name {
+				u = &Update{Kind: Ready, UID: s.Pod.UID, Node: n.name, Slot: s.Clone(), Time: ev.Time}
+			}
+		}
+	case runtime.EventExit:
+		if s := ev.Slot; s.Pod != nil {
+			if pl, ok := p.placed[s.Pod.UID]; ok && pl.node == n.name {
+				u = &Update{Kind: Exited, UID: s.Pod.UID, Node: n.name, Slot: s.Clone(), Time: ev.Time,
+					Container: ev.Container, ExitCode: ev.ExitCode, Reason: ev.Reason, Message: ev.Message}
+			}
+		}
+	}
+	p.mu.Unlock()
+	if u != nil {
+		p.cfg.OnUpdate(*u)
+	}
+	if ev.Type == runtime.EventSlot {
+		switch ev.Slot.State {
+		case runtime.StateWarm, runtime.StateHot:
+			p.nudge()
+		}
+	}
+}
+
+// checkLost reports the pods of node agents unreachable for LostAfter.
+func (p *Pool) checkLost() {
+	now := p.cfg.Now()
+	var updates []Update
+	p.mu.Lock()
+	for uid, pl := range p.placed {
+		if _, ok := p.nodes[pl.node]; !ok && !pl.binding {
+			delete(p.placed, uid)
+			updates = append(updates, Update{Kind: Lost, UID: uid, Node: pl.node, Time: now, Reason: "NodeLost",
+				Message: "node agent " + pl.node + " left the pool"})
+		}
+	}
+	for _, n := range p.nodes {
+		if n.healthy || now.Sub(n.since) < p.cfg.LostAfter {
+			continue
+		}
+		for uid, pl := range p.placed {
+			if pl.node != n.name || pl.binding {
+				continue
+			}
+			delete(p.placed, uid)
+			msg := "node agent " + n.name + " has been unreachable since " + n.since.UTC().Format(time.RFC3339)
+			if n.err != nil {
+				msg += ": " + n.err.Error()
+			}
+			updates = append(updates, Update{Kind: Lost, UID: uid, Node: n.name, Time: now, Reason: "NodeLost", Message: msg})
+		}
+	}
+	p.mu.Unlock()
+	for _, u := range updates {
+		p.cfg.OnUpdate(u)
+	}
+}

@@ -1,0 +1,508 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/sandman-dev/sandman/runtime"
+)
+
+// Config configures a Pool.
+type Config struct {
+	// Name is the pool's name (sandman.io/pool), for messages.
+	Name string
+	// MaxQueued bounds the admission queue (default 100,000).
+	MaxQueued int
+	// BindsPerNode bounds binds in flight on one node (default 16).
+	BindsPerNode int
+	// BindTimeout bounds one bind call (default 2 minutes: a cold image pull
+	// happens inside it).
+	BindTimeout time.Duration
+	// LostAfter is how long a node agent may be unreachable before the pods
+	// it held are reported lost (default 2 minutes).
+	LostAfter time.Duration
+	// OnUpdate receives every change of a pod's placement. It is called from
+	// the pool's goroutines, one update at a time, and must not block.
+	OnUpdate func(Update)
+	// Logger (default slog.Default()).
+	Logger *slog.Logger
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+// Request asks for a slot for one pod.
+type Request struct {
+	Bind runtime.BindRequest
+	// Job is the trainer job the pod belongs to (label sandman.io/job);
+	// admission is fair across jobs.
+	Job string
+}
+
+// UpdateKind says what an Update reports.
+type UpdateKind string
+
+const (
+	// Queued: no node can take the pod now; it waits in the admission queue.
+	Queued UpdateKind = "queued"
+	// Placing: a node was chosen and the bind is running.
+	Placing UpdateKind = "placing"
+	// Bound: the sandbox's containers run (Slot).
+	Bound UpdateKind = "bound"
+	// Ready: the sandbox's daemon answers.
+	Ready UpdateKind = "ready"
+	// Exited: a container exited (Container, ExitCode, Reason, Message).
+	Exited UpdateKind = "exited"
+	// Failed: the bind failed (Reason, Message); Permanent when retrying the
+	// same pod cannot help.
+	Failed UpdateKind = "failed"
+	// Lost: the slot of a bound pod vanished (its node agent restarted
+	// without it, or stayed unreachable longer than LostAfter).
+	Lost UpdateKind = "lost"
+)
+
+// Update is one change of a pod's placement.
+type Update struct {
+	Kind UpdateKind
+	UID  string
+	// Node is the node agent the pod is placed on.
+	Node string
+	Slot runtime.Slot
+	Time time.Time
+
+	Container string
+	ExitCode  int
+	Reason    string
+	Message   string
+	Permanent bool
+}
+
+// Binder is the part of a node agent a pool uses: runtime.Runtime.
+type Binder = runtime.Runtime
+
+// Pool places pods onto the slots of a set of node agents.
+type Pool struct {
+	cfg Config
+	log *slog.Logger
+	// wake nudges the dispatcher: a submission, a freed slot, a bind done.
+	wake chan struct{}
+
+	// mu guards everything below.
+	mu     sync.Mutex
+	nodes  map[string]*node
+	queue  admission
+	placed map[string]*placement // pod UID → where it went
+	// closed is set when Run ends.
+	closed bool
+}
+
+// placement is a pod the pool put (or is putting) on a node.
+type placement struct {
+	req  Request
+	node string
+	// binding: the bind call has not returned yet.
+	binding bool
+	// seen: the node's inventory shows the pod (so its slot is no longer
+	// counted as free through the reservation).
+	seen bool
+}
+
+// New returns a pool with no nodes.
+func New(cfg Config) (*Pool, error) {
+	if cfg.OnUpdate == nil {
+		return nil, fmt.Errorf("pool: OnUpdate is required: %w", errdefs.ErrInvalidArgument)
+	}
+	if cfg.MaxQueued <= 0 {
+		cfg.MaxQueued = 100_000
+	}
+	if cfg.BindsPerNode <= 0 {
+		cfg.BindsPerNode = 16
+	}
+	if cfg.BindTimeout <= 0 {
+		cfg.BindTimeout = 2 * time.Minute
+	}
+	if cfg.LostAfter <= 0 {
+		cfg.LostAfter = 2 * time.Minute
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Pool{
+		cfg: cfg, log: cfg.Logger.With("pool", cfg.Name),
+		wake:   make(chan struct{}, 1),
+		nodes:  map[string]*node{},
+		queue:  newAdmission(),
+		placed: map[string]*placement{},
+	}, nil
+}
+
+func (p *Pool) nudge() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Submit queues a pod for placement. It fails with ErrAlreadyExists when
+// the pod is queued or placed already, and with ErrResourceExhausted when
+// the admission queue is full (the caller retries later).
+func (p *Pool) Submit(req Request) error {
+	uid := req.Bind.Pod.UID
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.placed[uid]; ok || p.queue.has(uid) {
+		return fmt.Errorf("submit %s: already queued or placed: %w", uid, errdefs.ErrAlreadyExists)
+	}
+	if p.queue.len() >= p.cfg.MaxQueued {
+		return fmt.Errorf("submit %s: the admission queue of pool %s is full (%d pods): %w", uid, p.cfg.Name, p.queue.len(), errdefs.ErrResourceExhausted)
+	}
+	p.queue.push(req)
+	p.nudge()
+	return nil
+}
+
+// Release takes a pod out of the queue, or stops its sandbox on the node it
+// was placed on. Releasing an unknown pod is not an error.
+func (p *Pool) Release(ctx context.Context, uid string, grace time.Duration) error {
+	p.mu.Lock()
+	if p.queue.remove(uid) {
+		p.mu.Unlock()
+		return nil
+	}
+	pl, ok := p.placed[uid]
+	if !ok {
+		p.mu.Unlock()
+		return nil
+	}
+	n := p.nodes[pl.node]
+	p.mu.Unlock()
+	if n == nil {
+		p.forget(uid)
+		return nil
+	}
+	if err := n.rt.Release(ctx, uid, grace); err != nil {
+		return fmt.Errorf("release %s on %s: %w", uid, pl.node, err)
+	}
+	p.forget(uid)
+	return nil
+}
+
+// ReleaseOn stops a pod's sandbox on one node, whatever the pool thinks:
+// for slots that hold pods the provider does not know (orphans).
+func (p *Pool) ReleaseOn(ctx context.Context, nodeName, uid string, grace time.Duration) error {
+	p.mu.Lock()
+	n := p.nodes[nodeName]
+	p.mu.Unlock()
+	if n == nil {
+		return fmt.Errorf("release %s: node agent %s: %w", uid, nodeName, errdefs.ErrNotFound)
+	}
+	return n.rt.Release(ctx, uid, grace)
+}
+
+func (p *Pool) forget(uid string) {
+	p.mu.Lock()
+	delete(p.placed, uid)
+	p.mu.Unlock()
+	p.nudge()
+}
+
+// Adopt records a pod found bound on a node (after a restart) as placed
+// there, so it is neither placed again nor released as an orphan.
+func (p *Pool) Adopt(req Request, nodeName string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.placed[req.Bind.Pod.UID] = &placement{req: req, node: nodeName, seen: true}
+}
+
+// Queued reports whether a pod waits in the admission queue, and its
+// position (0 = next).
+func (p *Pool) Queued(uid string) (int, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.queue.position(uid)
+}
+
+// Run places queued pods until ctx ends.
+func (p *Pool) Run(ctx context.Context) error {
+	defer func() {
+		p.mu.Lock()
+		p.closed = true
+		nodes := slices.Collect(maps.Values(p.nodes))
+		p.mu.Unlock()
+		for _, n := range nodes {
+			n.stop()
+		}
+	}()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		p.dispatch(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-p.wake:
+		case <-tick.C:
+			p.checkLost()
+		}
+	}
+}
+
+// dispatch starts binds for queued pods while some node can take them.
+func (p *Pool) dispatch(ctx context.Context) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.queue.each(func(req Request) bool {
+		n := p.placeLocked(req)
+		if n == nil {
+			return false
+		}
+		uid := req.Bind.Pod.UID
+		p.placed[uid] = &placement{req: req, node: n.name, binding: true}
+		n.inflight++
+		go p.bind(ctx, n, req)
+		return true
+	})
+	// Pods that still wait learn why, once.
+	var queued []Update
+	for _, req := range p.queue.takeFresh() {
+		queued = append(queued, Update{Kind: Queued, UID: req.Bind.Pod.UID, Time: p.cfg.Now(),
+			Reason: "WaitingForSlot", Message: p.noFitMessageLocked(req)})
+	}
+	for _, u := range queued {
+		p.cfg.OnUpdate(u)
+	}
+}
+
+// bind runs one bind on a node and reports how it went.
+func (p *Pool) bind(ctx context.Context, n *node, req Request) {
+	uid := req.Bind.Pod.UID
+	start := p.cfg.Now()
+	p.cfg.OnUpdate(Update{Kind: Placing, UID: uid, Node: n.name, Time: start})
+	bctx, cancel := context.WithTimeout(ctx, p.cfg.BindTimeout)
+	slot, err := n.rt.Bind(bctx, req.Bind)
+	cancel()
+	metricBindSeconds.WithLabelValues(n.name, outcome(err)).Observe(p.cfg.Now().Sub(start).Seconds())
+
+	p.mu.Lock()
+	n.inflight--
+	pl := p.placed[uid]
+	stillWanted := pl != nil && pl.node == n.name
+	if err == nil {
+		if stillWanted {
+			pl.binding = false
+		}
+		p.mu.Unlock()
+		p.nudge()
+		if !stillWanted {
+			// Released while binding: do not leave the sandbox behind.
+			_ = n.rt.Release(context.WithoutCancel(ctx), uid, 0)
+			return
+		}
+		p.cfg.OnUpdate(Update{Kind: Bound, UID: uid, Node: n.name, Slot: slot, Time: p.cfg.Now()})
+		return
+	}
+	delete(p.placed, uid)
+	retry := stillWanted && retryElsewhere(err)
+	if retry {
+		// Another node may take it; it keeps its place at the front.
+		p.queue.pushFront(req)
+		if errdefs.IsUnavailable(err) || errors.Is(err, context.DeadlineExceeded) {
+			n.markUnhealthyLocked(p.cfg.Now(), err)
+		}
+	}
+	p.mu.Unlock()
+	p.nudge()
+	if errors.Is(err, context.DeadlineExceeded) || errdefs.IsUnavailable(err) {
+		// The node may have bound it after all: make sure it did not.
+		go func() { _ = n.rt.Release(context.WithoutCancel(ctx), uid, 0) }()
+	}
+	if retry {
+		p.log.Info("bind failed, placing again", "pod", uid, "node", n.name, "err", err)
+		return
+	}
+	if !stillWanted {
+		return
+	}
+	reason, permanent := failureReason(err)
+	p.cfg.OnUpdate(Update{Kind: Failed, UID: uid, Node: n.name, Time: p.cfg.Now(), Reason: reason, Message: err.Error(), Permanent: permanent})
+}
+
+func outcome(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	r, _ := failureReason(err)
+	return r
+}
+
+// retryElsewhere: the node could not take the pod for a reason of its own.
+func retryElsewhere(err error) bool {
+	return errdefs.IsResourceExhausted(err) || errdefs.IsUnavailable(err) ||
+		errors.Is(err, context.DeadlineExceeded)
+}
+
+// failureReason maps a bind error to a Kubernetes-style reason.
+func failureReason(err error) (reason string, permanent bool) {
+	switch {
+	case errdefs.IsInvalidArgument(err):
+		return runtime.ReasonInvalidSpec, true
+	case errdefs.IsNotFound(err), errdefs.IsUnauthorized(err), errdefs.IsPermissionDenied(err):
+		// For a bind, what is missing or refused is the image.
+		return runtime.ReasonErrImagePull, false
+	case errdefs.IsAlreadyExists(err):
+		return "AlreadyBound", true
+	default:
+		return runtime.ReasonStartFailed, false
+	}
+}
+
+// placeLocked picks the node for req, or nil when none can take it now.
+func (p *Pool) placeLocked(req Request) *node {
+	want := req.Bind.Requests()
+	image := ""
+	if len(req.Bind.Containers) > 0 {
+		image = req.Bind.Containers[0].Image
+	}
+	var best *node
+	bestScore := -1.0
+	for _, n := range p.sortedNodesLocked() {
+		if !n.healthy || n.inflight >= p.cfg.BindsPerNode {
+			continue
+		}
+		free := n.freeSlotsLocked(p.placed)
+		if free <= 0 || !n.fitsLocked(want, p.placed) {
+			continue
+		}
+		score := float64(free) / float64(max(1, n.inv.Capacity.Slots)) // spread
+		switch {
+		case n.hot[image] > 0:
+			score += 4
+		case n.hasImageLocked(image):
+			score += 2
+		}
+		if score > bestScore {
+			best, bestScore = n, score
+		}
+	}
+	return best
+}
+
+// noFitMessageLocked says why req waits.
+func (p *Pool) noFitMessageLocked(req Request) string {
+	healthy, slots := 0, 0
+	for _, n := range p.nodes {
+		if n.healthy {
+			healthy++
+			slots += n.inv.Capacity.Slots
+		}
+	}
+	if healthy == 0 {
+		return fmt.Sprintf("pool %s has no reachable node agent; the pod waits for a slot", p.cfg.Name)
+	}
+	return fmt.Sprintf("all %d slots of pool %s on %d nodes are in use or do not fit the pod's requests; the pod waits for a slot in the admission queue", slots, p.cfg.Name, healthy)
+}
+
+func (p *Pool) sortedNodesLocked() []*node {
+	out := slices.Collect(maps.Values(p.nodes))
+	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
+	return out
+}
+
+// NodeView is one node agent as the pool sees it.
+type NodeView struct {
+	Name     string
+	Healthy  bool
+	Error    string
+	Capacity runtime.Capacity
+	// Allocated is what bound and binding pods hold.
+	Allocated runtime.Resources
+	Slots     map[runtime.SlotState]int
+	Inflight  int
+	Images    []string
+}
+
+// Nodes returns a view of every node agent, sorted by name.
+func (p *Pool) Nodes() []NodeView {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []NodeView
+	for _, n := range p.sortedNodesLocked() {
+		v := NodeView{Name: n.name, Healthy: n.healthy, Capacity: n.inv.Capacity, Slots: n.inv.Count(), Inflight: n.inflight, Images: slices.Sorted(maps.Keys(n.images))}
+		if n.err != nil {
+			v.Error = n.err.Error()
+		}
+		for _, s := range n.slots {
+			switch s.State {
+			case runtime.StateBinding, runtime.StateBound, runtime.StateReleasing:
+				v.Allocated = v.Allocated.Add(s.Resources)
+			}
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+// Capacity sums the capacity of the healthy node agents.
+func (p *Pool) Capacity() runtime.Capacity {
+	var c runtime.Capacity
+	for _, v := range p.Nodes() {
+		if v.Healthy {
+			c.Slots += v.Capacity.Slots
+			c.Resources = c.Resources.Add(v.Capacity.Resources)
+		}
+	}
+	return c
+}
+
+// QueueLen is how many pods wait for a slot.
+func (p *Pool) QueueLen() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.queue.len()
+}
+
+// BoundSlot is a slot that holds a pod, as a node agent reports it.
+type BoundSlot struct {
+	Node string
+	Slot runtime.Slot
+}
+
+// Slots lists the slots holding pods on every healthy node agent.
+func (p *Pool) Slots() []BoundSlot {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []BoundSlot
+	for _, n := range p.sortedNodesLocked() {
+		if !n.synced {
+			continue
+		}
+		for _, s := range n.slots {
+			if s.Pod != nil {
+				out = append(out, BoundSlot{Node: n.name, Slot: s.Clone()})
+			}
+		}
+	}
+	return out
+}
+
+// Placement says where a pod is placed, if anywhere.
+func (p *Pool) Placement(uid string) (string, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pl, ok := p.placed[uid]
+	if !ok {
+		return "", false
+	}
+	return pl.node, true
+}

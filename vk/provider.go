@@ -1,0 +1,541 @@
+package vk
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containerd/errdefs"
+	vkerrdefs "github.com/virtual-kubelet/virtual-kubelet/errdefs"
+	"github.com/virtual-kubelet/virtual-kubelet/node"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	corev1listers "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/sandman-dev/sandman/pool"
+	"github.com/sandman-dev/sandman/runtime"
+)
+
+// Pod contract annotations and labels.
+const (
+	// AnnotationTokenSHA256 is the hex SHA-256 of the bearer token the pod's
+	// creator keeps (several may be given, separated by commas).
+	AnnotationTokenSHA256 = "sandman.io/token-sha256"
+	// LabelJob names the trainer job a pod belongs to, for fair admission.
+	LabelJob = "sandman.io/job"
+	// LabelPool is the virtual node's pool label and taint key.
+	LabelPool = "sandman.io/pool"
+)
+
+// Config configures a Provider.
+type Config struct {
+	// NodeName is the virtual node's name; Pool its pool's.
+	NodeName string
+	Pool     *pool.Pool
+	// Client writes pod deletions after a sandbox's release (as a kubelet
+	// does); Pods and Secrets are listers from the node's informers.
+	Client  kubernetes.Interface
+	Pods    corev1listers.PodLister
+	Secrets corev1listers.SecretLister
+	// Recorder records the events that say why a pod waits, fails or is
+	// reclaimed.
+	Recorder record.EventRecorder
+	// NodeIP is the virtual node's address (the pods' host IP).
+	NodeIP string
+	// AllowUnauthenticated lets pods without a token hash run without auth;
+	// otherwise they fail with a message saying what to add.
+	AllowUnauthenticated bool
+	// PoolSecret derives the control plane's own per-sandbox token
+	// (ControlToken); empty: none.
+	PoolSecret []byte
+	// ReconcileInterval is how often slots and pods are compared (default
+	// 10 s); OrphanGrace how long a slot whose pod is gone is kept before
+	// it is released (default 30 s).
+	ReconcileInterval, OrphanGrace time.Duration
+	// StatusWorkers turn changes into pod statuses (default 16).
+	StatusWorkers int
+	Logger        *slog.Logger
+	Now           func() time.Time
+}
+
+// Provider is the virtual-kubelet provider: pods in, pool placements and
+// pod statuses out. Create it with New, feed it pool updates through
+// OnUpdate (pool.Config.OnUpdate), and run it with Run.
+type Provider struct {
+	cfg    Config
+	log    *slog.Logger
+	status workqueue.TypedRateLimitingInterface[string]
+
+	// notifyMu guards notify.
+	notifyMu sync.Mutex
+	notify   func(*corev1.Pod)
+
+	// mu guards byUID, byKey and orphans.
+	mu    sync.Mutex
+	byUID map[string]*sandbox
+	byKey map[string]string // namespace/name → UID of the newest pod
+	// orphans: slots holding pods the provider does not know, since when.
+	orphans map[string]time.Time
+}
+
+var (
+	_ node.PodLifecycleHandler = (*Provider)(nil)
+	_ node.PodNotifier         = (*Provider)(nil)
+)
+
+// New returns a Provider.
+func New(cfg Config) (*Provider, error) {
+	switch {
+	case cfg.NodeName == "":
+		return nil, fmt.Errorf("vk: NodeName is required")
+	case cfg.Pool == nil:
+		return nil, fmt.Errorf("vk: Pool is required")
+	case cfg.Client == nil:
+		return nil, fmt.Errorf("vk: Client is required")
+	}
+	if cfg.ReconcileInterval <= 0 {
+		cfg.ReconcileInterval = 10 * time.Second
+	}
+	if cfg.OrphanGrace <= 0 {
+		cfg.OrphanGrace = 30 * time.Second
+	}
+	if cfg.StatusWorkers <= 0 {
+		cfg.StatusWorkers = 16
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Recorder == nil {
+		cfg.Recorder = &record.FakeRecorder{}
+	}
+	return &Provider{
+		cfg: cfg, log: cfg.Logger.With("node", cfg.NodeName),
+		// Status pushes are deduplicated per pod and never throttled.
+		status: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[string](10*time.Millisecond, 5*time.Second),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "sandman-pod-status"}),
+		byUID:   map[string]*sandbox{},
+		byKey:   map[string]string{},
+		orphans: map[string]time.Time{},
+	}, nil
+}
+
+// ControlToken is the control plane's bearer token for one sandbox: an
+// HMAC of the pod UID under the pool secret. The daemon accepts it next to
+// the creator's token; it never leaves the control plane.
+func ControlToken(secret []byte, podUID string) string {
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte(podUID))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+func tokenHash(token string) string {
+	sum := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(sum[:])
+}
+
+func podKey(ns, name string) string { return ns + "/" + name }
+
+// NotifyPods implements node.PodNotifier.
+func (p *Provider) NotifyPods(ctx context.Context, cb func(*corev1.Pod)) {
+	p.notifyMu.Lock()
+	p.notify = cb
+	p.notifyMu.Unlock()
+	for range p.cfg.StatusWorkers {
+		go p.statusWorker(ctx)
+	}
+	go func() {
+		<-ctx.Done()
+		p.status.ShutDown()
+	}()
+}
+
+func (p *Provider) statusWorker(ctx context.Context) {
+	for {
+		uid, quit := p.status.Get()
+		if quit {
+			return
+		}
+		p.mu.Lock()
+		sb := p.byUID[uid]
+		var pod *corev1.Pod
+		if sb != nil {
+			pod = sb.podWithStatus(p.cfg.NodeIP)
+		}
+		p.mu.Unlock()
+		p.notifyMu.Lock()
+		cb := p.notify
+		p.notifyMu.Unlock()
+		if pod != nil && cb != nil && ctx.Err() == nil {
+			cb(pod)
+		}
+		p.status.Forget(uid)
+		p.status.Done(uid)
+	}
+}
+
+func (p *Provider) push(uid string) { p.status.Add(uid) }
+
+// CreatePod implements node.PodLifecycleHandler: it reserves a place in the
+// pool and returns at once; the bind runs asynchronously.
+func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
+	uid := string(pod.UID)
+	p.mu.Lock()
+	if sb, ok := p.byUID[uid]; ok {
+		sb.pod = pod.DeepCopy()
+		p.mu.Unlock()
+		p.push(uid)
+		return nil
+	}
+	sb := newSandbox(pod.DeepCopy(), p.cfg.Now())
+	p.byUID[uid] = sb
+	p.byKey[podKey(pod.Namespace, pod.Name)] = uid
+	// A pod that ran before (its status says so) but has no slot now was
+	// lost, e.g. while the provider was down: it is not started again.
+	if lostWhileRunning(pod) {
+		sb.fail("SandboxLost", "the sandbox of this pod no longer exists on any node agent (it was lost while the virtual node was restarting)", p.cfg.Now())
+		p.mu.Unlock()
+		p.cfg.Recorder.Event(pod, corev1.EventTypeWarning, "SandboxLost", sb.message)
+		p.push(uid)
+		return nil
+	}
+	req, err := p.bindRequest(pod)
+	if err != nil {
+		sb.fail(runtime.ReasonInvalidSpec, err.Error(), p.cfg.Now())
+		p.mu.Unlock()
+		p.cfg.Recorder.Event(pod, corev1.EventTypeWarning, runtime.ReasonInvalidSpec, err.Error())
+		p.push(uid)
+		return nil
+	}
+	sb.req = req
+	p.mu.Unlock()
+	p.submit(uid)
+	metricPodsCreated.Inc()
+	return nil
+}
+
+// submit hands a pod to the pool; a full queue is retried by the reconciler.
+func (p *Provider) submit(uid string) {
+	p.mu.Lock()
+	sb := p.byUID[uid]
+	if sb == nil || sb.terminal() || sb.deleting {
+		p.mu.Unlock()
+		return
+	}
+	req := pool.Request{Bind: sb.req, Job: jobOf(sb.pod)}
+	sb.submitted = true
+	p.mu.Unlock()
+	if err := p.cfg.Pool.Submit(req); err != nil && !errdefs.IsAlreadyExists(err) {
+		p.mu.Lock()
+		sb.submitted = false
+		sb.wait("WaitingForSlot", err.Error())
+		p.mu.Unlock()
+	}
+	p.push(uid)
+}
+
+// UpdatePod implements node.PodLifecycleHandler. A pod of the same name
+// with a new UID is a new pod.
+func (p *Provider) UpdatePod(ctx context.Context, pod *corev1.Pod) error {
+	p.mu.Lock()
+	sb, ok := p.byUID[string(pod.UID)]
+	if ok {
+		sb.pod = pod.DeepCopy()
+	}
+	p.mu.Unlock()
+	if !ok {
+		return p.CreatePod(ctx, pod)
+	}
+	p.push(string(pod.UID))
+	return nil
+}
+
+// DeletePod implements node.PodLifecycleHandler: the sandbox is released in
+// the background with the pod's grace period; once it is gone the pod's
+// final status is written and the pod object deleted, as a kubelet does.
+func (p *Provider) DeletePod(ctx context.Context, pod *corev1.Pod) error {
+	uid := string(pod.UID)
+	p.mu.Lock()
+	sb, ok := p.byUID[uid]
+	if !ok {
+		p.mu.Unlock()
+		return vkerrdefs.NotFoundf("pod %s/%s (%s) is not on virtual node %s", pod.Namespace, pod.Name, uid, p.cfg.NodeName)
+	}
+	if sb.deleting {
+		p.mu.Unlock()
+		return nil
+	}
+	sb.deleting = true
+	if pod.DeletionTimestamp != nil {
+		sb.pod.DeletionTimestamp = pod.DeletionTimestamp
+		sb.pod.DeletionGracePeriodSeconds = pod.DeletionGracePeriodSeconds
+	}
+	grace := 30 * time.Second
+	if g := pod.DeletionGracePeriodSeconds; g != nil {
+		grace = time.Duration(*g) * time.Second
+	} else if g := pod.Spec.TerminationGracePeriodSeconds; g != nil {
+		grace = time.Duration(*g) * time.Second
+	}
+	p.mu.Unlock()
+	go p.release(context.WithoutCancel(ctx), uid, grace, true)
+	return nil
+}
+
+// release stops a pod's sandbox and, for a deleted pod, finishes the
+// deletion in the API.
+func (p *Provider) release(ctx context.Context, uid string, grace time.Duration, deleted bool) {
+	backoff := 200 * time.Millisecond
+	for attempt := 0; ; attempt++ {
+		err := p.cfg.Pool.Release(ctx, uid, grace)
+		if err == nil {
+			break
+		}
+		p.log.Warn("release failed", "pod", uid, "attempt", attempt, "err", err)
+		if attempt >= 5 {
+			// The reconciler will find the slot as an orphan.
+			break
+		}
+		time.Sleep(backoff)
+		backoff *= 2
+	}
+	metricReleases.WithLabelValues(map[bool]string{true: "deleted", false: "ended"}[deleted]).Inc()
+	if !deleted {
+		return
+	}
+	p.mu.Lock()
+	sb := p.byUID[uid]
+	var pod *corev1.Pod
+	if sb != nil {
+		sb.released(p.cfg.Now())
+		pod = sb.pod
+	}
+	p.mu.Unlock()
+	if pod == nil {
+		return
+	}
+	err := p.cfg.Client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
+		GracePeriodSeconds: new(int64),
+		Preconditions:      &metav1.Preconditions{UID: &pod.UID},
+	})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		p.log.Warn("delete released pod", "pod", podKey(pod.Namespace, pod.Name), "err", err)
+		return // the reconciler and virtual-kubelet's own delete retry
+	}
+	p.forget(uid)
+}
+
+// forget drops a pod the provider is done with.
+func (p *Provider) forget(uid string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	sb, ok := p.byUID[uid]
+	if !ok {
+		return
+	}
+	delete(p.byUID, uid)
+	key := podKey(sb.pod.Namespace, sb.pod.Name)
+	if p.byKey[key] == uid {
+		delete(p.byKey, key)
+	}
+}
+
+// GetPod implements node.PodLifecycleHandler. Pods still waiting or binding
+// are included, so virtual-kubelet calls DeletePod for them.
+func (p *Provider) GetPod(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	sb := p.byUID[p.byKey[podKey(namespace, name)]]
+	if sb == nil {
+		return nil, vkerrdefs.NotFoundf("pod %s/%s is not on virtual node %s", namespace, name, p.cfg.NodeName)
+	}
+	return sb.podWithStatus(p.cfg.NodeIP), nil
+}
+
+// GetPodStatus implements node.PodLifecycleHandler.
+func (p *Provider) GetPodStatus(ctx context.Context, namespace, name string) (*corev1.PodStatus, error) {
+	pod, err := p.GetPod(ctx, namespace, name)
+	if err != nil {
+		return nil, err
+	}
+	return &pod.Status, nil
+}
+
+// GetPods implements node.PodLifecycleHandler.
+func (p *Provider) GetPods(ctx context.Context) ([]*corev1.Pod, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]*corev1.Pod, 0, len(p.byUID))
+	for _, sb := range p.byUID {
+		out = append(out, sb.podWithStatus(p.cfg.NodeIP))
+	}
+	return out, nil
+}
+
+// OnUpdate takes the pool's placement updates (pool.Config.OnUpdate).
+func (p *Provider) OnUpdate(u pool.Update) {
+	p.mu.Lock()
+	sb := p.byUID[u.UID]
+	if sb == nil || sb.terminal() {
+		p.mu.Unlock()
+		return
+	}
+	var event func()
+	var resubmitAfter time.Duration
+	var releaseNow bool
+	switch u.Kind {
+	case pool.Queued:
+		sb.wait(u.Reason, u.Message)
+		pod := sb.pod
+		event = func() { p.cfg.Recorder.Event(pod, corev1.EventTypeNormal, u.Reason, u.Message) }
+	case pool.Placing:
+		sb.placing(u.Node)
+	case pool.Bound:
+		sb.bound(u.Node, u.Slot, u.Time)
+		metricCreateToBound.Observe(u.Time.Sub(sb.created).Seconds())
+	case pool.Ready:
+		if sb.ready(u.Node, u.Slot, u.Time) {
+			metricCreateToReady.Observe(u.Time.Sub(sb.created).Seconds())
+		}
+	case pool.Exited:
+		if sb.exited(u.Container, u.ExitCode, u.Reason, u.Message, u.Time) {
+			releaseNow = true
+		}
+	case pool.Failed:
+		metricBindFailures.WithLabelValues(u.Reason).Inc()
+		pod := sb.pod
+		switch {
+		case u.Permanent:
+			sb.fail(u.Reason, u.Message, u.Time)
+		case u.Reason == runtime.ReasonErrImagePull || u.Reason == runtime.ReasonImageNotFound:
+			resubmitAfter = sb.imageBackoff(u.Message, u.Time)
+		default:
+			resubmitAfter = sb.retryBackoff(u.Reason, u.Message)
+		}
+		event = func() { p.cfg.Recorder.Event(pod, corev1.EventTypeWarning, u.Reason, u.Message) }
+	case pool.Lost:
+		pod := sb.pod
+		if sb.started() {
+			sb.fail(u.Reason, u.Message, u.Time)
+		} else {
+			resubmitAfter = time.Millisecond
+			sb.wait("WaitingForSlot", u.Message)
+		}
+		event = func() { p.cfg.Recorder.Event(pod, corev1.EventTypeWarning, u.Reason, u.Message) }
+	}
+	if resubmitAfter > 0 {
+		sb.submitted = false
+	}
+	p.mu.Unlock()
+	p.push(u.UID)
+	if event != nil {
+		event()
+	}
+	if releaseNow {
+		go p.release(context.Background(), u.UID, 0, false)
+	}
+	if resubmitAfter > 0 {
+		time.AfterFunc(resubmitAfter, func() { p.submit(u.UID) })
+	}
+}
+
+// bindRequest turns a pod into what a node agent needs.
+func (p *Provider) bindRequest(pod *corev1.Pod) (runtime.BindRequest, error) {
+	req := runtime.BindRequest{
+		Pod:         runtime.PodRef{UID: string(pod.UID), Namespace: pod.Namespace, Name: pod.Name},
+		Hostname:    pod.Spec.Hostname,
+		VirtualNode: p.cfg.NodeName,
+	}
+	if len(pod.Spec.InitContainers) > 0 {
+		return req, fmt.Errorf("pod %s/%s has init containers, which sandboxes do not run: remove them", pod.Namespace, pod.Name)
+	}
+	for _, c := range pod.Spec.Containers {
+		cs, err := containerSpec(pod, c)
+		if err != nil {
+			return req, err
+		}
+		req.Containers = append(req.Containers, cs)
+	}
+	if v := pod.Annotations[AnnotationTokenSHA256]; v != "" {
+		for h := range strings.SplitSeq(v, ",") {
+			h = strings.ToLower(strings.TrimSpace(h))
+			if b, err := hex.DecodeString(h); err != nil || len(b) != sha256.Size {
+				return req, fmt.Errorf("annotation %s: %q is not a hex SHA-256 (64 hex digits): give sha256(token) of the token you will send", AnnotationTokenSHA256, h)
+			}
+			req.TokenHashes = append(req.TokenHashes, h)
+		}
+	}
+	if len(req.TokenHashes) == 0 {
+		if !p.cfg.AllowUnauthenticated {
+			return req, fmt.Errorf("pod %s/%s has no %s annotation and pool %s does not allow unauthenticated sandboxes: add the annotation with the hex SHA-256 of a token you keep", pod.Namespace, pod.Name, AnnotationTokenSHA256, p.cfg.NodeName)
+		}
+		req.AllowUnauthenticated = true
+	}
+	if len(p.cfg.PoolSecret) > 0 && len(req.TokenHashes) > 0 {
+		req.TokenHashes = append(req.TokenHashes, tokenHash(ControlToken(p.cfg.PoolSecret, string(pod.UID))))
+	}
+	for _, ref := range pod.Spec.ImagePullSecrets {
+		if p.cfg.Secrets == nil {
+			break
+		}
+		s, err := p.cfg.Secrets.Secrets(pod.Namespace).Get(ref.Name)
+		if err != nil {
+			p.log.Warn("image pull secret not found", "pod", podKey(pod.Namespace, pod.Name), "secret", ref.Name, "err", err)
+			continue
+		}
+		if b, ok := s.Data[corev1.DockerConfigJsonKey]; ok {
+			req.PullSecrets = append(req.PullSecrets, b)
+		}
+	}
+	return req, req.Validate()
+}
+
+// jobOf names the trainer job of a pod: its sandman.io/job label, else its
+// controller owner, else its namespace.
+func jobOf(pod *corev1.Pod) string {
+	if j := pod.Labels[LabelJob]; j != "" {
+		return pod.Namespace + "/" + j
+	}
+	if o := metav1.GetControllerOf(pod); o != nil {
+		return pod.Namespace + "/" + o.Kind + "/" + o.Name
+	}
+	for _, o := range pod.OwnerReferences {
+		return pod.Namespace + "/" + o.Kind + "/" + o.Name
+	}
+	return pod.Namespace
+}
+
+// lostWhileRunning: the pod's status says it ran (set by an earlier run of
+// the provider), yet the provider does not hold it.
+func lostWhileRunning(pod *corev1.Pod) bool {
+	if pod.Status.Phase == corev1.PodRunning {
+		return true
+	}
+	for _, cs := range pod.Status.ContainerStatuses {
+		if cs.State.Running != nil || cs.State.Terminated != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// uidOf is the UID of a pod known by key, if any.
+func (p *Provider) uidOf(namespace, name string) (types.UID, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	uid, ok := p.byKey[podKey(namespace, name)]
+	return types.UID(uid), ok
+}
