@@ -44,8 +44,8 @@ test: ## everything: lint, unit, root and e2e tiers (the stack is started once a
 	bash hack/test.sh
 
 .PHONY: run
-run: deps tools images ## bring the local stack up and print how to reach it
-	bash hack/local-up.sh
+run: deps tools images ## the local stack, two node agents, the virtual node and a demo sandbox pod
+	bash hack/run.sh
 
 .PHONY: bench
 bench: deps tools images ## benchmarks with baselines measured in the same run (BENCH_SUITE=daemon|node)

@@ -8,8 +8,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"io"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -29,38 +27,6 @@ import (
 	"github.com/sandman-dev/sandman/daemon/client"
 	"github.com/sandman-dev/sandman/e2e/framework"
 )
-
-var (
-	daemonOnce sync.Once
-	daemonBin  string
-	daemonErr  error
-)
-
-// buildDaemon builds the static daemon once per test binary.
-func buildDaemon(t *testing.T, root string) string {
-	t.Helper()
-	daemonOnce.Do(func() {
-		// Built into the stack's state dir, which local-down removes.
-		dir := filepath.Join(framework.StateDir(), "test-bin")
-		err := os.MkdirAll(dir, 0o755)
-		if err != nil {
-			daemonErr = err
-			return
-		}
-		daemonBin = filepath.Join(dir, "sandman-daemon")
-		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", daemonBin, "./cmd/sandman-daemon")
-		cmd.Dir = root
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			daemonErr = err
-			daemonBin = string(out)
-		}
-	})
-	if daemonErr != nil {
-		t.Fatalf("build daemon: %v\n%s", daemonErr, daemonBin)
-	}
-	return daemonBin
-}
 
 // sandbox is a container whose PID 1 is the daemon, mounted read-only.
 type sandbox struct {

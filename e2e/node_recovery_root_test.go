@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -26,35 +25,6 @@ import (
 	"github.com/sandman-dev/sandman/runtime/nodeapi"
 	"github.com/sandman-dev/sandman/runtime/runtimetest"
 )
-
-var (
-	nodeOnce sync.Once
-	nodeBin  string
-	nodeErr  error
-)
-
-func buildNode(t *testing.T, root string) string {
-	t.Helper()
-	nodeOnce.Do(func() {
-		// Built into the stack's state dir, which local-down removes.
-		dir := filepath.Join(framework.StateDir(), "test-bin")
-		err := os.MkdirAll(dir, 0o755)
-		if err != nil {
-			nodeErr = err
-			return
-		}
-		nodeBin = filepath.Join(dir, "sandman-node")
-		cmd := exec.Command("go", "build", "-o", nodeBin, "./cmd/sandman-node")
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			nodeErr = fmt.Errorf("%v\n%s", err, out)
-		}
-	})
-	if nodeErr != nil {
-		t.Fatalf("build sandman-node: %v", nodeErr)
-	}
-	return nodeBin
-}
 
 // agent is a sandman-node process.
 type agent struct {

@@ -42,3 +42,32 @@ CNI_BIN_DIR=${CNI_BIN_DIR:-/usr/lib/cni}
 BUSYBOX_REPO=sandman/busybox:1.35
 NOSHELL_REPO=sandman/noshell:1
 DEBIAN_REPO=sandman/debian:bookworm
+
+# alive NAME: the process recorded for NAME runs.
+alive() {
+	local f=$SANDMAN_STATE/pids/$1.pid
+	[ -f "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null
+}
+
+# start NAME CHECK CMD...: start CMD in the background unless NAME runs, then
+# poll CHECK (a shell snippet) until it passes, the process dies or 60 s pass.
+start() {
+	local name=$1 check=$2
+	shift 2
+	if alive "$name"; then
+		eval "$check" >/dev/null 2>&1 && { log "$name: already running"; return; }
+	fi
+	log "$name: starting"
+	setsid "$@" >>"$SANDMAN_STATE/logs/$name.log" 2>&1 </dev/null &
+	echo $! >"$SANDMAN_STATE/pids/$name.pid"
+	local deadline=$((SECONDS + 60))
+	until eval "$check" >/dev/null 2>&1; do
+		if ! alive "$name"; then
+			tail -n 20 "$SANDMAN_STATE/logs/$name.log" >&2
+			die "$name exited; log: $SANDMAN_STATE/logs/$name.log"
+		fi
+		[ $SECONDS -lt $deadline ] || die "$name not ready after 60 s; log: $SANDMAN_STATE/logs/$name.log"
+		sleep 0.2
+	done
+	log "$name: ready"
+}

@@ -40,6 +40,8 @@ cert admin "/O=system:masters/CN=sandman-admin"
 cert scheduler "/CN=system:kube-scheduler"
 cert controller-manager "/CN=system:kube-controller-manager"
 cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
+# The virtual node's kubelet API (sandman-vk on the bridge address).
+cert kubelet-serving "/CN=sandman-virtual-kubelet" "IP:$BRIDGE_IP,IP:127.0.0.1,DNS:localhost"
 
 if [ ! -f sa.key ]; then
 	openssl genrsa -out sa.key 2048 2>/dev/null

@@ -1,21 +1,268 @@
-// Command sandman-vk is the virtual-kubelet provider: one virtual node (shard) over many node agents.
+// Command sandman-vk is the virtual node: a virtual-kubelet provider that
+// places the pods scheduled onto it into warm slots of many node agents.
 package main
 
 import (
+	"context"
+	"crypto/tls"
+	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
 	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/virtual-kubelet/virtual-kubelet/node"
+	"github.com/virtual-kubelet/virtual-kubelet/node/nodeutil"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/sandman-dev/sandman/pool"
+	"github.com/sandman-dev/sandman/runtime/nodeapi"
+	"github.com/sandman-dev/sandman/vk"
 )
 
+type options struct {
+	kubeconfig, nodeName, poolName, nodeIP string
+	kubeletListen                          string
+	tlsCert, tlsKey, clientCA              string
+	agents, agentNamespace, agentSelector  string
+	agentPort                              int
+	tokenFile, poolSecretFile              string
+	allowUnauthenticated                   bool
+	qps                                    float64
+	burst, workers, bindsPerNode           int
+	maxQueued                              int
+	resync, reconcile, orphanGrace         time.Duration
+	metricsListen, logLevel                string
+}
+
 func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintf(os.Stderr, "sandman-vk: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	var o options
 	fs := flag.NewFlagSet("sandman-vk", flag.ContinueOnError)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: sandman-vk [flags]\n\nsandman-vk is the virtual-kubelet provider: one virtual node (shard) over many node agents.\nIt is not implemented yet.\n")
-		fs.PrintDefaults()
+	fs.StringVar(&o.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig (default: in-cluster)")
+	fs.StringVar(&o.poolName, "pool", "default", "pool name: the node's sandman.io/pool label and taint")
+	fs.StringVar(&o.nodeName, "node-name", "", "virtual node name (default sandman-<pool>)")
+	fs.StringVar(&o.nodeIP, "node-ip", "", "the virtual node's InternalIP: where the apiserver reaches --kubelet-listen")
+	fs.StringVar(&o.kubeletListen, "kubelet-listen", ":10250", "kubelet API address (TLS)")
+	fs.StringVar(&o.tlsCert, "tls-cert-file", "", "kubelet serving certificate (signed by the cluster CA)")
+	fs.StringVar(&o.tlsKey, "tls-key-file", "", "kubelet serving key")
+	fs.StringVar(&o.clientCA, "client-ca-file", "", "CA whose client certificates (the apiserver's) may call the kubelet API")
+	fs.StringVar(&o.agents, "node-agents", "", "static node agents: name=host:port,… (instead of discovery)")
+	fs.StringVar(&o.agentNamespace, "node-agent-namespace", "sandman-system", "namespace of the sandman-node DaemonSet's pods")
+	fs.StringVar(&o.agentSelector, "node-agent-selector", "app.kubernetes.io/name=sandman-node", "label selector of the sandman-node pods")
+	fs.IntVar(&o.agentPort, "node-agent-port", 9651, "node API port of discovered node agents")
+	fs.StringVar(&o.tokenFile, "token-file", "", "file with the pool token node agents accept (or env SANDMAN_POOL_TOKEN)")
+	fs.StringVar(&o.poolSecretFile, "pool-secret-file", "", "file with the secret that derives the control plane's per-sandbox daemon tokens (default: the pool token)")
+	fs.BoolVar(&o.allowUnauthenticated, "allow-unauthenticated", false, "let pods without a sandman.io/token-sha256 annotation run daemons without auth (local experiments only)")
+	fs.Float64Var(&o.qps, "kube-api-qps", 500, "apiserver requests per second (client-go's default of 5 throttles bursts)")
+	fs.IntVar(&o.burst, "kube-api-burst", 1000, "apiserver request burst")
+	fs.IntVar(&o.workers, "workers", 32, "pod controller workers per queue")
+	fs.IntVar(&o.bindsPerNode, "binds-per-node", 16, "binds in flight per node agent")
+	fs.IntVar(&o.maxQueued, "max-queued", 100000, "admission queue bound")
+	fs.DurationVar(&o.resync, "informer-resync", 0, "pod informer resync period (0: none; the reconciler compares state)")
+	fs.DurationVar(&o.reconcile, "reconcile-interval", 10*time.Second, "how often slots and pods are compared")
+	fs.DurationVar(&o.orphanGrace, "orphan-grace", 30*time.Second, "how long a slot whose pod is gone is kept before release")
+	fs.StringVar(&o.metricsListen, "metrics-listen", "127.0.0.1:9652", "Prometheus /metrics and /healthz address")
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return err
 	}
-	if err := fs.Parse(os.Args[1:]); err != nil {
-		os.Exit(2)
+	if o.nodeName == "" {
+		o.nodeName = "sandman-" + o.poolName
 	}
-	fs.Usage()
-	os.Exit(2)
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("component", "vk")
+	token, err := secret(o.tokenFile, "SANDMAN_POOL_TOKEN")
+	if err != nil || token == "" {
+		return fmt.Errorf("no pool token: give --token-file or SANDMAN_POOL_TOKEN (%v)", err)
+	}
+	poolSecret := token
+	if o.poolSecretFile != "" {
+		if poolSecret, err = secret(o.poolSecretFile, ""); err != nil {
+			return err
+		}
+	}
+
+	restCfg, err := clientcmd.BuildConfigFromFlags("", o.kubeconfig)
+	if err != nil {
+		return fmt.Errorf("kubeconfig: %w", err)
+	}
+	restCfg.QPS, restCfg.Burst = float32(o.qps), o.burst
+	restCfg.UserAgent = "sandman-vk/" + o.nodeName
+	client, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return err
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
+	defer broadcaster.Shutdown()
+	recorder := vk.QuietRecorder{EventRecorder: broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "sandman-vk", Host: o.nodeName})}
+
+	var provider *vk.Provider
+	pl, err := pool.New(pool.Config{
+		Name: o.poolName, MaxQueued: o.maxQueued, BindsPerNode: o.bindsPerNode, Logger: log,
+		OnUpdate: func(u pool.Update) { provider.OnUpdate(u) },
+	})
+	if err != nil {
+		return err
+	}
+	connect := func(a vk.Agent) {
+		log.Info("node agent", "node", a.Name, "addr", a.Addr)
+		pl.AddNode(ctx, a.Name, nodeapi.NewClient(a.Addr, token, nil))
+	}
+	if o.agents != "" {
+		agents, err := vk.ParseAgents(o.agents)
+		if err != nil {
+			return fmt.Errorf("--node-agents: %w", err)
+		}
+		for _, a := range agents {
+			connect(a)
+		}
+	} else if err := vk.DiscoverAgents(ctx, client, o.agentNamespace, o.agentSelector, o.agentPort, pl, connect); err != nil {
+		return fmt.Errorf("discover node agents: %w", err)
+	}
+	go func() { _ = pl.Run(ctx) }()
+	// Adopt what the node agents hold before the pod controller starts,
+	// so no running sandbox is placed twice.
+	syncCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	if err := pl.WaitSynced(syncCtx); err != nil {
+		log.Warn("not every node agent answered in time; continuing with those that did", "err", err)
+	}
+	cancel()
+
+	nodeCfg := vk.NodeConfig{Name: o.nodeName, PoolName: o.poolName, IP: o.nodeIP, KubeletPort: kubeletPort(o.kubeletListen), Version: "v1.37.2-sandman"}
+	np := &vk.NodeProvider{Config: nodeCfg, Pool: pl}
+	capa, agents := np.Capacity()
+	spec := vk.NodeSpec(nodeCfg, capa, agents)
+
+	mux := http.NewServeMux()
+	opts := []nodeutil.NodeOpt{
+		nodeutil.WithClient(client),
+		func(c *nodeutil.NodeConfig) error {
+			c.NodeSpec = spec
+			c.InformerResyncPeriod = o.resync
+			c.NumWorkers = o.workers
+			c.HTTPListenAddr = o.kubeletListen
+			c.EventRecorder = recorder
+			c.Handler = mux
+			return nil
+		},
+		nodeutil.AttachProviderRoutes(mux),
+		nodeutil.WithPodControllerConfigOverrides(func(c *node.PodControllerConfig) error {
+			// Bursts: no token-bucket throttling, per-item back-off only;
+			// pods that wait for capacity wait in the pool, not here.
+			c.SyncPodsFromKubernetesRateLimiter = workqueue.NewTypedItemExponentialFailureRateLimiter[any](5*time.Millisecond, 10*time.Second)
+			c.DeletePodsFromKubernetesRateLimiter = workqueue.NewTypedItemExponentialFailureRateLimiter[any](5*time.Millisecond, 10*time.Second)
+			c.SyncPodStatusFromProviderRateLimiter = workqueue.NewTypedItemExponentialFailureRateLimiter[any](5*time.Millisecond, 10*time.Second)
+			c.SyncPodsFromKubernetesShouldRetryFunc = retryAlways
+			c.SyncPodStatusFromProviderShouldRetryFunc = retryAlways
+			c.DeletePodsFromKubernetesShouldRetryFunc = retryAlways
+			return nil
+		}),
+	}
+	if o.tlsCert != "" {
+		tlsOpts := []func(*tls.Config) error{nodeutil.WithKeyPairFromPath(o.tlsCert, o.tlsKey)}
+		if o.clientCA != "" {
+			tlsOpts = append(tlsOpts, nodeutil.WithCAFromPath(o.clientCA), func(c *tls.Config) error {
+				c.ClientAuth = tls.RequireAndVerifyClientCert
+				return nil
+			})
+		}
+		opts = append(opts, nodeutil.WithTLSConfig(tlsOpts...))
+	} else {
+		log.Warn("no --tls-cert-file: the kubelet API (kubectl logs/exec) is not served")
+	}
+	vnode, err := nodeutil.NewNode(o.nodeName, func(pc nodeutil.ProviderConfig) (nodeutil.Provider, node.NodeProvider, error) {
+		provider, err = vk.New(vk.Config{
+			NodeName: o.nodeName, Pool: pl, Client: client, Pods: pc.Pods, Secrets: pc.Secrets, Recorder: recorder,
+			NodeIP: o.nodeIP, AllowUnauthenticated: o.allowUnauthenticated, PoolSecret: []byte(poolSecret),
+			ReconcileInterval: o.reconcile, OrphanGrace: o.orphanGrace, Logger: log,
+		})
+		return provider, np, err
+	}, opts...)
+	if err != nil {
+		return err
+	}
+	if err := provider.Adopt(ctx); err != nil {
+		return fmt.Errorf("adopt running sandboxes: %w", err)
+	}
+	go func() { _ = provider.Run(ctx) }()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(pool.Collectors()...)
+	reg.MustRegister(vk.Collectors()...)
+	metrics := http.NewServeMux()
+	metrics.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	metrics.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	ml, err := net.Listen("tcp", o.metricsListen)
+	if err != nil {
+		return fmt.Errorf("--metrics-listen: %w", err)
+	}
+	msrv := &http.Server{Handler: metrics, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = msrv.Serve(ml) }()
+	defer msrv.Close()
+
+	log.Info("virtual node starting", "node", o.nodeName, "pool", o.poolName, "agents", pl.NodeNames())
+	err = vnode.Run(ctx)
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+func retryAlways(ctx context.Context, key string, timesTried int, originallyAdded time.Time, err error) (*time.Duration, error) {
+	d := min(time.Duration(timesTried)*100*time.Millisecond, 10*time.Second)
+	return &d, nil
+}
+
+func kubeletPort(listen string) int32 {
+	_, p, err := net.SplitHostPort(listen)
+	if err != nil {
+		return 10250
+	}
+	var n int32
+	_, _ = fmt.Sscan(p, &n)
+	return n
+}
+
+// secret reads a file's trimmed content, or an environment variable when
+// no file is given.
+func secret(file, env string) (string, error) {
+	if file == "" {
+		return os.Getenv(env), nil
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(b)), nil
 }

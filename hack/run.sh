@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# `make run`: the local stack, two sandman-node agents (two workers' worth of
+# slots on this machine, in their own containerd namespaces), the virtual
+# node (sandman-vk), and a demo: a sandbox pod created with the pool's node
+# selector, a command run in it through its daemon, and what to type next.
+# Running it again reuses what runs and makes a fresh demo pod.
+set -o errexit -o nounset -o pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+[ "$(id -u)" = 0 ] || die "run as root"
+bash "$SANDMAN_ROOT/hack/local-up.sh"
+# shellcheck disable=SC1091
+source "$SANDMAN_STATE/stack.env"
+export KUBECONFIG
+kubectl() { "$KUBECTL" "$@"; }
+
+BIN=$SANDMAN_STATE/bin
+mkdir -p "$BIN"
+log "building sandman-node, sandman-vk and sandman-daemon into $BIN"
+for c in sandman-node sandman-vk sandman-daemon; do
+	(cd "$SANDMAN_ROOT" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$BIN/$c.new" "./cmd/$c")
+	# Replace running binaries by rename, so a running agent is not disturbed.
+	mv -f "$BIN/$c.new" "$BIN/$c"
+done
+TOKEN_FILE=$SANDMAN_STATE/pool-token
+[ -f "$TOKEN_FILE" ] || { head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$TOKEN_FILE"; chmod 600 "$TOKEN_FILE"; }
+
+POOL=local
+AGENTS=""
+port=9661
+for w in worker-a worker-b; do
+	start "sandman-node-$w" "curl -fsS http://127.0.0.1:$port/healthz" \
+		"$BIN/sandman-node" --node "$w" --containerd-address "$CONTAINERD_ADDRESS" --namespace "sandman-$w" \
+		--slots 8 --warm-slots 2 --cpu 4 --memory 8Gi --state-dir "$SANDMAN_STATE/nodes/$w" \
+		--daemon-path "$BIN/sandman-daemon" --cni-conf-dir "$CNI_CONF_DIR" --cni-bin-dir "$CNI_BIN_DIR" \
+		--listen "127.0.0.1:$port" --token-file "$TOKEN_FILE"
+	AGENTS="$AGENTS${AGENTS:+,}$w=127.0.0.1:$port"
+	port=$((port + 1))
+done
+start sandman-vk "curl -fsS http://127.0.0.1:9652/healthz" \
+	"$BIN/sandman-vk" --kubeconfig "$KUBECONFIG" --pool "$POOL" --node-name "sandman-$POOL" \
+	--node-ip "$BRIDGE_IP" --kubelet-listen "$BRIDGE_IP:10250" \
+	--tls-cert-file "$PKI/kubelet-serving.crt" --tls-key-file "$PKI/kubelet-serving.key" --client-ca-file "$PKI/ca.crt" \
+	--node-agents "$AGENTS" --token-file "$TOKEN_FILE" --metrics-listen 127.0.0.1:9652
+
+log "waiting for node sandman-$POOL to be Ready"
+deadline=$((SECONDS + 60))
+until kubectl wait --for=condition=Ready "node/sandman-$POOL" --timeout=5s >/dev/null 2>&1; do
+	[ $SECONDS -lt $deadline ] || die "virtual node not Ready; log: $SANDMAN_STATE/logs/sandman-vk.log"
+done
+kubectl get nodes -o wide
+
+# The demo sandbox: the pool's node selector and toleration, a token hash.
+TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+HASH=$(printf %s "$TOKEN" | sha256sum | cut -d' ' -f1)
+kubectl delete pod sandbox-demo --ignore-not-found --wait=true >/dev/null
+kubectl apply -f - <<YAML
+apiVersion: v1
+kind: Pod
+metadata:
+  name: sandbox-demo
+  labels: {sandman.io/job: demo}
+  annotations: {sandman.io/token-sha256: "$HASH"}
+spec:
+  nodeSelector: {sandman.io/pool: $POOL}
+  tolerations: [{key: sandman.io/pool, operator: Exists, effect: NoSchedule}]
+  containers:
+  - name: task
+    image: $DEBIAN_IMAGE
+    resources: {requests: {cpu: 250m, memory: 256Mi}, limits: {memory: 1Gi}}
+YAML
+kubectl wait --for=condition=Ready pod/sandbox-demo --timeout=120s
+IP=$(kubectl get pod sandbox-demo -o jsonpath='{.status.podIP}')
+kubectl get pod sandbox-demo -o wide
+log "running a command in the sandbox through its daemon at $IP:49983"
+curl -fsS -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \
+	-d '{"shell":"echo hello from $(hostname); uname -sr; python3 --version"}' "http://$IP:49983/v1/exec"
+echo
+
+cat >&2 <<MSG
+
+The virtual node sandman-$POOL runs over two node agents (worker-a, worker-b).
+Try:
+  export KUBECONFIG=$KUBECONFIG
+  $KUBECTL get nodes; $KUBECTL get pods -o wide
+  curl -H 'Authorization: Bearer $TOKEN' -d '{"cmd":["ls","/"]}' http://$IP:49983/v1/exec
+  $KUBECTL delete pod sandbox-demo        # frees its slot
+Logs: $SANDMAN_STATE/logs/{sandman-vk,sandman-node-worker-a,sandman-node-worker-b}.log
+Stop everything: make local-down
+MSG

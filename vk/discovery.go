@@ -1,0 +1,102 @@
+package vk
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/sandman-dev/sandman/pool"
+)
+
+// Agent is a node agent's name and node API address.
+type Agent struct {
+	Name, Addr string
+}
+
+// ParseAgents parses a static list "name=host:port,name=host:port".
+func ParseAgents(s string) ([]Agent, error) {
+	var out []Agent
+	for item := range strings.SplitSeq(s, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		name, addr, ok := strings.Cut(item, "=")
+		if !ok || name == "" {
+			return nil, fmt.Errorf("node agent %q: want name=host:port", item)
+		}
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return nil, fmt.Errorf("node agent %q: %w", item, err)
+		}
+		out = append(out, Agent{Name: name, Addr: addr})
+	}
+	return out, nil
+}
+
+// DiscoverAgents follows the sandman-node DaemonSet's pods (namespace and
+// label selector) and keeps the pool's node agents in step: a running,
+// ready agent pod on worker W at address A is node agent W at A:port.
+func DiscoverAgents(ctx context.Context, client kubernetes.Interface, namespace, selector string, port int, p *pool.Pool, connect func(Agent)) error {
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
+	inf := factory.Core().V1().Pods().Informer()
+	sync := func(obj any) {
+		pod, ok := obj.(*corev1.Pod)
+		if !ok || pod.Spec.NodeName == "" {
+			return
+		}
+		if agentReady(pod) {
+			connect(Agent{Name: pod.Spec.NodeName, Addr: net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(port))})
+		}
+	}
+	_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: sync,
+		UpdateFunc: func(old, cur any) {
+			o, _ := old.(*corev1.Pod)
+			c, _ := cur.(*corev1.Pod)
+			if o != nil && c != nil && agentReady(o) && !agentReady(c) {
+				p.RemoveNode(c.Spec.NodeName)
+				return
+			}
+			if o == nil || c == nil || !agentReady(o) || o.Status.PodIP != c.Status.PodIP {
+				sync(cur)
+			}
+		},
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			if pod, ok := obj.(*corev1.Pod); ok && pod.Spec.NodeName != "" {
+				p.RemoveNode(pod.Spec.NodeName)
+			}
+		},
+	})
+	if err != nil {
+		return err
+	}
+	factory.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		return ctx.Err()
+	}
+	return nil
+}
+
+func agentReady(pod *corev1.Pod) bool {
+	if pod.DeletionTimestamp != nil || pod.Status.Phase != corev1.PodRunning || pod.Status.PodIP == "" {
+		return false
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}

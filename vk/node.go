@@ -1,0 +1,142 @@
+package vk
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/virtual-kubelet/virtual-kubelet/node"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/sandman-dev/sandman/pool"
+	"github.com/sandman-dev/sandman/runtime"
+)
+
+// NodeConfig describes the virtual node.
+type NodeConfig struct {
+	Name string
+	// PoolName is the value of the sandman.io/pool label and taint.
+	PoolName string
+	// IP is the node's InternalIP (where the apiserver reaches its kubelet
+	// port); KubeletPort the port.
+	IP          string
+	KubeletPort int32
+	Version     string
+}
+
+// NodeSpec is the virtual node as it is registered: labels for the node
+// selector, a taint sandboxes tolerate, addresses, and the capacity of the
+// pool's healthy node agents.
+func NodeSpec(cfg NodeConfig, capa runtime.Capacity, agents int) corev1.Node {
+	n := corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: cfg.Name,
+			Labels: map[string]string{
+				LabelPool:                cfg.PoolName,
+				"type":                   "virtual-kubelet",
+				"kubernetes.io/os":       "linux",
+				"kubernetes.io/arch":     "amd64",
+				"kubernetes.io/role":     "agent",
+				"kubernetes.io/hostname": cfg.Name,
+			},
+		},
+		Spec: corev1.NodeSpec{
+			Taints: []corev1.Taint{{Key: LabelPool, Value: cfg.PoolName, Effect: corev1.TaintEffectNoSchedule}},
+		},
+		Status: corev1.NodeStatus{
+			Phase:           corev1.NodeRunning,
+			Addresses:       []corev1.NodeAddress{{Type: corev1.NodeHostName, Address: cfg.Name}},
+			DaemonEndpoints: corev1.NodeDaemonEndpoints{KubeletEndpoint: corev1.DaemonEndpoint{Port: cfg.KubeletPort}},
+			NodeInfo: corev1.NodeSystemInfo{
+				OperatingSystem: "linux", Architecture: "amd64", KubeletVersion: cfg.Version,
+				ContainerRuntimeVersion: "containerd://sandman",
+			},
+		},
+	}
+	if cfg.IP != "" {
+		n.Status.Addresses = append([]corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: cfg.IP}}, n.Status.Addresses...)
+	}
+	setCapacity(&n, capa, agents)
+	return n
+}
+
+func setCapacity(n *corev1.Node, capa runtime.Capacity, agents int) {
+	rl := corev1.ResourceList{
+		corev1.ResourcePods:   *resource.NewQuantity(int64(capa.Slots), resource.DecimalSI),
+		corev1.ResourceCPU:    *resource.NewMilliQuantity(capa.Resources.MilliCPU, resource.DecimalSI),
+		corev1.ResourceMemory: *resource.NewQuantity(capa.Resources.MemoryBytes, resource.BinarySI),
+	}
+	n.Status.Capacity, n.Status.Allocatable = rl, rl.DeepCopy()
+	now := metav1.Now()
+	agentsReady := corev1.NodeCondition{Type: "NodeAgentsReady", Status: corev1.ConditionTrue, Reason: "NodeAgentsReachable",
+		Message: strconv.Itoa(agents) + " node agents reachable", LastHeartbeatTime: now, LastTransitionTime: now}
+	if agents == 0 {
+		agentsReady.Status, agentsReady.Reason, agentsReady.Message = corev1.ConditionFalse, "NoNodeAgents", "no node agent is reachable: pods wait for a slot"
+	}
+	n.Status.Conditions = []corev1.NodeCondition{
+		{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", Message: "sandman virtual node is ready", LastHeartbeatTime: now, LastTransitionTime: now},
+		{Type: corev1.NodeMemoryPressure, Status: corev1.ConditionFalse, Reason: "KubeletHasSufficientMemory", LastHeartbeatTime: now, LastTransitionTime: now},
+		{Type: corev1.NodeDiskPressure, Status: corev1.ConditionFalse, Reason: "KubeletHasNoDiskPressure", LastHeartbeatTime: now, LastTransitionTime: now},
+		{Type: corev1.NodePIDPressure, Status: corev1.ConditionFalse, Reason: "KubeletHasSufficientPID", LastHeartbeatTime: now, LastTransitionTime: now},
+		{Type: corev1.NodeNetworkUnavailable, Status: corev1.ConditionFalse, Reason: "RouteCreated", LastHeartbeatTime: now, LastTransitionTime: now},
+		agentsReady,
+	}
+}
+
+// NodeProvider reports the pool's capacity as the virtual node's status.
+// Its Ping checks only the provider itself: one unhealthy worker must not
+// make the whole virtual node NotReady.
+type NodeProvider struct {
+	Config NodeConfig
+	Pool   *pool.Pool
+	// Interval between capacity checks (default 1 s).
+	Interval time.Duration
+}
+
+var _ node.NodeProvider = (*NodeProvider)(nil)
+
+// Ping implements node.NodeProvider.
+func (np *NodeProvider) Ping(ctx context.Context) error { return ctx.Err() }
+
+// NotifyNodeStatus implements node.NodeProvider: a status is pushed when
+// the healthy capacity changes.
+func (np *NodeProvider) NotifyNodeStatus(ctx context.Context, cb func(*corev1.Node)) {
+	interval := np.Interval
+	if interval <= 0 {
+		interval = time.Second
+	}
+	go func() {
+		var last string
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			capa, agents := np.capacity()
+			if key := fmt.Sprint(capa, agents); key != last {
+				last = key
+				n := NodeSpec(np.Config, capa, agents)
+				cb(&n)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+}
+
+func (np *NodeProvider) capacity() (runtime.Capacity, int) {
+	agents := 0
+	for _, v := range np.Pool.Nodes() {
+		if v.Healthy {
+			agents++
+		}
+	}
+	return np.Pool.Capacity(), agents
+}
+
+// Capacity is the pool's healthy capacity and number of reachable agents.
+func (np *NodeProvider) Capacity() (runtime.Capacity, int) { return np.capacity() }

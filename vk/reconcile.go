@@ -1,0 +1,155 @@
+package vk
+
+import (
+	"context"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+
+	"github.com/sandman-dev/sandman/pool"
+	"github.com/sandman-dev/sandman/runtime"
+)
+
+// Adopt takes over the sandboxes the node agents hold for pods of this
+// virtual node, after a restart: pods whose UID matches a bound slot are
+// recorded as placed there (and not placed again); slots whose pod no
+// longer exists are released. Call it after the pool has synced and before
+// virtual-kubelet's pod controller starts.
+func (p *Provider) Adopt(ctx context.Context) error {
+	pods, err := p.cfg.Client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", p.cfg.NodeName).String(),
+	})
+	if err != nil {
+		return err
+	}
+	byUID := map[string]*corev1.Pod{}
+	for i := range pods.Items {
+		byUID[string(pods.Items[i].UID)] = &pods.Items[i]
+	}
+	adopted, released := 0, 0
+	for _, b := range p.cfg.Pool.Slots() {
+		uid := b.Slot.Pod.UID
+		pod, ok := byUID[uid]
+		live := b.Slot.State == runtime.StateBound || b.Slot.State == runtime.StateBinding
+		if !ok || !live || pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+			if live {
+				if err := p.cfg.Pool.ReleaseOn(ctx, b.Node, uid, 0); err != nil {
+					p.log.Warn("release orphaned sandbox", "pod", uid, "node", b.Node, "err", err)
+				}
+				released++
+			}
+			continue
+		}
+		req, err := p.bindRequest(pod)
+		if err != nil {
+			req = runtime.BindRequest{Pod: runtime.PodRef{UID: uid, Namespace: pod.Namespace, Name: pod.Name}}
+		}
+		sb := newSandbox(pod.DeepCopy(), pod.CreationTimestamp.Time)
+		sb.req, sb.submitted = req, true
+		started := b.Slot.Since
+		for _, cs := range pod.Status.ContainerStatuses {
+			if cs.State.Running != nil {
+				started = cs.State.Running.StartedAt.Time
+			}
+		}
+		sb.bound(b.Node, b.Slot, started)
+		if b.Slot.Ready {
+			sb.ready(b.Node, b.Slot, started)
+		}
+		p.mu.Lock()
+		p.byUID[uid] = sb
+		p.byKey[podKey(pod.Namespace, pod.Name)] = uid
+		p.mu.Unlock()
+		p.cfg.Pool.Adopt(pool.Request{Bind: req, Job: jobOf(pod)}, b.Node)
+		adopted++
+	}
+	p.log.Info("adopted running sandboxes", "adopted", adopted, "released", released)
+	return nil
+}
+
+// Run reconciles slots and pods until ctx ends.
+func (p *Provider) Run(ctx context.Context) error {
+	t := time.NewTicker(p.cfg.ReconcileInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			p.reconcile(ctx)
+		}
+	}
+}
+
+// reconcile compares UIDs both ways: slots whose pod is gone are released
+// after OrphanGrace; pods the provider holds that are gone from the API are
+// released; pods that could not be queued are submitted again.
+func (p *Provider) reconcile(ctx context.Context) {
+	now := p.cfg.Now()
+	// Slots whose pod the provider does not hold (or holds elsewhere).
+	seen := map[string]bool{}
+	var release []pool.BoundSlot
+	slots := p.cfg.Pool.Slots()
+	p.mu.Lock()
+	for _, b := range slots {
+		if b.Slot.State != runtime.StateBound && b.Slot.State != runtime.StateBinding {
+			continue
+		}
+		uid := b.Slot.Pod.UID
+		sb := p.byUID[uid]
+		if sb != nil && (sb.node == b.Node || sb.node == "") {
+			continue
+		}
+		key := b.Node + "/" + uid
+		seen[key] = true
+		first, ok := p.orphans[key]
+		if !ok {
+			p.orphans[key] = now
+			continue
+		}
+		if now.Sub(first) >= p.cfg.OrphanGrace {
+			release = append(release, b)
+			delete(p.orphans, key)
+		}
+	}
+	for key := range p.orphans {
+		if !seen[key] {
+			delete(p.orphans, key)
+		}
+	}
+	// Pods gone from the API without DeletePod (forced deletions).
+	var gone, resubmit []string
+	for uid, sb := range p.byUID {
+		if p.cfg.Pods != nil {
+			pod, err := p.cfg.Pods.Pods(sb.pod.Namespace).Get(sb.pod.Name)
+			if (apierrors.IsNotFound(err) || err == nil && string(pod.UID) != uid) && now.Sub(sb.created) >= p.cfg.OrphanGrace {
+				gone = append(gone, uid)
+				continue
+			}
+		}
+		if !sb.submitted && !sb.terminal() && !sb.deleting && sb.pullFailures == 0 && sb.failures == 0 {
+			resubmit = append(resubmit, uid)
+		}
+	}
+	p.mu.Unlock()
+	for _, b := range release {
+		p.log.Info("releasing a sandbox whose pod is gone", "pod", b.Slot.Pod.UID, "node", b.Node, "slot", b.Slot.ID)
+		if err := p.cfg.Pool.ReleaseOn(ctx, b.Node, b.Slot.Pod.UID, 0); err != nil {
+			p.log.Warn("release orphan", "pod", b.Slot.Pod.UID, "node", b.Node, "err", err)
+		}
+		metricReleases.WithLabelValues("orphan").Inc()
+	}
+	for _, uid := range gone {
+		p.log.Info("releasing a sandbox whose pod was deleted", "pod", uid)
+		if err := p.cfg.Pool.Release(ctx, uid, 0); err == nil {
+			p.forget(uid)
+			metricReleases.WithLabelValues("orphan").Inc()
+		}
+	}
+	for _, uid := range resubmit {
+		p.submit(uid)
+	}
+}
