@@ -3,12 +3,9 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"syscall"
@@ -25,48 +22,6 @@ import (
 	"github.com/sandman-dev/sandman/runtime/nodeapi"
 	"github.com/sandman-dev/sandman/runtime/runtimetest"
 )
-
-// agent is a sandman-node process.
-type agent struct {
-	cmd  *exec.Cmd
-	out  *bytes.Buffer
-	done chan struct{}
-}
-
-func startAgent(t *testing.T, bin string, args []string) *agent {
-	t.Helper()
-	a := &agent{cmd: exec.Command(bin, args...), out: &bytes.Buffer{}, done: make(chan struct{})}
-	a.cmd.Env = append(os.Environ(), "SANDMAN_POOL_TOKEN=pool-secret")
-	a.cmd.Stdout, a.cmd.Stderr = a.out, a.out
-	if err := a.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = a.cmd.Wait(); close(a.done) }()
-	t.Cleanup(func() {
-		// A stopping agent tears its warm slots down.
-		_ = a.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-a.done:
-		case <-time.After(30 * time.Second):
-			_ = a.cmd.Process.Kill()
-			<-a.done
-			t.Errorf("agent did not stop on SIGTERM")
-		}
-		if t.Failed() {
-			t.Logf("agent output:\n%s", a.out.String())
-		}
-	})
-	return a
-}
-
-func freePort(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
 
 // TestRootNodeAgentRecovers: kill -9 of sandman-node with 50 bound
 // sandboxes; after a restart all 50 are reported bound and answer, none

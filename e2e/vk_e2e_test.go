@@ -1,0 +1,457 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/rand"
+
+	"github.com/sandman-dev/sandman/daemon/api"
+	"github.com/sandman-dev/sandman/daemon/client"
+	"github.com/sandman-dev/sandman/e2e/framework"
+	"github.com/sandman-dev/sandman/runtime"
+	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
+	"github.com/sandman-dev/sandman/runtime/nodeapi"
+)
+
+// The trainer's token in these tests, and the hash its pods carry.
+const trainerToken = "trainer-token-e2e"
+
+func trainerHash() string {
+	sum := sha256.Sum256([]byte(trainerToken))
+	return hex.EncodeToString(sum[:])
+}
+
+// vpool is a virtual node (sandman-vk) over real node agents on the stack.
+type vpool struct {
+	t      *testing.T
+	s      *framework.Stack
+	name   string // pool
+	node   string // virtual node
+	ns     string
+	agents []*vagent
+	vkBin  string
+	vkArgs []string
+	vk     *agent
+}
+
+type vagent struct {
+	name, addr, namespace string
+	args                  []string
+	proc                  *agent
+	client                *nodeapi.Client
+}
+
+// startPool starts n node agents with slots each and a virtual node over
+// them, in a namespace of its own.
+func startPool(t *testing.T, s *framework.Stack, n, slots int) *vpool {
+	t.Helper()
+	id := rand.String(5)
+	p := &vpool{t: t, s: s, name: "e2e-" + id, node: "sandman-e2e-" + id, ns: "vk-" + id}
+	nodeBin := buildNode(t, s.Root)
+	daemonBin := buildDaemon(t, s.Root)
+	p.vkBin = buildBinary(t, s.Root, "sandman-vk")
+	var agents []string
+	for i := range n {
+		name := fmt.Sprintf("w%d-%s", i, id)
+		a := &vagent{name: name, addr: "127.0.0.1:" + strconv.Itoa(freePort(t)), namespace: "sandman-e2e-" + name}
+		a.args = []string{"--node", name, "--containerd-address", s.ContainerdAddress, "--namespace", a.namespace,
+			"--slots", strconv.Itoa(slots), "--warm-slots", "2", "--cpu", "4", "--memory", "8Gi",
+			"--state-dir", filepath.Join(framework.StateDir(), "e2e-nodes", name), "--daemon-path", daemonBin,
+			"--cni-conf-dir", s.CNIConfDir, "--cni-bin-dir", s.CNIBinDir, "--listen", a.addr}
+		a.proc = startAgent(t, nodeBin, a.args)
+		a.client = nodeapi.NewClient(a.addr, "pool-secret", nil)
+		p.agents = append(p.agents, a)
+		agents = append(agents, name+"="+a.addr)
+	}
+	for _, a := range p.agents {
+		framework.Eventually(t, time.Minute, "node agent "+a.name+" to have warm slots", func(ctx context.Context) (bool, error) {
+			inv, err := a.client.Inventory(ctx)
+			return err == nil && inv.Count()[runtime.StateWarm] > 0, nil
+		})
+	}
+	p.vkArgs = []string{"--kubeconfig", s.Env["KUBECONFIG"], "--pool", p.name, "--node-name", p.node,
+		"--node-ip", s.Env["BRIDGE_IP"], "--kubelet-listen", s.Env["BRIDGE_IP"] + ":" + strconv.Itoa(freePort(t)),
+		"--tls-cert-file", filepath.Join(s.Env["PKI"], "kubelet-serving.crt"), "--tls-key-file", filepath.Join(s.Env["PKI"], "kubelet-serving.key"),
+		"--client-ca-file", filepath.Join(s.Env["PKI"], "ca.crt"),
+		"--node-agents", strings.Join(agents, ","), "--metrics-listen", "127.0.0.1:" + strconv.Itoa(freePort(t)),
+		"--reconcile-interval", "1s", "--orphan-grace", "3s"}
+	ctx := t.Context()
+	if _, err := s.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: p.ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// Pods first (through the virtual node, freeing their slots), then
+		// the node object.
+		ctx := context.Background()
+		_ = s.Kube.CoreV1().Pods(p.ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
+		framework.Eventually(t, time.Minute, "the test's pods to be gone", func(ctx context.Context) (bool, error) {
+			l, err := s.Kube.CoreV1().Pods(p.ns).List(ctx, metav1.ListOptions{})
+			return err == nil && len(l.Items) == 0, nil
+		})
+		_ = s.Kube.CoreV1().Namespaces().Delete(ctx, p.ns, metav1.DeleteOptions{})
+	})
+	p.startVK()
+	t.Cleanup(func() { _ = s.Kube.CoreV1().Nodes().Delete(context.Background(), p.node, metav1.DeleteOptions{}) })
+	framework.Eventually(t, time.Minute, "virtual node "+p.node+" Ready", func(ctx context.Context) (bool, error) {
+		n, err := s.Kube.CoreV1().Nodes().Get(ctx, p.node, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	return p
+}
+
+func (p *vpool) startVK() {
+	p.vk = startAgent(p.t, p.vkBin, p.vkArgs)
+}
+
+// killVK kills sandman-vk with SIGKILL.
+func (p *vpool) killVK() {
+	_ = p.vk.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.vk.done
+}
+
+// newPod is a sandbox pod for the pool: node selector, toleration, token.
+func (p *vpool) newPod(name, image string, mutate ...func(*corev1.Pod)) *corev1.Pod {
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: p.ns,
+			Annotations: map[string]string{"sandman.io/token-sha256": trainerHash()},
+			Labels:      map[string]string{"sandman.io/job": "e2e"}},
+		Spec: corev1.PodSpec{
+			NodeSelector: map[string]string{"sandman.io/pool": p.name},
+			Tolerations:  []corev1.Toleration{{Key: "sandman.io/pool", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
+			Containers: []corev1.Container{{Name: "task", Image: image, Resources: corev1.ResourceRequirements{
+				Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("64Mi")},
+			}}},
+		},
+	}
+	for _, m := range mutate {
+		m(pod)
+	}
+	return pod
+}
+
+func (p *vpool) create(pod *corev1.Pod) {
+	p.t.Helper()
+	if _, err := p.s.Kube.CoreV1().Pods(p.ns).Create(p.t.Context(), pod, metav1.CreateOptions{}); err != nil {
+		p.t.Fatalf("create pod %s: %v", pod.Name, err)
+	}
+}
+
+// waitPod polls a pod until cond holds.
+func (p *vpool) waitPod(name string, timeout time.Duration, what string, cond func(*corev1.Pod) bool) *corev1.Pod {
+	p.t.Helper()
+	var last *corev1.Pod
+	framework.Eventually(p.t, timeout, "pod "+name+" "+what, func(ctx context.Context) (bool, error) {
+		pod, err := p.s.Kube.CoreV1().Pods(p.ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		last = pod
+		return cond(pod), nil
+	})
+	return last
+}
+
+func podReady(pod *corev1.Pod) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// boundSlots counts the slots holding pods on every agent.
+func (p *vpool) boundSlots(ctx context.Context) (map[string]runtime.Slot, error) {
+	out := map[string]runtime.Slot{}
+	for _, a := range p.agents {
+		inv, err := a.client.Inventory(ctx)
+		if err != nil {
+			return nil, err
+		}
+		for _, s := range inv.Slots {
+			if s.Pod != nil && (s.State == runtime.StateBound || s.State == runtime.StateBinding) {
+				if _, dup := out[s.Pod.UID]; dup {
+					return nil, fmt.Errorf("pod %s bound twice", s.Pod.UID)
+				}
+				out[s.Pod.UID] = s
+			}
+		}
+	}
+	return out, nil
+}
+
+func daemonAt(t *testing.T, ip, token string) *client.Client {
+	t.Helper()
+	c, err := client.New(ip+":49983", client.WithToken(token), client.WithRetries(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// TestVKPodsBecomeSandboxes: pods with the pool's node selector are bound by
+// kube-scheduler and become Ready sandboxes; so do pods that set
+// spec.nodeName; the daemon answers at the pod IP with the pod's token and
+// no other; deleting the pods frees their slots and leaves no containers.
+func TestVKPodsBecomeSandboxes(t *testing.T) {
+	s := framework.Get(t)
+	p := startPool(t, s, 2, 4)
+	ctx := t.Context()
+
+	n, err := s.Kube.CoreV1().Nodes().Get(ctx, p.node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := n.Status.Capacity.Pods().Value(); got != 8 {
+		t.Fatalf("node capacity: %d pods, want 8 (2 agents × 4 slots)", got)
+	}
+	if n.Labels["sandman.io/pool"] != p.name || n.Labels["type"] != "virtual-kubelet" || len(n.Spec.Taints) == 0 {
+		t.Fatalf("node labels %v taints %v", n.Labels, n.Spec.Taints)
+	}
+
+	p.create(p.newPod("scheduled", s.BusyboxImage))
+	p.create(p.newPod("direct", s.BusyboxImage, func(pod *corev1.Pod) {
+		pod.Spec.NodeName = p.node
+		pod.Spec.NodeSelector = nil
+	}))
+	for _, name := range []string{"scheduled", "direct"} {
+		pod := p.waitPod(name, 2*time.Minute, "Ready", podReady)
+		if pod.Spec.NodeName != p.node || pod.Status.PodIP == "" || pod.Status.Phase != corev1.PodRunning {
+			t.Fatalf("pod %s: node %q ip %q phase %s", name, pod.Spec.NodeName, pod.Status.PodIP, pod.Status.Phase)
+		}
+		cs := pod.Status.ContainerStatuses
+		if len(cs) != 1 || !cs[0].Ready || cs[0].State.Running == nil || !strings.HasPrefix(cs[0].ContainerID, "containerd://") {
+			t.Fatalf("pod %s container status %+v", name, cs)
+		}
+		res, err := daemonAt(t, pod.Status.PodIP, trainerToken).Exec(ctx, api.ExecRequest{Cmd: []string{"hostname"}})
+		if err != nil || string(res.Stdout) != name+"\n" {
+			t.Fatalf("exec in %s: %v %+v", name, err, res)
+		}
+		if _, err := daemonAt(t, pod.Status.PodIP, "not-the-token").Exec(ctx, api.ExecRequest{Cmd: []string{"true"}}); !client.IsCode(err, api.CodeUnauthorized) {
+			t.Fatalf("exec with a wrong token: %v, want unauthorized", err)
+		}
+	}
+	bound, err := p.boundSlots(ctx)
+	if err != nil || len(bound) != 2 {
+		t.Fatalf("bound slots %v %v, want 2", bound, err)
+	}
+
+	for _, name := range []string{"scheduled", "direct"} {
+		if err := s.Kube.CoreV1().Pods(p.ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	framework.Eventually(t, time.Minute, "pods gone and slots free", func(ctx context.Context) (bool, error) {
+		l, err := s.Kube.CoreV1().Pods(p.ns).List(ctx, metav1.ListOptions{})
+		if err != nil || len(l.Items) != 0 {
+			return false, nil
+		}
+		b, err := p.boundSlots(ctx)
+		return err == nil && len(b) == 0, nil
+	})
+	p.expectNoContainersBut(0)
+}
+
+// expectNoContainersBut checks that the agents' containerd namespaces hold
+// only the containers of bound pods (n in all) — warm slots have none.
+func (p *vpool) expectNoContainersBut(n int) {
+	p.t.Helper()
+	framework.Eventually(p.t, time.Minute, fmt.Sprintf("%d sandbox containers left", n), func(ctx context.Context) (bool, error) {
+		total := 0
+		for _, a := range p.agents {
+			cc := p.s.Containerd(p.t, a.namespace)
+			cs, err := cc.Containers(ctx, fmt.Sprintf(`labels."%s"==%s`, rtcontainerd.LabelNode, a.name))
+			if err != nil {
+				return false, err
+			}
+			for _, c := range cs {
+				l, _ := c.Labels(ctx)
+				if l[rtcontainerd.LabelHot] == "" {
+					total++
+				}
+			}
+		}
+		return total == n, nil
+	})
+}
+
+// TestVKBadInput: each bad pod ends with a status that says why, and no
+// slot leaks.
+func TestVKBadInput(t *testing.T) {
+	s := framework.Get(t)
+	p := startPool(t, s, 1, 4)
+	ctx := t.Context()
+
+	p.create(p.newPod("missing-image", s.Registry+"/sandman/nope:missing"))
+	p.create(p.newPod("tiny-memory", s.BusyboxImage, func(pod *corev1.Pod) {
+		pod.Spec.Containers[0].Resources.Limits = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Mi")}
+		pod.Spec.Containers[0].Resources.Requests = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Mi")}
+	}))
+	p.create(p.newPod("no-token", s.BusyboxImage, func(pod *corev1.Pod) { pod.Annotations = nil }))
+	p.create(p.newPod("no-such-pool", s.BusyboxImage, func(pod *corev1.Pod) {
+		pod.Spec.NodeSelector = map[string]string{"sandman.io/pool": "does-not-exist"}
+	}))
+
+	waiting := func(pod *corev1.Pod) *corev1.ContainerStateWaiting {
+		if len(pod.Status.ContainerStatuses) == 0 {
+			return nil
+		}
+		return pod.Status.ContainerStatuses[0].State.Waiting
+	}
+	pod := p.waitPod("missing-image", 30*time.Second, "to report the image pull error", func(pod *corev1.Pod) bool {
+		w := waiting(pod)
+		return w != nil && (w.Reason == "ErrImagePull" || w.Reason == "ImagePullBackOff")
+	})
+	if w := waiting(pod); !strings.Contains(w.Message, "not found") || pod.Status.Phase != corev1.PodPending {
+		t.Fatalf("missing image: phase %s, waiting %+v", pod.Status.Phase, w)
+	}
+	pod = p.waitPod("tiny-memory", 30*time.Second, "Failed", func(pod *corev1.Pod) bool { return pod.Status.Phase == corev1.PodFailed })
+	if pod.Status.Reason != runtime.ReasonInvalidSpec || !strings.Contains(pod.Status.Message, "4 MiB") {
+		t.Fatalf("tiny memory: reason %q message %q", pod.Status.Reason, pod.Status.Message)
+	}
+	pod = p.waitPod("no-token", 30*time.Second, "Failed", func(pod *corev1.Pod) bool { return pod.Status.Phase == corev1.PodFailed })
+	if !strings.Contains(pod.Status.Message, "sandman.io/token-sha256") {
+		t.Fatalf("no token: reason %q message %q", pod.Status.Reason, pod.Status.Message)
+	}
+	pod = p.waitPod("no-such-pool", 30*time.Second, "Unschedulable", func(pod *corev1.Pod) bool {
+		for _, c := range pod.Status.Conditions {
+			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+				return true
+			}
+		}
+		return false
+	})
+	t.Logf("a pod for a pool that does not exist: %s", pod.Status.Conditions[0].Message)
+
+	// None of them holds a slot.
+	b, err := p.boundSlots(ctx)
+	if err != nil || len(b) != 0 {
+		t.Fatalf("bound slots %v %v, want none", b, err)
+	}
+	// The image pull is retried with back-off, not forever in a tight loop,
+	// and deleting the pod ends it.
+	if err := s.Kube.CoreV1().Pods(p.ns).Delete(ctx, "missing-image", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, 30*time.Second, "the failing pod to be gone", func(ctx context.Context) (bool, error) {
+		_, err := s.Kube.CoreV1().Pods(p.ns).Get(ctx, "missing-image", metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+}
+
+// TestVKRestartAndLostAgent: kill -9 of sandman-vk with running sandboxes
+// and pods created while it is down; after a restart the running ones keep
+// their slots (nothing placed twice), the new ones are placed. Then a node
+// agent dies mid-burst: the burst lands on the agent that lives, and when
+// the dead one comes back the sandboxes it still holds are released.
+func TestVKRestartAndLostAgent(t *testing.T) {
+	s := framework.Get(t)
+	p := startPool(t, s, 2, 6)
+	ctx := t.Context()
+
+	names := func(prefix string, n int) []string {
+		var out []string
+		for i := range n {
+			out = append(out, fmt.Sprintf("%s-%d", prefix, i))
+		}
+		return out
+	}
+	first := names("before", 4)
+	for _, n := range first {
+		p.create(p.newPod(n, s.BusyboxImage))
+	}
+	ips := map[string]string{}
+	for _, n := range first {
+		pod := p.waitPod(n, 2*time.Minute, "Ready", podReady)
+		ips[n] = pod.Status.PodIP + " " + pod.Status.ContainerStatuses[0].ContainerID
+	}
+
+	p.killVK()
+	second := names("while-down", 3)
+	for _, n := range second {
+		p.create(p.newPod(n, s.BusyboxImage))
+	}
+	p.startVK()
+	for _, n := range append(append([]string{}, first...), second...) {
+		p.waitPod(n, 2*time.Minute, "Ready after the restart", podReady)
+	}
+	for _, n := range first {
+		pod, err := s.Kube.CoreV1().Pods(p.ns).Get(ctx, n, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := pod.Status.PodIP + " " + pod.Status.ContainerStatuses[0].ContainerID; got != ips[n] {
+			t.Errorf("pod %s moved: %s → %s", n, ips[n], got)
+		}
+		if _, err := daemonAt(t, pod.Status.PodIP, trainerToken).Exec(ctx, api.ExecRequest{Cmd: []string{"true"}}); err != nil {
+			t.Errorf("pod %s does not answer after the restart: %v", n, err)
+		}
+	}
+	bound, err := p.boundSlots(ctx)
+	if err != nil || len(bound) != len(first)+len(second) {
+		t.Fatalf("bound slots: %d (%v), want %d", len(bound), err, len(first)+len(second))
+	}
+
+	// An agent dies while a burst is placed.
+	dead := p.agents[0]
+	burst := names("burst", 4)
+	for _, n := range burst {
+		p.create(p.newPod(n, s.BusyboxImage))
+	}
+	_ = dead.proc.cmd.Process.Signal(syscall.SIGKILL)
+	<-dead.proc.done
+	for _, n := range burst {
+		pod := p.waitPod(n, 2*time.Minute, "Ready or reported lost", func(pod *corev1.Pod) bool {
+			return podReady(pod) || pod.Status.Phase == corev1.PodFailed
+		})
+		t.Logf("pod %s: %s %s %s", n, pod.Status.Phase, pod.Status.Reason, pod.Status.Message)
+	}
+	// The dead agent comes back holding sandboxes; those whose pods the
+	// virtual node placed elsewhere or gave up on are released.
+	dead.proc = startAgent(t, buildNode(t, s.Root), dead.args)
+	framework.Eventually(t, 2*time.Minute, "every bound slot to belong to a live pod", func(ctx context.Context) (bool, error) {
+		pods, err := s.Kube.CoreV1().Pods(p.ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil
+		}
+		want := map[string]bool{}
+		for _, pod := range pods.Items {
+			if pod.Status.Phase == corev1.PodRunning {
+				want[string(pod.UID)] = true
+			}
+		}
+		b, err := p.boundSlots(ctx)
+		if err != nil {
+			return false, nil
+		}
+		for uid := range b {
+			if !want[uid] {
+				return false, nil
+			}
+		}
+		return len(b) == len(want), nil
+	})
+}
