@@ -89,7 +89,7 @@ func startPool(t *testing.T, s *framework.Stack, n, slots int) *vpool {
 		"--tls-cert-file", filepath.Join(s.Env["PKI"], "kubelet-serving.crt"), "--tls-key-file", filepath.Join(s.Env["PKI"], "kubelet-serving.key"),
 		"--client-ca-file", filepath.Join(s.Env["PKI"], "ca.crt"),
 		"--node-agents", strings.Join(agents, ","), "--metrics-listen", "127.0.0.1:" + strconv.Itoa(freePort(t)),
-		"--reconcile-interval", "1s", "--orphan-grace", "3s"}
+		"--reconcile-interval", "1s", "--orphan-grace", "3s", "--lost-after", "5s"}
 	ctx := t.Context()
 	if _, err := s.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: p.ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -99,9 +99,20 @@ func startPool(t *testing.T, s *framework.Stack, n, slots int) *vpool {
 		// the node object.
 		ctx := context.Background()
 		_ = s.Kube.CoreV1().Pods(p.ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
+		var left []string
 		framework.Eventually(t, time.Minute, "the test's pods to be gone", func(ctx context.Context) (bool, error) {
 			l, err := s.Kube.CoreV1().Pods(p.ns).List(ctx, metav1.ListOptions{})
-			return err == nil && len(l.Items) == 0, nil
+			if err != nil {
+				return false, nil
+			}
+			left = left[:0]
+			for _, pod := range l.Items {
+				left = append(left, fmt.Sprintf("%s (%s, deleting since %v)", pod.Name, pod.Status.Phase, pod.DeletionTimestamp))
+			}
+			if len(left) > 0 && t.Failed() {
+				t.Logf("pods left: %v", left)
+			}
+			return len(left) == 0, nil
 		})
 		_ = s.Kube.CoreV1().Namespaces().Delete(ctx, p.ns, metav1.DeleteOptions{})
 	})
@@ -369,7 +380,7 @@ func TestVKBadInput(t *testing.T) {
 // the dead one comes back the sandboxes it still holds are released.
 func TestVKRestartAndLostAgent(t *testing.T) {
 	s := framework.Get(t)
-	p := startPool(t, s, 2, 6)
+	p := startPool(t, s, 2, 8)
 	ctx := t.Context()
 
 	names := func(prefix string, n int) []string {
@@ -415,8 +426,18 @@ func TestVKRestartAndLostAgent(t *testing.T) {
 		t.Fatalf("bound slots: %d (%v), want %d", len(bound), err, len(first)+len(second))
 	}
 
-	// An agent dies while a burst is placed.
+	// An agent dies while a burst is placed. The pods it held fail as lost.
 	dead := p.agents[0]
+	inv, err := dead.client.Inventory(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	onDead := map[string]bool{}
+	for _, sl := range inv.Slots {
+		if sl.Pod != nil {
+			onDead[sl.Pod.Name] = true
+		}
+	}
 	burst := names("burst", 4)
 	for _, n := range burst {
 		p.create(p.newPod(n, s.BusyboxImage))
@@ -428,6 +449,15 @@ func TestVKRestartAndLostAgent(t *testing.T) {
 			return podReady(pod) || pod.Status.Phase == corev1.PodFailed
 		})
 		t.Logf("pod %s: %s %s %s", n, pod.Status.Phase, pod.Status.Reason, pod.Status.Message)
+		if pod.Status.Phase == corev1.PodFailed && (pod.Status.Reason != "NodeLost" || !strings.Contains(pod.Status.Message, dead.name)) {
+			t.Errorf("pod %s failed with %q %q, want NodeLost naming %s", n, pod.Status.Reason, pod.Status.Message, dead.name)
+		}
+	}
+	for n := range onDead {
+		pod := p.waitPod(n, time.Minute, "failed as lost", func(pod *corev1.Pod) bool { return pod.Status.Phase == corev1.PodFailed })
+		if pod.Status.Reason != "NodeLost" {
+			t.Errorf("pod %s on the dead agent: %s %q", n, pod.Status.Reason, pod.Status.Message)
+		}
 	}
 	// The dead agent comes back holding sandboxes; those whose pods the
 	// virtual node placed elsewhere or gave up on are released.

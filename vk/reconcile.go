@@ -100,7 +100,7 @@ func (p *Provider) reconcile(ctx context.Context) {
 		}
 		uid := b.Slot.Pod.UID
 		sb := p.byUID[uid]
-		if sb != nil && (sb.node == b.Node || sb.node == "") {
+		if sb != nil && !sb.terminal() && (sb.node == b.Node || sb.node == "") {
 			continue
 		}
 		key := b.Node + "/" + uid

@@ -46,7 +46,7 @@ type options struct {
 	qps                                    float64
 	burst, workers, bindsPerNode           int
 	maxQueued                              int
-	resync, reconcile, orphanGrace         time.Duration
+	resync, reconcile, orphanGrace, lost   time.Duration
 	metricsListen, logLevel                string
 }
 
@@ -83,6 +83,7 @@ func run(args []string) error {
 	fs.DurationVar(&o.resync, "informer-resync", 0, "pod informer resync period (0: none; the reconciler compares state)")
 	fs.DurationVar(&o.reconcile, "reconcile-interval", 10*time.Second, "how often slots and pods are compared")
 	fs.DurationVar(&o.orphanGrace, "orphan-grace", 30*time.Second, "how long a slot whose pod is gone is kept before release")
+	fs.DurationVar(&o.lost, "lost-after", 2*time.Minute, "how long a node agent may be unreachable before its running pods are failed as lost")
 	fs.StringVar(&o.metricsListen, "metrics-listen", "127.0.0.1:9652", "Prometheus /metrics and /healthz address")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
@@ -128,7 +129,7 @@ func run(args []string) error {
 
 	var provider *vk.Provider
 	pl, err := pool.New(pool.Config{
-		Name: o.poolName, MaxQueued: o.maxQueued, BindsPerNode: o.bindsPerNode, Logger: log,
+		Name: o.poolName, MaxQueued: o.maxQueued, BindsPerNode: o.bindsPerNode, LostAfter: o.lost, Logger: log,
 		OnUpdate: func(u pool.Update) { provider.OnUpdate(u) },
 	})
 	if err != nil {

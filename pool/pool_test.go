@@ -1,0 +1,272 @@
+package pool
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandman-dev/sandman/runtime"
+	"github.com/sandman-dev/sandman/runtime/fake"
+)
+
+// recorder keeps the pool's updates.
+type recorder struct {
+	mu      sync.Mutex
+	updates []Update
+}
+
+func (r *recorder) add(u Update) {
+	r.mu.Lock()
+	r.updates = append(r.updates, u)
+	r.mu.Unlock()
+}
+
+// last is the latest update of kind for uid, if any.
+func (r *recorder) last(uid string, kind UpdateKind) (Update, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i := len(r.updates) - 1; i >= 0; i-- {
+		if u := r.updates[i]; u.UID == uid && u.Kind == kind {
+			return u, true
+		}
+	}
+	return Update{}, false
+}
+
+func (r *recorder) order(kind UpdateKind) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, u := range r.updates {
+		if u.Kind == kind {
+			out = append(out, u.UID)
+		}
+	}
+	return out
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func newPool(t *testing.T, cfg Config, nodes ...*fake.Runtime) (*Pool, *recorder) {
+	t.Helper()
+	rec := &recorder{}
+	cfg.OnUpdate = rec.add
+	p, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = p.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	for _, n := range nodes {
+		inv, _ := n.Inventory(ctx)
+		p.AddNode(ctx, inv.Node, n)
+	}
+	wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
+	defer wcancel()
+	if err := p.WaitSynced(wctx); err != nil {
+		t.Fatal(err)
+	}
+	return p, rec
+}
+
+func fakeNode(t *testing.T, name string, slots int, mutate ...func(*fake.Config)) *fake.Runtime {
+	t.Helper()
+	cfg := fake.Config{Node: name, Slots: slots}
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	r, err := fake.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	return r
+}
+
+func request(uid, job, image string, milliCPU int64) Request {
+	return Request{Job: job, Bind: runtime.BindRequest{
+		Pod:         runtime.PodRef{UID: uid, Namespace: "ns", Name: uid},
+		TokenHashes: []string{"00"},
+		Containers: []runtime.ContainerSpec{{Name: "task", Image: image,
+			Requests: runtime.Resources{MilliCPU: milliCPU}}},
+	}}
+}
+
+func TestPlacementSpreadsAndPrefersTheImage(t *testing.T) {
+	a := fakeNode(t, "a", 4, func(c *fake.Config) { c.Images = []string{"img:warm", "img:other"} })
+	b := fakeNode(t, "b", 4, func(c *fake.Config) { c.Images = []string{"img:other"} })
+	p, rec := newPool(t, Config{Name: "t"}, a, b)
+
+	// Only a holds img:warm: both pods go there though b is as empty.
+	for _, uid := range []string{"w1", "w2"} {
+		if err := p.Submit(request(uid, "j", "img:warm", 0)); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, uid+" bound", func() bool { _, ok := rec.last(uid, Bound); return ok })
+		if u, _ := rec.last(uid, Bound); u.Node != "a" {
+			t.Fatalf("%s placed on %s, want a (it holds the image)", uid, u.Node)
+		}
+	}
+	// Both hold img:other: the emptier node (b) wins.
+	if err := p.Submit(request("o1", "j", "img:other", 0)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "o1 bound", func() bool { _, ok := rec.last("o1", Bound); return ok })
+	if u, _ := rec.last("o1", Bound); u.Node != "b" {
+		t.Fatalf("o1 placed on %s, want b (less loaded)", u.Node)
+	}
+}
+
+func TestNoCapacityWaitsThenBinds(t *testing.T) {
+	a := fakeNode(t, "a", 2)
+	p, rec := newPool(t, Config{Name: "t"}, a)
+	for i := range 3 {
+		if err := p.Submit(request(fmt.Sprint("p", i), "j", "img", 0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "two bound, one queued", func() bool {
+		_, q := rec.last("p2", Queued)
+		return len(rec.order(Bound)) == 2 && q
+	})
+	u, _ := rec.last("p2", Queued)
+	if u.Reason != "WaitingForSlot" || u.Message == "" {
+		t.Fatalf("queued update %+v: want a reason and a message", u)
+	}
+	if pos, ok := p.Queued("p2"); !ok || pos != 0 {
+		t.Fatalf("p2 queued=%v at %d", ok, pos)
+	}
+	if err := p.Release(t.Context(), "p0", 0); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "p2 bound after a release", func() bool { _, ok := rec.last("p2", Bound); return ok })
+}
+
+func TestResourcesMustFit(t *testing.T) {
+	a := fakeNode(t, "a", 4, func(c *fake.Config) { c.Resources = runtime.Resources{MilliCPU: 1000, MemoryBytes: 1 << 30} })
+	p, rec := newPool(t, Config{Name: "t"}, a)
+	for _, uid := range []string{"big1", "big2"} {
+		if err := p.Submit(request(uid, "j", "img", 600)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "one bound, one waiting", func() bool {
+		_, q := rec.last("big2", Queued)
+		return len(rec.order(Bound)) == 1 && q
+	})
+}
+
+func TestAdmissionIsFairAcrossJobs(t *testing.T) {
+	a := fakeNode(t, "a", 1)
+	p, rec := newPool(t, Config{Name: "t"}, a)
+	// Fill the only slot, then queue a burst of job A and one pod of job B.
+	if err := p.Submit(request("first", "A", "img", 0)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "first bound", func() bool { _, ok := rec.last("first", Bound); return ok })
+	for i := range 5 {
+		if err := p.Submit(request(fmt.Sprint("a", i), "A", "img", 0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Submit(request("b0", "B", "img", 0)); err != nil {
+		t.Fatal(err)
+	}
+	// Free the slot twice: a0 (head of A) then b0 (B's turn), not a1.
+	for _, uid := range []string{"first", "a0"} {
+		eventually(t, uid+" bound", func() bool { _, ok := rec.last(uid, Bound); return ok })
+		if err := p.Release(t.Context(), uid, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "b0 bound", func() bool { _, ok := rec.last("b0", Bound); return ok })
+	if got := rec.order(Bound); fmt.Sprint(got) != "[first a0 b0]" {
+		t.Fatalf("bind order %v, want [first a0 b0]", got)
+	}
+}
+
+func TestQueueIsBounded(t *testing.T) {
+	a := fakeNode(t, "a", 1)
+	p, _ := newPool(t, Config{Name: "t", MaxQueued: 2}, a)
+	var full error
+	for i := range 5 {
+		if err := p.Submit(request(fmt.Sprint("q", i), "j", "img", 0)); err != nil {
+			full = err
+		}
+	}
+	if full == nil {
+		t.Fatal("a full queue accepted more pods")
+	}
+	if err := p.Submit(request("q0", "j", "img", 0)); err == nil {
+		t.Fatal("a pod was submitted twice")
+	}
+}
+
+func TestPermanentAndImageFailures(t *testing.T) {
+	a := fakeNode(t, "a", 2, func(c *fake.Config) { c.Images = []string{"img"} })
+	p, rec := newPool(t, Config{Name: "t"}, a)
+	if err := p.Submit(request("missing", "j", "img:missing", 0)); err != nil {
+		t.Fatal(err)
+	}
+	bad := request("bad", "j", "img", 0)
+	bad.Bind.TokenHashes = nil // neither a token nor unauthenticated
+	if err := p.Submit(bad); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "both failed", func() bool {
+		_, m := rec.last("missing", Failed)
+		_, b := rec.last("bad", Failed)
+		return m && b
+	})
+	if u, _ := rec.last("missing", Failed); u.Permanent || u.Reason != runtime.ReasonErrImagePull {
+		t.Fatalf("missing image: %+v", u)
+	}
+	if u, _ := rec.last("bad", Failed); !u.Permanent || u.Reason != runtime.ReasonInvalidSpec {
+		t.Fatalf("invalid spec: %+v", u)
+	}
+	inv, _ := a.Inventory(t.Context())
+	if inv.Count()[runtime.StateWarm] != 2 {
+		t.Fatalf("slots after failed binds: %v", inv.Count())
+	}
+}
+
+func TestLostNodeAgent(t *testing.T) {
+	a := fakeNode(t, "a", 2)
+	b := fakeNode(t, "b", 2)
+	p, rec := newPool(t, Config{Name: "t", LostAfter: 100 * time.Millisecond}, a, b)
+	if err := p.Submit(request("x", "j", "img", 0)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "x bound", func() bool { _, ok := rec.last("x", Bound); return ok })
+	u, _ := rec.last("x", Bound)
+	dead := map[string]*fake.Runtime{"a": a, "b": b}[u.Node]
+	dead.Close()
+	eventually(t, "x lost", func() bool { _, ok := rec.last("x", Lost); return ok })
+	if l, _ := rec.last("x", Lost); l.Reason != "NodeLost" || l.Node != u.Node {
+		t.Fatalf("lost update %+v", l)
+	}
+	if c := p.Capacity(); c.Slots != 2 {
+		t.Fatalf("capacity with one agent gone: %d slots, want 2", c.Slots)
+	}
+	// New pods go to the agent that lives.
+	if err := p.Submit(request("y", "j", "img", 0)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "y bound", func() bool { _, ok := rec.last("y", Bound); return ok })
+	if y, _ := rec.last("y", Bound); y.Node == u.Node {
+		t.Fatalf("y placed on the dead agent %s", y.Node)
+	}
+}
