@@ -17,7 +17,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	corev1listers "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/record"
@@ -530,12 +529,4 @@ func lostWhileRunning(pod *corev1.Pod) bool {
 		}
 	}
 	return false
-}
-
-// uidOf is the UID of a pod known by key, if any.
-func (p *Provider) uidOf(namespace, name string) (types.UID, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	uid, ok := p.byKey[podKey(namespace, name)]
-	return types.UID(uid), ok
 }

@@ -1,0 +1,306 @@
+package vk
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	vkerrdefs "github.com/virtual-kubelet/virtual-kubelet/errdefs"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	kfake "k8s.io/client-go/kubernetes/fake"
+
+	"github.com/sandman-dev/sandman/pool"
+	"github.com/sandman-dev/sandman/runtime"
+	"github.com/sandman-dev/sandman/runtime/fake"
+)
+
+// harness is a provider over a pool of fake node agents, with client-go's
+// fake clientset and the statuses it pushes.
+type harness struct {
+	p      *Provider
+	pool   *pool.Pool
+	client *kfake.Clientset
+	node   *fake.Runtime
+
+	mu       sync.Mutex
+	statuses map[types.UID]*corev1.Pod
+}
+
+func newHarness(t *testing.T, slots int, mutate ...func(*Config)) *harness {
+	t.Helper()
+	h := &harness{client: kfake.NewClientset(), statuses: map[types.UID]*corev1.Pod{}}
+	var err error
+	h.node, err = fake.New(fake.Config{Node: "w1", Slots: slots, Images: []string{"img"}, IPBase: "10.9.0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.node.Close)
+	h.pool, err = pool.New(pool.Config{Name: "t", OnUpdate: func(u pool.Update) { h.p.OnUpdate(u) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{NodeName: "vn", Pool: h.pool, Client: h.client, NodeIP: "10.0.0.1", PoolSecret: []byte("s")}
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	h.p, err = New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	h.p.NotifyPods(ctx, func(pod *corev1.Pod) {
+		h.mu.Lock()
+		h.statuses[pod.UID] = pod
+		h.mu.Unlock()
+	})
+	go func() { _ = h.pool.Run(ctx) }()
+	h.pool.AddNode(ctx, "w1", h.node)
+	if err := h.pool.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// wait polls the last pushed status of uid until cond holds.
+func (h *harness) wait(t *testing.T, uid types.UID, what string, cond func(*corev1.Pod) bool) *corev1.Pod {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		h.mu.Lock()
+		pod := h.statuses[uid]
+		h.mu.Unlock()
+		if pod != nil && cond(pod) {
+			return pod
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s; last status: %+v", what, pod)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func sha(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
+}
+
+func testPod(name, image string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID("uid-" + name),
+			Annotations: map[string]string{AnnotationTokenSHA256: sha("t")}},
+		Spec: corev1.PodSpec{NodeName: "vn", Containers: []corev1.Container{{Name: "task", Image: image,
+			Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("250m")}}}}},
+	}
+}
+
+func isReady(pod *corev1.Pod) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func TestCreatePodBecomesReady(t *testing.T) {
+	h := newHarness(t, 2)
+	pod := testPod("a", "img")
+	if err := h.p.CreatePod(t.Context(), pod); err != nil {
+		t.Fatal(err)
+	}
+	got := h.wait(t, pod.UID, "Ready", isReady)
+	cs := got.Status.ContainerStatuses
+	switch {
+	case got.Status.Phase != corev1.PodRunning:
+		t.Fatalf("phase %s", got.Status.Phase)
+	case !strings.HasPrefix(got.Status.PodIP, "10.9.0."), got.Status.HostIP != "10.0.0.1":
+		t.Fatalf("pod IP %q host IP %q", got.Status.PodIP, got.Status.HostIP)
+	case len(cs) != 1 || !cs[0].Ready || cs[0].State.Running == nil || !strings.HasPrefix(cs[0].ContainerID, "containerd://w1-"):
+		t.Fatalf("container statuses %+v", cs)
+	case got.UID != pod.UID:
+		t.Fatalf("status for UID %s, want %s", got.UID, pod.UID)
+	}
+	// The node agent got the creator's token hash and the control plane's.
+	inv, _ := h.node.Inventory(t.Context())
+	if inv.Count()[runtime.StateBound] != 1 {
+		t.Fatalf("node slots %v", inv.Count())
+	}
+	// GetPod and GetPods see it; CreatePod again is harmless.
+	if p, err := h.p.GetPod(t.Context(), "ns", "a"); err != nil || p.UID != pod.UID {
+		t.Fatalf("GetPod: %v %v", p, err)
+	}
+	if err := h.p.CreatePod(t.Context(), pod); err != nil {
+		t.Fatal(err)
+	}
+	if inv, _ := h.node.Inventory(t.Context()); inv.Count()[runtime.StateBound] != 1 {
+		t.Fatalf("a second CreatePod bound again: %v", inv.Count())
+	}
+}
+
+func TestPodsWaitForASlotAndNeverFailForABurst(t *testing.T) {
+	h := newHarness(t, 1)
+	a, b := testPod("a", "img"), testPod("b", "img")
+	for _, pod := range []*corev1.Pod{a, b} {
+		if err := h.p.CreatePod(t.Context(), pod); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.wait(t, a.UID, "a Ready", isReady)
+	got := h.wait(t, b.UID, "b waiting for a slot", func(p *corev1.Pod) bool {
+		w := p.Status.ContainerStatuses[0].State.Waiting
+		return w != nil && w.Reason == "WaitingForSlot"
+	})
+	if got.Status.Phase != corev1.PodPending || !strings.Contains(got.Status.ContainerStatuses[0].State.Waiting.Message, "waits for a slot") {
+		t.Fatalf("waiting pod: %s %+v", got.Status.Phase, got.Status.ContainerStatuses[0].State.Waiting)
+	}
+	// GetPod includes waiting pods (so virtual-kubelet calls DeletePod).
+	if _, err := h.p.GetPod(t.Context(), "ns", "b"); err != nil {
+		t.Fatalf("GetPod of a waiting pod: %v", err)
+	}
+	// Deleting a frees its slot for b.
+	del := a.DeepCopy()
+	grace := int64(0)
+	del.DeletionGracePeriodSeconds = &grace
+	if err := h.p.DeletePod(t.Context(), del); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.p.DeletePod(t.Context(), del); err != nil {
+		t.Fatalf("DeletePod twice: %v", err)
+	}
+	h.wait(t, b.UID, "b Ready after a's release", isReady)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, err := h.p.GetPod(t.Context(), "ns", "a"); vkerrdefs.IsNotFound(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a deleted pod is still known")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestBadPodsFailWithAReason(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		mutate func(*corev1.Pod)
+		want   string
+	}{
+		{"no token", func(p *corev1.Pod) { p.Annotations = nil }, "sandman.io/token-sha256"},
+		{"bad token hash", func(p *corev1.Pod) { p.Annotations[AnnotationTokenSHA256] = "xyz" }, "64 hex digits"},
+		{"tiny memory", func(p *corev1.Pod) {
+			p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Mi")}
+		}, "4 MiB"},
+		{"init containers", func(p *corev1.Pod) { p.Spec.InitContainers = []corev1.Container{{Name: "i", Image: "img"}} }, "init containers"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, 1)
+			pod := testPod("bad", "img")
+			tc.mutate(pod)
+			if err := h.p.CreatePod(t.Context(), pod); err != nil {
+				t.Fatal(err)
+			}
+			got := h.wait(t, pod.UID, "Failed", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed })
+			if got.Status.Reason != runtime.ReasonInvalidSpec || !strings.Contains(got.Status.Message, tc.want) {
+				t.Fatalf("reason %q message %q, want %q in it", got.Status.Reason, got.Status.Message, tc.want)
+			}
+		})
+	}
+}
+
+func TestUnauthenticatedWhenAllowed(t *testing.T) {
+	h := newHarness(t, 1, func(c *Config) { c.AllowUnauthenticated = true })
+	pod := testPod("open", "img")
+	pod.Annotations = nil
+	if err := h.p.CreatePod(t.Context(), pod); err != nil {
+		t.Fatal(err)
+	}
+	h.wait(t, pod.UID, "Ready", isReady)
+}
+
+func TestImageErrorsShowAndBackOff(t *testing.T) {
+	h := newHarness(t, 1)
+	pod := testPod("missing", "img:missing")
+	if err := h.p.CreatePod(t.Context(), pod); err != nil {
+		t.Fatal(err)
+	}
+	got := h.wait(t, pod.UID, "ErrImagePull", func(p *corev1.Pod) bool {
+		w := p.Status.ContainerStatuses[0].State.Waiting
+		return w != nil && w.Reason == runtime.ReasonErrImagePull
+	})
+	if got.Status.Phase != corev1.PodPending || !strings.Contains(got.Status.ContainerStatuses[0].State.Waiting.Message, "not found") {
+		t.Fatalf("status %+v", got.Status)
+	}
+	// The slot is free for others while the image pull backs off.
+	ok := testPod("ok", "img")
+	if err := h.p.CreatePod(t.Context(), ok); err != nil {
+		t.Fatal(err)
+	}
+	h.wait(t, ok.UID, "the other pod Ready", isReady)
+}
+
+func TestExitEndsThePodAndFreesTheSlot(t *testing.T) {
+	h := newHarness(t, 1)
+	pod := testPod("job", "img")
+	if err := h.p.CreatePod(t.Context(), pod); err != nil {
+		t.Fatal(err)
+	}
+	h.wait(t, pod.UID, "Ready", isReady)
+	h.p.OnUpdate(pool.Update{Kind: pool.Exited, UID: string(pod.UID), Node: "w1", Container: "task", ExitCode: 3, Time: time.Now()})
+	got := h.wait(t, pod.UID, "Failed", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed })
+	term := got.Status.ContainerStatuses[0].State.Terminated
+	if term == nil || term.ExitCode != 3 || term.Reason != runtime.ReasonError {
+		t.Fatalf("terminated state %+v", term)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		inv, _ := h.node.Inventory(t.Context())
+		if inv.Count()[runtime.StateWarm] == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("slot not freed after the sandbox ended: %v", inv.Count())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestNodeCapacityIsThePools(t *testing.T) {
+	h := newHarness(t, 3)
+	np := &NodeProvider{Config: NodeConfig{Name: "vn", PoolName: "t", IP: "10.0.0.1", KubeletPort: 10250}, Pool: h.pool}
+	capa, agents := np.Capacity()
+	n := NodeSpec(np.Config, capa, agents)
+	if n.Status.Capacity.Pods().Value() != 3 || n.Status.Allocatable.Cpu().MilliValue() != 3000 || agents != 1 {
+		t.Fatalf("capacity %v allocatable %v agents %d", n.Status.Capacity, n.Status.Allocatable, agents)
+	}
+	if n.Labels[LabelPool] != "t" || n.Labels["type"] != "virtual-kubelet" || n.Labels["kubernetes.io/os"] != "linux" {
+		t.Fatalf("labels %v", n.Labels)
+	}
+	if len(n.Spec.Taints) != 1 || n.Spec.Taints[0].Key != LabelPool {
+		t.Fatalf("taints %v", n.Spec.Taints)
+	}
+}
+
+func TestJobOf(t *testing.T) {
+	ctrl := true
+	for _, tc := range []struct {
+		pod  corev1.Pod
+		want string
+	}{
+		{corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "n", Labels: map[string]string{LabelJob: "j1"}}}, "n/j1"},
+		{corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "n", OwnerReferences: []metav1.OwnerReference{{Kind: "Job", Name: "train", Controller: &ctrl}}}}, "n/Job/train"},
+		{corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "n"}}, "n"},
+	} {
+		if got := jobOf(&tc.pod); got != tc.want {
+			t.Errorf("jobOf = %q, want %q", got, tc.want)
+		}
+	}
+}
