@@ -60,7 +60,8 @@ start kube-apiserver "${KCURL[*]} https://127.0.0.1:$APISERVER_PORT/readyz" \
 start kube-scheduler "curl -fsSk https://127.0.0.1:$SCHEDULER_PORT/healthz" \
 	"$KUBE_BIN/kube-scheduler" --kubeconfig "$PKI/scheduler.kubeconfig" \
 	--authentication-kubeconfig "$PKI/scheduler.kubeconfig" --authorization-kubeconfig "$PKI/scheduler.kubeconfig" \
-	--bind-address 127.0.0.1 --secure-port "$SCHEDULER_PORT" --leader-elect=false --v 1
+	--bind-address 127.0.0.1 --secure-port "$SCHEDULER_PORT" --leader-elect=false \
+	--kube-api-qps 200 --kube-api-burst 400 --v 1
 
 start kube-controller-manager "curl -fsSk https://127.0.0.1:$CONTROLLER_MANAGER_PORT/healthz" \
 	"$KUBE_BIN/kube-controller-manager" --kubeconfig "$PKI/controller-manager.kubeconfig" \

@@ -189,6 +189,11 @@ func (p *Provider) statusWorker(ctx context.Context) {
 
 func (p *Provider) push(uid string) { p.status.Add(uid) }
 
+// boundPushDelay holds back the Running-but-not-ready status of a sandbox
+// that was just bound: its daemon usually answers within it, and one
+// status write (Ready) replaces two in a burst.
+const boundPushDelay = 100 * time.Millisecond
+
 // CreatePod implements node.PodLifecycleHandler: it reserves a place in the
 // pool and returns at once; the bind runs asynchronously.
 func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
@@ -243,8 +248,10 @@ func (p *Provider) submit(uid string) {
 		sb.submitted = false
 		sb.wait("WaitingForSlot", err.Error())
 		p.mu.Unlock()
+		p.push(uid)
 	}
-	p.push(uid)
+	// Otherwise the pod is Pending as the apiserver made it; the next
+	// status says it runs, or why it waits.
 }
 
 // UpdatePod implements node.PodLifecycleHandler. A pod of the same name
@@ -393,7 +400,7 @@ func (p *Provider) OnUpdate(u pool.Update) {
 		return
 	}
 	var event func()
-	var resubmitAfter time.Duration
+	var resubmitAfter, pushAfter time.Duration
 	var releaseNow bool
 	switch u.Kind {
 	case pool.Queued:
@@ -402,8 +409,13 @@ func (p *Provider) OnUpdate(u pool.Update) {
 		event = func() { p.cfg.Recorder.Event(pod, corev1.EventTypeNormal, u.Reason, u.Message) }
 	case pool.Placing:
 		sb.placing(u.Node)
+		p.mu.Unlock()
+		return // nothing a status shows yet
 	case pool.Bound:
 		sb.bound(u.Node, u.Slot, u.Time)
+		if !sb.isReady {
+			pushAfter = boundPushDelay
+		}
 		metricCreateToBound.Observe(u.Time.Sub(sb.created).Seconds())
 	case pool.Ready:
 		if sb.ready(u.Node, u.Slot, u.Time) {
@@ -439,7 +451,11 @@ func (p *Provider) OnUpdate(u pool.Update) {
 		sb.submitted = false
 	}
 	p.mu.Unlock()
-	p.push(u.UID)
+	if pushAfter > 0 {
+		p.status.AddAfter(u.UID, pushAfter)
+	} else {
+		p.push(u.UID)
+	}
 	if event != nil {
 		event()
 	}

@@ -36,6 +36,7 @@ type config struct {
 var suites = []suite{
 	{"daemon", benchDaemon},
 	{"node", benchNode},
+	{"vk", benchVK},
 }
 
 func main() {

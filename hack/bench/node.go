@@ -295,7 +295,7 @@ func (b benchEnv) startRuntime(ctx context.Context, node string, mutate func(*rt
 		StateDir: filepath.Join(b.env["SANDMAN_STATE"], node), DaemonPath: b.daemonBin,
 		CNIConfDir: b.env["CNI_CONF_DIR"], CNIBinDir: b.env["CNI_BIN_DIR"],
 		Resources: runtime.Resources{MilliCPU: 1 << 30, MemoryBytes: 1 << 50},
-		Logger:    slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
+		Logger:    slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: benchLogLevel()})),
 	}
 	mutate(&cfg)
 	rt, err := rtcontainerd.New(ctx, cfg)
@@ -329,4 +329,12 @@ func waitCount(ctx context.Context, rt runtime.Runtime, state runtime.SlotState,
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// benchLogLevel is Error unless BENCH_DEBUG is set (then Info).
+func benchLogLevel() slog.Level {
+	if os.Getenv("BENCH_DEBUG") != "" {
+		return slog.LevelInfo
+	}
+	return slog.LevelError
 }

@@ -1,0 +1,625 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	ctrd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"golang.org/x/sync/errgroup"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/sandman-dev/sandman/runtime"
+	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
+	"github.com/sandman-dev/sandman/runtime/fake"
+	"github.com/sandman-dev/sandman/runtime/nodeapi"
+	"github.com/sandman-dev/sandman/runtime/runtimetest"
+)
+
+const benchToken = "bench-pool-token"
+
+// vkBench is the full path: apiserver, scheduler, sandman-vk (a process,
+// so its CPU and memory can be read), node agents served over the node API
+// from this process, containerd or runtime/fake behind them.
+type vkBench struct {
+	env    map[string]string
+	kube   kubernetes.Interface
+	vkBin  string
+	tmp    string
+	ns     string
+	client *ctrd.Client
+	be     benchEnv
+}
+
+// benchVK measures create→Ready through the whole path.
+func benchVK(cfg config) ([]row, error) {
+	env, err := stackEnv()
+	if err != nil {
+		return nil, err
+	}
+	rc, err := clientcmd.BuildConfigFromFlags("", env["KUBECONFIG"])
+	if err != nil {
+		return nil, err
+	}
+	rc.QPS, rc.Burst = 2000, 4000
+	kube, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	tmp, err := os.MkdirTemp("", "sandman-bench-vk")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	daemonBin, err := buildDaemon(cfg.root, tmp)
+	if err != nil {
+		return nil, err
+	}
+	vkBin := filepath.Join(tmp, "sandman-vk")
+	build := exec.Command("go", "build", "-o", vkBin, "./cmd/sandman-vk")
+	build.Dir = cfg.root
+	if out, err := build.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("build sandman-vk: %v\n%s", err, out)
+	}
+	client, err := ctrd.New(env["CONTAINERD_ADDRESS"], ctrd.WithDefaultNamespace(benchNamespace))
+	if err != nil {
+		return nil, err
+	}
+	defer client.Close()
+	b := &vkBench{env: env, kube: kube, vkBin: vkBin, tmp: tmp, ns: "bench-" + rand.String(5), client: client,
+		be: benchEnv{client: client, env: env, daemonBin: daemonBin}}
+	ctx := namespaces.WithNamespace(context.Background(), benchNamespace)
+	if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: b.ns}}, metav1.CreateOptions{}); err != nil {
+		return nil, err
+	}
+	defer func() { _ = kube.CoreV1().Namespaces().Delete(context.Background(), b.ns, metav1.DeleteOptions{}) }()
+	image := env["BUSYBOX_IMAGE"]
+	n := min(cfg.n, 40)
+	var rows []row
+
+	// Generic warm slots.
+	if os.Getenv("BENCH_VK_SKIP_SINGLE") == "" {
+		rt, stop, err := b.be.startRuntime(ctx, "bench-vk-generic", func(c *rtcontainerd.Config) { c.Slots, c.WarmSlots = 8, 4 })
+		if err != nil {
+			return nil, err
+		}
+		direct, full, err := b.single(ctx, "generic", rt, image, n, runtime.StateWarm, 4)
+		stop()
+		if err != nil {
+			return nil, fmt.Errorf("generic: %w", err)
+		}
+		rows = append(rows,
+			row{name: "node API bind → daemon answers, generic slot (baseline)", n: n, p50: ms(direct.p50()), p99: ms(direct.p99()), baseline: "-", ratio: "1.00×"},
+			row{name: "pod create → Ready, generic warm slot (full path)", n: n, p50: ms(full.p50()), p99: ms(full.p99()), baseline: "node API bind", ratio: ratio(full.p50(), direct.p50()), note: "target p50 ≤ 150 ms"})
+	}
+	// Hot slots.
+	if os.Getenv("BENCH_VK_SKIP_SINGLE") == "" {
+		rt, stop, err := b.be.startRuntime(ctx, "bench-vk-hot", func(c *rtcontainerd.Config) {
+			c.Slots, c.WarmSlots, c.HotSlots, c.HotImages = 6, 1, 3, []string{image}
+		})
+		if err != nil {
+			return nil, err
+		}
+		direct, full, err := b.single(ctx, "hot", rt, image, min(n, 30), runtime.StateHot, 3)
+		stop()
+		if err != nil {
+			return nil, fmt.Errorf("hot: %w", err)
+		}
+		rows = append(rows,
+			row{name: "node API bind → daemon answers, hot slot (baseline)", n: len(direct), p50: ms(direct.p50()), p99: ms(direct.p99()), baseline: "-", ratio: "1.00×"},
+			row{name: "pod create → Ready, hot slot (full path)", n: len(full), p50: ms(full.p50()), p99: ms(full.p99()), baseline: "node API bind", ratio: ratio(full.p50(), direct.p50()), note: "target p50 ≤ 50 ms"})
+	}
+	// A burst of 100 real sandboxes.
+	{
+		rt, stop, err := b.be.startRuntime(ctx, "bench-vk-burst", func(c *rtcontainerd.Config) { c.Slots, c.WarmSlots = 100, 16 })
+		if err != nil {
+			return nil, err
+		}
+		if err := waitCount(ctx, rt, runtime.StateWarm, 16); err != nil {
+			stop()
+			return nil, err
+		}
+		size := 100
+		if v, err := strconv.Atoi(os.Getenv("BENCH_VK_REAL_BURST")); err == nil {
+			size = v
+		}
+		res, err := b.burst(ctx, "real", map[string]runtime.Runtime{"bench-vk-burst": rt}, image, size, false)
+		stop()
+		if err != nil {
+			return nil, fmt.Errorf("burst of 100: %w", err)
+		}
+		rows = append(rows, res.rows("burst of 100 real sandboxes")...)
+	}
+	// A burst of 1,000 on runtime/fake nodes: 10 agents × 120 slots.
+	{
+		agents := map[string]runtime.Runtime{}
+		for i := range 10 {
+			name := fmt.Sprintf("fake-%02d", i)
+			f, err := fake.New(fake.Config{Node: name, Slots: 120, IPBase: fmt.Sprintf("10.251.%d", i),
+				BindLatency: 20 * time.Millisecond, ReadyLatency: 5 * time.Millisecond})
+			if err != nil {
+				return nil, err
+			}
+			defer f.Close()
+			agents[name] = f
+		}
+		for _, preset := range []bool{false, true} {
+			name := "burst of 1,000 on fake nodes, node selector"
+			if preset {
+				name = "burst of 1,000 on fake nodes, spec.nodeName preset"
+			}
+			res, err := b.burst(ctx, "fake", agents, image, 1000, preset)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", name, err)
+			}
+			rows = append(rows, res.rows(name)...)
+		}
+	}
+	return rows, nil
+}
+
+// serveAgents serves runtimes over the node API on loopback ports.
+func serveAgents(ctx context.Context, agents map[string]runtime.Runtime) (string, func(), error) {
+	var list []string
+	var servers []*http.Server
+	for name, rt := range agents {
+		api, err := nodeapi.NewServer(nodeapi.ServerConfig{Runtime: rt, Token: benchToken})
+		if err != nil {
+			return "", nil, err
+		}
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return "", nil, err
+		}
+		srv := &http.Server{Handler: api.Handler(), ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = srv.Serve(l) }()
+		servers = append(servers, srv)
+		list = append(list, name+"="+l.Addr().String())
+	}
+	return strings.Join(list, ","), func() {
+		for _, s := range servers {
+			_ = s.Close()
+		}
+	}, nil
+}
+
+// vkProc is a running sandman-vk.
+type vkProc struct {
+	cmd  *exec.Cmd
+	out  bytes.Buffer
+	node string
+	pool string
+}
+
+func (b *vkBench) startVK(ctx context.Context, pool, agents string) (*vkProc, error) {
+	p := &vkProc{node: "sandman-bench-" + pool, pool: pool}
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	metrics := l.Addr().String()
+	l.Close()
+	p.cmd = exec.Command(b.vkBin, "--kubeconfig", b.env["KUBECONFIG"], "--pool", pool, "--node-name", p.node,
+		"--node-ip", b.env["BRIDGE_IP"], "--kubelet-listen", "127.0.0.1:0", "--node-agents", agents,
+		"--metrics-listen", metrics, "--log-level", "warn")
+	p.cmd.Env = append(os.Environ(), "SANDMAN_POOL_TOKEN="+benchToken)
+	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
+	if err := p.cmd.Start(); err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		n, err := b.kube.CoreV1().Nodes().Get(ctx, p.node, metav1.GetOptions{})
+		if err == nil && n.Status.Capacity.Pods().Value() > 0 {
+			for _, c := range n.Status.Conditions {
+				if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
+					return p, nil
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			p.stop(b.kube)
+			return nil, fmt.Errorf("virtual node %s not ready: %s", p.node, p.out.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (p *vkProc) stop(kube kubernetes.Interface) {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = p.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-done
+	}
+	_ = kube.CoreV1().Nodes().Delete(context.Background(), p.node, metav1.DeleteOptions{})
+}
+
+func (b *vkBench) pod(name, pool, image, nodeName string) *corev1.Pod {
+	sum := sha256.Sum256([]byte("bench"))
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: b.ns,
+			Annotations: map[string]string{"sandman.io/token-sha256": hex.EncodeToString(sum[:])}},
+		Spec: corev1.PodSpec{
+			NodeSelector:                  map[string]string{"sandman.io/pool": pool},
+			Tolerations:                   []corev1.Toleration{{Key: "sandman.io/pool", Operator: corev1.TolerationOpExists}},
+			TerminationGracePeriodSeconds: new(int64),
+			Containers: []corev1.Container{{Name: "task", Image: image, Resources: corev1.ResourceRequirements{
+				Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("16Mi")}}}},
+		},
+	}
+	if nodeName != "" {
+		pod.Spec.NodeName, pod.Spec.NodeSelector = nodeName, nil
+	}
+	return pod
+}
+
+// readyWatch records when each pod of the namespace is first seen Ready,
+// through an informer (a plain watch may be closed by the apiserver when a
+// burst outruns its reader; the informer resumes it).
+type readyWatch struct {
+	mu    sync.Mutex
+	ready map[string]time.Time
+	stop  context.CancelFunc
+}
+
+func (b *vkBench) watchReady(ctx context.Context) (*readyWatch, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	rw := &readyWatch{ready: map[string]time.Time{}, stop: cancel}
+	factory := informers.NewSharedInformerFactoryWithOptions(b.kube, 0, informers.WithNamespace(b.ns))
+	inf := factory.Core().V1().Pods().Informer()
+	see := func(obj any) {
+		pod, ok := obj.(*corev1.Pod)
+		if !ok || !podIsReady(pod) {
+			return
+		}
+		rw.mu.Lock()
+		if _, seen := rw.ready[pod.Name]; !seen {
+			rw.ready[pod.Name] = time.Now()
+		}
+		rw.mu.Unlock()
+	}
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: see, UpdateFunc: func(_, cur any) { see(cur) }}); err != nil {
+		cancel()
+		return nil, err
+	}
+	factory.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		cancel()
+		return nil, fmt.Errorf("pod informer did not sync")
+	}
+	return rw, nil
+}
+
+func (rw *readyWatch) wait(names []string, timeout time.Duration) (map[string]time.Time, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		rw.mu.Lock()
+		done := 0
+		for _, n := range names {
+			if _, ok := rw.ready[n]; ok {
+				done++
+			}
+		}
+		out := map[string]time.Time{}
+		if done == len(names) {
+			for _, n := range names {
+				out[n] = rw.ready[n]
+			}
+		}
+		rw.mu.Unlock()
+		if done == len(names) {
+			return out, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("%d of %d pods Ready after %v", done, len(names), timeout)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// single measures one pod at a time: the node API bind alone (baseline),
+// then pod create → Ready through sandman-vk. Before each, the runtime has
+// want slots in state (so a hot or warm slot is there, as in steady state).
+func (b *vkBench) single(ctx context.Context, pool string, rt *rtcontainerd.Runtime, image string, n int, state runtime.SlotState, want int) (durations, durations, error) {
+	if err := waitCount(ctx, rt, state, want); err != nil {
+		return nil, nil, err
+	}
+	i := 0
+	direct, err := sampleN(n, func() (time.Duration, error) {
+		if err := waitCount(ctx, rt, state, want); err != nil {
+			return 0, err
+		}
+		i++
+		uid := fmt.Sprintf("direct-%s-%d", pool, i)
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		_, events, err := rt.Watch(wctx)
+		if err != nil {
+			return 0, err
+		}
+		start := time.Now()
+		if _, err := rt.Bind(ctx, runtimetest.Request(uid, image)); err != nil {
+			return 0, err
+		}
+		for ev := range events {
+			if ev.Type == runtime.EventReady && ev.Slot.Pod != nil && ev.Slot.Pod.UID == uid {
+				break
+			}
+		}
+		elapsed := time.Since(start)
+		return elapsed, rt.Release(ctx, uid, 0)
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	agents, stopAgents, err := serveAgents(ctx, map[string]runtime.Runtime{"node-" + pool: rt})
+	if err != nil {
+		return nil, nil, err
+	}
+	defer stopAgents()
+	vk, err := b.startVK(ctx, pool, agents)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer vk.stop(b.kube)
+	rw, err := b.watchReady(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rw.stop()
+	full, err := sampleN(n, func() (time.Duration, error) {
+		if err := waitCount(ctx, rt, state, want); err != nil {
+			return 0, err
+		}
+		i++
+		name := fmt.Sprintf("single-%s-%d", pool, i)
+		start := time.Now()
+		if _, err := b.kube.CoreV1().Pods(b.ns).Create(ctx, b.pod(name, pool, image, ""), metav1.CreateOptions{}); err != nil {
+			return 0, err
+		}
+		at, err := rw.wait([]string{name}, time.Minute)
+		if err != nil {
+			return 0, fmt.Errorf("%w\n%s", err, vk.out.String())
+		}
+		elapsed := at[name].Sub(start)
+		if err := b.kube.CoreV1().Pods(b.ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			return 0, err
+		}
+		return elapsed, b.waitGone(ctx, []string{name})
+	})
+	return direct, full, err
+}
+
+func (b *vkBench) waitGone(ctx context.Context, names []string) error {
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		l, err := b.kube.CoreV1().Pods(b.ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		if len(l.Items) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d pods not gone", len(l.Items))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// burstResult is one burst's figures.
+type burstResult struct {
+	n                 int
+	create, ready     durations
+	total             time.Duration
+	vkCPU, apiCPU     time.Duration
+	vkPeakRSS, apiRSS int64
+	deleteAll         time.Duration
+	allWarm           bool
+}
+
+func (r burstResult) rows(name string) []row {
+	rate := float64(r.n) / r.total.Seconds()
+	warm := "every slot warm again"
+	if !r.allWarm {
+		warm = "NOT every slot warm again"
+	}
+	return []row{
+		{name: name + ": pod create call (baseline)", n: r.n, p50: ms(r.create.p50()), p99: ms(r.create.p99()), baseline: "-", ratio: "1.00×"},
+		{name: name + ": create → Ready", n: r.n, p50: ms(r.ready.p50()), p99: ms(r.ready.p99()), baseline: "create call", ratio: ratio(r.ready.p50(), r.create.p50()),
+			note: fmt.Sprintf("%.0f pods/s to all Ready (%.2f s); sandman-vk %.1f CPU-s, peak RSS %d MB; apiserver %.1f CPU-s, RSS %d MB; delete all %.2f s, %s",
+				rate, r.total.Seconds(), r.vkCPU.Seconds(), r.vkPeakRSS>>20, r.apiCPU.Seconds(), r.apiRSS>>20, r.deleteAll.Seconds(), warm)},
+	}
+}
+
+// burst creates n pods at once and measures them to Ready, then deletes
+// them all and checks every slot is free again.
+func (b *vkBench) burst(ctx context.Context, pool string, agents map[string]runtime.Runtime, image string, n int, preset bool) (burstResult, error) {
+	res := burstResult{n: n}
+	list, stopAgents, err := serveAgents(ctx, agents)
+	if err != nil {
+		return res, err
+	}
+	defer stopAgents()
+	poolName := pool
+	if preset {
+		poolName += "-preset"
+	}
+	vk, err := b.startVK(ctx, poolName, list)
+	if err != nil {
+		return res, err
+	}
+	defer vk.stop(b.kube)
+	rw, err := b.watchReady(ctx)
+	if err != nil {
+		return res, err
+	}
+	defer rw.stop()
+	apiPID := pidOf(b.env["SANDMAN_STATE"], "kube-apiserver")
+	vkCPU0, apiCPU0 := cpuTime(vk.cmd.Process.Pid), cpuTime(apiPID)
+
+	names := make([]string, n)
+	starts := make([]time.Time, n)
+	res.create = make(durations, n)
+	var g errgroup.Group
+	g.SetLimit(64)
+	begin := time.Now()
+	for i := range n {
+		names[i] = fmt.Sprintf("%s-%04d", poolName, i)
+		g.Go(func() error {
+			node := ""
+			if preset {
+				node = vk.node
+			}
+			starts[i] = time.Now()
+			_, err := b.kube.CoreV1().Pods(b.ns).Create(ctx, b.pod(names[i], poolName, image, node), metav1.CreateOptions{})
+			res.create[i] = time.Since(starts[i])
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return res, err
+	}
+	at, err := rw.wait(names, 5*time.Minute)
+	if err != nil {
+		return res, fmt.Errorf("%w (%s)\n%s", err, b.podSummary(ctx), tail(vk.out.String(), 2000))
+	}
+	last := begin
+	for i, name := range names {
+		res.ready = append(res.ready, at[name].Sub(starts[i]))
+		if at[name].After(last) {
+			last = at[name]
+		}
+	}
+	res.total = last.Sub(begin)
+	res.vkCPU, res.apiCPU = cpuTime(vk.cmd.Process.Pid)-vkCPU0, cpuTime(apiPID)-apiCPU0
+	res.vkPeakRSS, res.apiRSS = statusKB(vk.cmd.Process.Pid, "VmHWM")<<10, statusKB(apiPID, "VmRSS")<<10
+
+	start := time.Now()
+	if err := b.kube.CoreV1().Pods(b.ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+		return res, err
+	}
+	if err := b.waitGone(ctx, names); err != nil {
+		return res, err
+	}
+	res.deleteAll = time.Since(start)
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		free, total := 0, 0
+		for _, rt := range agents {
+			inv, err := rt.Inventory(ctx)
+			if err != nil {
+				return res, err
+			}
+			c := inv.Count()
+			free += c[runtime.StateWarm] + c[runtime.StateHot]
+			total += inv.Capacity.Slots
+			// The real runtime keeps only --warm-slots warm; the rest are
+			// free capacity, not bound.
+			free += inv.Capacity.Slots - len(inv.Slots)
+		}
+		if free == total {
+			res.allWarm = true
+			break
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return res, nil
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+func pidOf(state, name string) int {
+	b, err := os.ReadFile(filepath.Join(state, "pids", name+".pid"))
+	if err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return pid
+}
+
+// cpuTime is a process's user+system CPU time so far.
+func cpuTime(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	if len(fields) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(fields[11], 10, 64)
+	st, _ := strconv.ParseInt(fields[12], 10, 64)
+	return time.Duration(ut+st) * time.Second / 100 // USER_HZ
+}
+
+// statusKB reads a kB field of /proc/pid/status.
+func statusKB(pid int, field string) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			n, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// podSummary counts the namespace's pods by phase and shows one pending.
+func (b *vkBench) podSummary(ctx context.Context) string {
+	l, err := b.kube.CoreV1().Pods(b.ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err.Error()
+	}
+	phases := map[corev1.PodPhase]int{}
+	example := ""
+	for _, p := range l.Items {
+		phases[p.Status.Phase]++
+		if !podIsReady(&p) && example == "" {
+			example = fmt.Sprintf("%s on %q: %+v %+v", p.Name, p.Spec.NodeName, p.Status.Conditions, p.Status.ContainerStatuses)
+		}
+	}
+	return fmt.Sprintf("%v; %s", phases, example)
+}
+
+func podIsReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
