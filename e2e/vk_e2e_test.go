@@ -3,10 +3,14 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -483,5 +487,313 @@ func TestVKRestartAndLostAgent(t *testing.T) {
 			}
 		}
 		return len(b) == len(want), nil
+	})
+}
+
+// kubectl runs the stack's kubectl and returns stdout, stderr and the exit code.
+func kubectl(t *testing.T, s *framework.Stack, stdin string, args ...string) (string, string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, s.Env["KUBECTL"], args...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+s.Env["KUBECONFIG"])
+	var out, errb strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if stdin != "" {
+		cmd.Stdin = strings.NewReader(stdin)
+	}
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("kubectl %v: %v", args, err)
+	}
+	return out.String(), errb.String(), code
+}
+
+// TestVKKubectl: kubectl exec (with stdin and exit codes), logs (--tail,
+// --timestamps, -f), describe and the stats endpoint work against sandbox
+// pods through the virtual node's kubelet API; a 5 s deadline fails a pod
+// with DeadlineExceeded and frees its slot.
+func TestVKKubectl(t *testing.T) {
+	s := framework.Get(t)
+	p := startPool(t, s, 1, 4)
+	ctx := t.Context()
+	p.create(p.newPod("talker", s.BusyboxImage, func(pod *corev1.Pod) {
+		pod.Spec.Containers[0].Command = []string{"sh", "-c", "echo line 1; echo line 2; echo line 3; i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.2; done"}
+	}))
+	pod := p.waitPod("talker", 2*time.Minute, "Ready", podReady)
+	ns := []string{"-n", p.ns}
+
+	// exec: output, stderr, exit code, stdin.
+	out, errOut, code := kubectl(t, s, "", append(ns, "exec", "talker", "--", "sh", "-c", "echo out; echo err >&2; exit 3")...)
+	if out != "out\n" || !strings.Contains(errOut, "err") || code != 3 {
+		t.Fatalf("kubectl exec: stdout %q stderr %q exit %d", out, errOut, code)
+	}
+	if out, errOut, code := kubectl(t, s, "hello stdin", append(ns, "exec", "-i", "talker", "--", "cat")...); out != "hello stdin" || code != 0 {
+		t.Fatalf("kubectl exec -i: %q %q %d", out, errOut, code)
+	}
+	if out, _, _ := kubectl(t, s, "", append(ns, "exec", "talker", "-c", "task", "--", "hostname")...); out != "talker\n" {
+		t.Fatalf("kubectl exec -c task hostname: %q", out)
+	}
+
+	// logs: the main process's output.
+	out, errOut, code = kubectl(t, s, "", append(ns, "logs", "talker")...)
+	if code != 0 || !strings.HasPrefix(out, "line 1\nline 2\nline 3\n") {
+		t.Fatalf("kubectl logs: %q %q %d", out, errOut, code)
+	}
+	if out, _, _ := kubectl(t, s, "", append(ns, "logs", "talker", "--tail", "1")...); strings.Count(out, "\n") != 1 || !strings.HasPrefix(out, "tick ") {
+		t.Fatalf("kubectl logs --tail 1: %q", out)
+	}
+	out, _, _ = kubectl(t, s, "", append(ns, "logs", "talker", "--timestamps")...)
+	first, _, _ := strings.Cut(out, "\n")
+	ts, rest, _ := strings.Cut(first, " ")
+	if _, err := time.Parse(time.RFC3339Nano, ts); err != nil || rest != "line 1" {
+		t.Fatalf("kubectl logs --timestamps: first line %q (%v)", first, err)
+	}
+	// logs -f: new lines keep arriving.
+	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	follow := exec.CommandContext(fctx, s.Env["KUBECTL"], append(ns, "logs", "-f", "--tail", "1", "talker")...)
+	follow.Env = append(os.Environ(), "KUBECONFIG="+s.Env["KUBECONFIG"])
+	pipe, err := follow.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := follow.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(pipe)
+	var ticks []string
+	for len(ticks) < 4 && sc.Scan() {
+		ticks = append(ticks, sc.Text())
+	}
+	cancel()
+	_ = follow.Wait()
+	if len(ticks) < 4 || ticks[0] == ticks[3] {
+		t.Fatalf("kubectl logs -f: %v", ticks)
+	}
+
+	// describe and stats.
+	if out, _, code := kubectl(t, s, "", append(ns, "describe", "pod", "talker")...); code != 0 || !strings.Contains(out, p.node) || !strings.Contains(out, pod.Status.PodIP) {
+		t.Fatalf("kubectl describe: %d %q", code, out)
+	}
+	raw, err := s.Kube.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes", p.node, "proxy", "stats", "summary").DoRaw(ctx)
+	if err != nil {
+		t.Fatalf("stats/summary: %v", err)
+	}
+	var summary struct {
+		Pods []struct {
+			PodRef struct{ Name string } `json:"podRef"`
+			Memory *struct {
+				WorkingSetBytes uint64 `json:"workingSetBytes"`
+			} `json:"memory"`
+		} `json:"pods"`
+	}
+	if err := json.Unmarshal(raw, &summary); err != nil || len(summary.Pods) != 1 || summary.Pods[0].PodRef.Name != "talker" || summary.Pods[0].Memory == nil || summary.Pods[0].Memory.WorkingSetBytes == 0 {
+		t.Fatalf("stats/summary: %v %s", err, raw)
+	}
+	if raw, err := s.Kube.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes", p.node, "proxy", "metrics", "resource").DoRaw(ctx); err != nil || !strings.Contains(string(raw), `pod_memory_working_set_bytes{namespace="`+p.ns+`",pod="talker"}`) {
+		t.Fatalf("metrics/resource: %v %s", err, raw)
+	}
+
+	// A deadline of 5 s.
+	p.create(p.newPod("deadline", s.BusyboxImage, func(pod *corev1.Pod) {
+		ads := int64(5)
+		pod.Spec.ActiveDeadlineSeconds = &ads
+	}))
+	p.waitPod("deadline", time.Minute, "Ready", podReady)
+	dl := p.waitPod("deadline", 30*time.Second, "Failed", func(pod *corev1.Pod) bool { return pod.Status.Phase == corev1.PodFailed })
+	if dl.Status.Reason != "DeadlineExceeded" {
+		t.Fatalf("deadline pod: %s %q %q", dl.Status.Phase, dl.Status.Reason, dl.Status.Message)
+	}
+	framework.Eventually(t, 30*time.Second, "the expired sandbox's slot to be free", func(ctx context.Context) (bool, error) {
+		b, err := p.boundSlots(ctx)
+		return err == nil && len(b) == 1, nil
+	})
+}
+
+// TestVKIdleLeasesAndOwners: an idle timeout reclaims an unused sandbox but
+// not one that keeps renewing or runs a long command; deleting an owner pod
+// removes its sandboxes through Kubernetes garbage collection.
+func TestVKIdleLeasesAndOwners(t *testing.T) {
+	s := framework.Get(t)
+	p := startPool(t, s, 1, 8)
+	ctx := t.Context()
+	idle := func(pod *corev1.Pod) { pod.Annotations["sandman.io/idle-timeout"] = "3s" }
+	for _, n := range []string{"unused", "renewing", "busy"} {
+		p.create(p.newPod(n, s.BusyboxImage, idle))
+	}
+	ips := map[string]string{}
+	for _, n := range []string{"unused", "renewing", "busy"} {
+		ips[n] = p.waitPod(n, 2*time.Minute, "Ready", podReady).Status.PodIP
+	}
+	// busy runs one long command; renewing renews every second.
+	busyDone := make(chan error, 1)
+	go func() {
+		_, err := daemonAt(t, ips["busy"], trainerToken).Exec(ctx, api.ExecRequest{Cmd: []string{"sleep", "8"}})
+		busyDone <- err
+	}()
+	stopRenew := make(chan struct{})
+	renewDone := make(chan struct{})
+	go func() {
+		defer close(renewDone)
+		c := daemonAt(t, ips["renewing"], trainerToken)
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stopRenew:
+				return
+			case <-tick.C:
+				_ = c.Renew(ctx)
+			}
+		}
+	}()
+	gone := func(name string) func(context.Context) (bool, error) {
+		return func(ctx context.Context) (bool, error) {
+			_, err := s.Kube.CoreV1().Pods(p.ns).Get(ctx, name, metav1.GetOptions{})
+			return apierrors.IsNotFound(err), nil
+		}
+	}
+	framework.Eventually(t, 30*time.Second, "the unused sandbox to be reclaimed", gone("unused"))
+	for _, n := range []string{"renewing", "busy"} {
+		if _, err := s.Kube.CoreV1().Pods(p.ns).Get(ctx, n, metav1.GetOptions{}); err != nil {
+			t.Fatalf("%s was reclaimed though it was in use: %v", n, err)
+		}
+	}
+	evs, err := s.Kube.CoreV1().Events(p.ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=unused,reason=IdleTimeout"})
+	if err != nil || len(evs.Items) == 0 {
+		t.Fatalf("no IdleTimeout event for the reclaimed pod (%v)", err)
+	}
+	t.Logf("event: %s", evs.Items[0].Message)
+	if err := <-busyDone; err != nil {
+		t.Fatalf("long command: %v", err)
+	}
+	close(stopRenew)
+	<-renewDone
+	framework.Eventually(t, 30*time.Second, "the renewing sandbox to be reclaimed once it stops renewing", gone("renewing"))
+	framework.Eventually(t, 30*time.Second, "the busy sandbox to be reclaimed after its command", gone("busy"))
+
+	// Owner references: the trainer's pod owns its sandboxes.
+	owner := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "trainer", Namespace: p.ns},
+		Spec: corev1.PodSpec{NodeSelector: map[string]string{"sandman.io/pool": "nowhere"},
+			Containers: []corev1.Container{{Name: "trainer", Image: s.BusyboxImage}}},
+	}
+	owner, err = s.Kube.CoreV1().Pods(p.ns).Create(ctx, owner, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		p.create(p.newPod(fmt.Sprintf("owned-%d", i), s.BusyboxImage, func(pod *corev1.Pod) {
+			pod.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: owner.Name, UID: owner.UID}}
+		}))
+	}
+	for i := range 3 {
+		p.waitPod(fmt.Sprintf("owned-%d", i), 2*time.Minute, "Ready", podReady)
+	}
+	if err := s.Kube.CoreV1().Pods(p.ns).Delete(ctx, owner.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		framework.Eventually(t, time.Minute, "garbage collection of owned-"+strconv.Itoa(i), gone(fmt.Sprintf("owned-%d", i)))
+	}
+	framework.Eventually(t, 30*time.Second, "every slot free", func(ctx context.Context) (bool, error) {
+		b, err := p.boundSlots(ctx)
+		return err == nil && len(b) == 0, nil
+	})
+}
+
+// sandmanctl runs the sandmanctl binary against the stack.
+func sandmanctl(t *testing.T, s *framework.Stack, bin, tokenDir string, args ...string) (string, string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, append([]string{"--kubeconfig", s.Env["KUBECONFIG"], "--token-dir", tokenDir}, args...)...)
+	cmd.Env = append(os.Environ(), "SANDMAN_TOKEN=")
+	var out, errb strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("sandmanctl %v: %v", args, err)
+	}
+	return out.String(), errb.String(), code
+}
+
+// TestSandmanctl: run, exec (exit codes), cp both ways, ls, rm, renew, get
+// and delete against the real stack, with script-friendly exit codes.
+func TestSandmanctl(t *testing.T) {
+	s := framework.Get(t)
+	p := startPool(t, s, 1, 4)
+	bin := buildBinary(t, s.Root, "sandmanctl")
+	tokens := t.TempDir()
+	ctl := func(args ...string) (string, string, int) {
+		return sandmanctl(t, s, bin, tokens, append([]string{"-n", p.ns}, args...)...)
+	}
+	out, errOut, code := ctl("run", "--pool", p.name, "--name", "box", "--idle-timeout", "10m", s.BusyboxImage)
+	if code != 0 || !strings.HasPrefix(out, "box\t") {
+		t.Fatalf("run: %d %q %q", code, out, errOut)
+	}
+	tokenFile := strings.TrimSpace(strings.SplitN(out, "\t", 2)[1])
+	if fi, err := os.Stat(tokenFile); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("token file %s: %v %v", tokenFile, fi, err)
+	}
+	if out, _, code := ctl("exec", "box", "--", "sh", "-c", "echo hi; echo oops >&2; exit 5"); out != "hi\n" || code != 5 {
+		t.Fatalf("exec: %q exit %d", out, code)
+	}
+	local := filepath.Join(t.TempDir(), "in.txt")
+	if err := os.WriteFile(local, []byte("payload"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, e, code := ctl("cp", local, "box:/tmp/in.txt"); code != 0 {
+		t.Fatalf("cp up: %d %s", code, e)
+	}
+	if out, _, _ := ctl("ls", "box:/tmp"); !strings.Contains(out, "in.txt") {
+		t.Fatalf("ls: %q", out)
+	}
+	back := filepath.Join(t.TempDir(), "out.txt")
+	if _, e, code := ctl("cp", "box:/tmp/in.txt", back); code != 0 {
+		t.Fatalf("cp down: %d %s", code, e)
+	}
+	if b, err := os.ReadFile(back); err != nil || string(b) != "payload" {
+		t.Fatalf("round trip: %q %v", b, err)
+	}
+	if _, e, code := ctl("rm", "box:/tmp/in.txt"); code != 0 {
+		t.Fatalf("rm: %d %s", code, e)
+	}
+	if _, _, code := ctl("exec", "box", "--", "test", "-e", "/tmp/in.txt"); code != 1 {
+		t.Fatalf("the removed file is still there (exit %d)", code)
+	}
+	if _, e, code := ctl("renew", "box"); code != 0 {
+		t.Fatalf("renew: %d %s", code, e)
+	}
+	if out, _, code := ctl("get"); code != 0 || !strings.Contains(out, "box") || !strings.Contains(out, p.node) {
+		t.Fatalf("get: %d %q", code, out)
+	}
+	// Script-friendly failures.
+	if _, e, code := ctl("exec", "nosuch", "--", "true"); code != 3 {
+		t.Fatalf("exec in a missing sandbox: exit %d (%s), want 3", code, e)
+	}
+	if err := os.WriteFile(tokenFile, []byte("wrong\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, e, code := ctl("exec", "box", "--", "true"); code != 4 {
+		t.Fatalf("exec with a wrong token: exit %d (%s), want 4", code, e)
+	}
+	if _, _, code := ctl("frobnicate"); code != 2 {
+		t.Fatalf("unknown command: exit %d, want 2", code)
+	}
+	if _, e, code := ctl("delete", "box"); code != 0 {
+		t.Fatalf("delete: %d %s", code, e)
+	}
+	framework.Eventually(t, time.Minute, "the sandbox to be gone and its slot free", func(ctx context.Context) (bool, error) {
+		_, err := s.Kube.CoreV1().Pods(p.ns).Get(ctx, "box", metav1.GetOptions{})
+		b, berr := p.boundSlots(ctx)
+		return apierrors.IsNotFound(err) && berr == nil && len(b) == 0, nil
 	})
 }

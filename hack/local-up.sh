@@ -49,7 +49,7 @@ start kube-apiserver "${KCURL[*]} https://127.0.0.1:$APISERVER_PORT/readyz" \
 	--client-ca-file "$PKI/ca.crt" \
 	--kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" \
 	--kubelet-client-key "$PKI/apiserver-kubelet-client.key" \
-	--kubelet-certificate-authority "$PKI/ca.crt" \
+	--kubelet-certificate-authority "$PKI/ca.crt" --kubelet-preferred-address-types InternalIP,Hostname \
 	--service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
 	--service-account-issuer https://kubernetes.default.svc.cluster.local \
 	--service-cluster-ip-range "$SERVICE_CIDR" \

@@ -506,3 +506,18 @@ func (p *Pool) Placement(uid string) (string, bool) {
 	}
 	return pl.node, true
 }
+
+// Stats asks the node agent holding a pod for its sandbox's resource use.
+func (p *Pool) Stats(ctx context.Context, uid string) (runtime.Stats, error) {
+	p.mu.Lock()
+	pl, ok := p.placed[uid]
+	var n *node
+	if ok {
+		n = p.nodes[pl.node]
+	}
+	p.mu.Unlock()
+	if n == nil {
+		return runtime.Stats{}, fmt.Errorf("stats %s: not placed on a reachable node agent: %w", uid, errdefs.ErrNotFound)
+	}
+	return n.rt.Stats(ctx, uid)
+}

@@ -1,8 +1,14 @@
 package vk
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"io"
+	"strconv"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	vkerrdefs "github.com/virtual-kubelet/virtual-kubelet/errdefs"
@@ -10,50 +16,313 @@ import (
 	"github.com/virtual-kubelet/virtual-kubelet/node/nodeutil"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
+	utilexec "k8s.io/utils/exec"
+
+	daemonapi "github.com/sandman-dev/sandman/daemon/api"
+	"github.com/sandman-dev/sandman/daemon/client"
 )
 
-// The kubelet API of the virtual node (kubectl exec, logs, attach, stats)
-// reaches sandboxes through their daemons; until that lands these calls say
-// plainly that they are not served.
+// The kubelet API of the virtual node: kubectl exec, attach and logs reach
+// the sandbox's daemon with the control plane's own per-sandbox token, never
+// a trainer's; stats come from the node agents.
 
 var _ nodeutil.Provider = (*Provider)(nil)
 
-func (p *Provider) notServed(what string) error {
-	return vkerrdefs.InvalidInputf("%s is not served by virtual node %s yet: call the sandbox's daemon API at the pod IP (port 49983)", what, p.cfg.NodeName)
+// daemonFor returns a client for the daemon serving one container of a
+// running sandbox.
+func (p *Provider) daemonFor(namespace, podName, container string) (*client.Client, error) {
+	p.mu.Lock()
+	sb := p.byUID[p.byKey[podKey(namespace, podName)]]
+	var ip, uid string
+	index := -1
+	if sb != nil {
+		ip, uid = sb.slot.IP, string(sb.pod.UID)
+		for i, c := range sb.pod.Spec.Containers {
+			if c.Name == container || container == "" && i == 0 {
+				index = i
+			}
+		}
+	}
+	running := sb != nil && sb.started() && !sb.terminal()
+	authed := sb != nil && len(sb.req.TokenHashes) > 0
+	p.mu.Unlock()
+	switch {
+	case sb == nil:
+		return nil, vkerrdefs.NotFoundf("pod %s/%s is not on virtual node %s", namespace, podName, p.cfg.NodeName)
+	case index < 0:
+		return nil, vkerrdefs.NotFoundf("pod %s/%s has no container %q", namespace, podName, container)
+	case !running || ip == "":
+		return nil, vkerrdefs.InvalidInputf("pod %s/%s is not running", namespace, podName)
+	}
+	var opts []client.Option
+	if authed {
+		if len(p.cfg.PoolSecret) == 0 {
+			return nil, vkerrdefs.InvalidInputf("virtual node %s has no pool secret, so it holds no token for the sandbox of %s/%s", p.cfg.NodeName, namespace, podName)
+		}
+		opts = append(opts, client.WithToken(ControlToken(p.cfg.PoolSecret, uid)))
+	}
+	return client.New(ip+":"+strconv.Itoa(daemonapi.Port+index), opts...)
 }
 
-// GetContainerLogs implements nodeutil.Provider.
-func (p *Provider) GetContainerLogs(ctx context.Context, namespace, podName, containerName string, opts api.ContainerLogOpts) (io.ReadCloser, error) {
-	return nil, p.notServed("kubectl logs")
-}
-
-// RunInContainer implements nodeutil.Provider.
+// RunInContainer implements nodeutil.Provider (kubectl exec): the command
+// runs through the daemon's attach endpoint, on a terminal with -t, with
+// stdin with -i; its exit code comes back as kubectl's.
 func (p *Provider) RunInContainer(ctx context.Context, namespace, podName, containerName string, cmd []string, attach api.AttachIO) error {
-	return p.notServed("kubectl exec")
+	c, err := p.daemonFor(namespace, podName, containerName)
+	if err != nil {
+		return err
+	}
+	opts := client.AttachOptions{Cmd: cmd, TTY: attach.TTY(), Stdout: io.Discard, Stderr: io.Discard}
+	if in := attach.Stdin(); in != nil {
+		opts.Stdin = in
+	}
+	if out := attach.Stdout(); out != nil {
+		opts.Stdout = out
+		defer out.Close()
+	}
+	if errw := attach.Stderr(); errw != nil {
+		opts.Stderr = errw
+		defer errw.Close()
+	}
+	if attach.TTY() {
+		resize := make(chan client.TermSize, 1)
+		opts.Resize = resize
+		go func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case s, ok := <-attach.Resize():
+					if !ok {
+						return
+					}
+					select {
+					case resize <- client.TermSize{Width: s.Width, Height: s.Height}:
+					case <-ctx.Done():
+						return
+					}
+				}
+			}
+		}()
+	}
+	code, err := c.Attach(ctx, opts)
+	if err != nil {
+		return fmt.Errorf("exec in %s/%s: %w", namespace, podName, err)
+	}
+	if code != 0 {
+		return utilexec.CodeExitError{Err: fmt.Errorf("command terminated with exit code %d", code), Code: code}
+	}
+	return nil
 }
 
-// AttachToContainer implements nodeutil.Provider.
+// AttachToContainer implements nodeutil.Provider. The main process's
+// terminal is not shared; kubectl attach gets a clear refusal.
 func (p *Provider) AttachToContainer(ctx context.Context, namespace, podName, containerName string, attach api.AttachIO) error {
-	return p.notServed("kubectl attach")
+	return vkerrdefs.InvalidInputf("kubectl attach is not supported by virtual node %s: use kubectl logs -f for the main process's output, or kubectl exec", p.cfg.NodeName)
 }
 
 // PortForward implements nodeutil.Provider.
 func (p *Provider) PortForward(ctx context.Context, namespace, pod string, port int32, stream io.ReadWriteCloser) error {
-	return p.notServed("kubectl port-forward")
+	return vkerrdefs.InvalidInputf("kubectl port-forward is not supported by virtual node %s: reach the pod IP directly", p.cfg.NodeName)
 }
 
-// GetStatsSummary implements nodeutil.Provider: the node and its pods,
-// without usage figures yet.
-func (p *Provider) GetStatsSummary(ctx context.Context) (*statsv1alpha1.Summary, error) {
-	s := &statsv1alpha1.Summary{Node: statsv1alpha1.NodeStats{NodeName: p.cfg.NodeName, StartTime: metav1.Now()}}
-	pods, _ := p.GetPods(ctx)
-	for _, pod := range pods {
-		s.Pods = append(s.Pods, statsv1alpha1.PodStats{PodRef: statsv1alpha1.PodReference{Name: pod.Name, Namespace: pod.Namespace, UID: string(pod.UID)}, StartTime: pod.CreationTimestamp})
+// GetContainerLogs implements nodeutil.Provider (kubectl logs): the main
+// process's output as the daemon keeps it, with --tail, --since,
+// --timestamps, --limit-bytes and -f.
+func (p *Provider) GetContainerLogs(ctx context.Context, namespace, podName, containerName string, opts api.ContainerLogOpts) (io.ReadCloser, error) {
+	c, err := p.daemonFor(namespace, podName, containerName)
+	if err != nil {
+		return nil, err
 	}
+	since := opts.SinceTime
+	if opts.SinceSeconds > 0 {
+		since = time.Now().Add(-time.Duration(opts.SinceSeconds) * time.Second)
+	}
+	// The backlog first (it ends at the output's current end).
+	backlog, end, err := readMain(ctx, c, 0, false, since, opts.Timestamps)
+	if err != nil {
+		if client.IsCode(err, daemonapi.CodeNotFound) {
+			// No command: the sandbox has no main process and no logs.
+			return io.NopCloser(bytes.NewReader(nil)), nil
+		}
+		return nil, err
+	}
+	if opts.Tail > 0 {
+		backlog = lastLines(backlog, opts.Tail)
+	}
+	if !opts.Follow {
+		return limit(io.NopCloser(bytes.NewReader(backlog)), opts.LimitBytes), nil
+	}
+	pr, pw := io.Pipe()
+	go func() {
+		if _, err := pw.Write(backlog); err != nil {
+			return
+		}
+		stream, err := c.ProcessOutput(ctx, "main", end, true)
+		if err != nil {
+			_ = pw.CloseWithError(err)
+			return
+		}
+		defer stream.Close()
+		for {
+			ev, err := stream.Next()
+			if err != nil {
+				_ = pw.CloseWithError(ignoreEOF(err))
+				return
+			}
+			if len(ev.Data) == 0 || !since.IsZero() && ev.Time.Before(since) {
+				continue
+			}
+			if _, err := pw.Write(format(ev, opts.Timestamps)); err != nil {
+				return
+			}
+		}
+	}()
+	return limit(pr, opts.LimitBytes), nil
+}
+
+func ignoreEOF(err error) error {
+	if errors.Is(err, io.EOF) {
+		return nil
+	}
+	return err
+}
+
+// readMain reads the main process's output from offset to its current end.
+func readMain(ctx context.Context, c *client.Client, offset int64, follow bool, since time.Time, timestamps bool) ([]byte, int64, error) {
+	stream, err := c.ProcessOutput(ctx, "main", offset, follow)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer stream.Close()
+	var out []byte
+	end := offset
+	for {
+		ev, err := stream.Next()
+		if errors.Is(err, io.EOF) {
+			return out, end, nil
+		}
+		if err != nil {
+			return nil, 0, err
+		}
+		if len(ev.Data) == 0 {
+			continue
+		}
+		end = ev.Offset + int64(len(ev.Data))
+		if !since.IsZero() && ev.Time.Before(since) {
+			continue
+		}
+		out = append(out, format(ev, timestamps)...)
+	}
+}
+
+// format renders an output chunk, each line prefixed with its time when
+// asked (as kubelet does: RFC3339Nano and a space).
+func format(ev daemonapi.Event, timestamps bool) []byte {
+	if !timestamps {
+		return ev.Data
+	}
+	var b bytes.Buffer
+	ts := ev.Time.UTC().Format(time.RFC3339Nano) + " "
+	sc := bufio.NewScanner(bytes.NewReader(ev.Data))
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		b.WriteString(ts)
+		b.Write(sc.Bytes())
+		b.WriteByte('\n')
+	}
+	return b.Bytes()
+}
+
+// lastLines keeps the last n lines of b.
+func lastLines(b []byte, n int) []byte {
+	end := len(b)
+	if end > 0 && b[end-1] == '\n' {
+		end--
+	}
+	for i := end - 1; i >= 0; i-- {
+		if b[i] == '\n' {
+			n--
+			if n == 0 {
+				return b[i+1:]
+			}
+		}
+	}
+	return b
+}
+
+func limit(r io.ReadCloser, n int) io.ReadCloser {
+	if n <= 0 {
+		return r
+	}
+	return struct {
+		io.Reader
+		io.Closer
+	}{io.LimitReader(r, int64(n)), r}
+}
+
+// GetStatsSummary implements nodeutil.Provider: per-sandbox CPU and memory
+// from the node agents' cgroup figures, for kubectl top and metrics-server.
+func (p *Provider) GetStatsSummary(ctx context.Context) (*statsv1alpha1.Summary, error) {
+	now := metav1.Now()
+	s := &statsv1alpha1.Summary{Node: statsv1alpha1.NodeStats{NodeName: p.cfg.NodeName, StartTime: metav1.NewTime(p.started)}}
+	type item struct {
+		ref     statsv1alpha1.PodReference
+		start   metav1.Time
+		uid     string
+		running bool
+	}
+	var items []item
+	p.mu.Lock()
+	for uid, sb := range p.byUID {
+		items = append(items, item{
+			ref:   statsv1alpha1.PodReference{Name: sb.pod.Name, Namespace: sb.pod.Namespace, UID: uid},
+			start: metav1.NewTime(sb.startedAt), uid: uid, running: sb.started() && !sb.terminal(),
+		})
+	}
+	p.mu.Unlock()
+	var nodeCPU, nodeMem uint64
+	for _, it := range items {
+		ps := statsv1alpha1.PodStats{PodRef: it.ref, StartTime: it.start}
+		if it.running {
+			st, err := p.cfg.Pool.Stats(ctx, it.uid)
+			if err == nil {
+				cpu, mem := st.CPUUsageNanos, st.MemoryBytes
+				ps.CPU = &statsv1alpha1.CPUStats{Time: now, UsageCoreNanoSeconds: &cpu}
+				ps.Memory = &statsv1alpha1.MemoryStats{Time: now, WorkingSetBytes: &mem, UsageBytes: &mem}
+				ps.Containers = []statsv1alpha1.ContainerStats{{Name: "sandbox", StartTime: it.start, CPU: ps.CPU, Memory: ps.Memory}}
+				nodeCPU += cpu
+				nodeMem += mem
+			}
+		}
+		s.Pods = append(s.Pods, ps)
+	}
+	s.Node.CPU = &statsv1alpha1.CPUStats{Time: now, UsageCoreNanoSeconds: &nodeCPU}
+	s.Node.Memory = &statsv1alpha1.MemoryStats{Time: now, WorkingSetBytes: &nodeMem, UsageBytes: &nodeMem}
 	return s, nil
 }
 
-// GetMetricsResource implements nodeutil.Provider.
+// GetMetricsResource implements nodeutil.Provider (/metrics/resource, what
+// metrics-server scrapes): the same figures in Prometheus form.
 func (p *Provider) GetMetricsResource(ctx context.Context) ([]*dto.MetricFamily, error) {
-	return nil, nil
+	sum, err := p.GetStatsSummary(ctx)
+	if err != nil {
+		return nil, err
+	}
+	gauge, counter := dto.MetricType_GAUGE, dto.MetricType_COUNTER
+	str := func(s string) *string { return &s }
+	cpu := &dto.MetricFamily{Name: str("pod_cpu_usage_seconds_total"), Help: str("Cumulative cpu time consumed by the pod in core-seconds"), Type: &counter}
+	mem := &dto.MetricFamily{Name: str("pod_memory_working_set_bytes"), Help: str("Current working set of the pod in bytes"), Type: &gauge}
+	for _, ps := range sum.Pods {
+		if ps.CPU == nil || ps.Memory == nil {
+			continue
+		}
+		labels := []*dto.LabelPair{{Name: str("namespace"), Value: str(ps.PodRef.Namespace)}, {Name: str("pod"), Value: str(ps.PodRef.Name)}}
+		ts := ps.CPU.Time.UnixMilli()
+		c := float64(*ps.CPU.UsageCoreNanoSeconds) / 1e9
+		m := float64(*ps.Memory.WorkingSetBytes)
+		cpu.Metric = append(cpu.Metric, &dto.Metric{Label: labels, Counter: &dto.Counter{Value: &c}, TimestampMs: &ts})
+		mem.Metric = append(mem.Metric, &dto.Metric{Label: labels, Gauge: &dto.Gauge{Value: &m}, TimestampMs: &ts})
+	}
+	return []*dto.MetricFamily{cpu, mem}, nil
 }

@@ -27,7 +27,12 @@ var (
 	}, []string{"cause"})
 )
 
+var metricReclaims = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "sandman_vk_reclaims_total",
+	Help: "Sandboxes reclaimed by the control plane, by reason (DeadlineExceeded, …).",
+}, []string{"reason"})
+
 // Collectors are the provider's metrics, for registration by cmd.
 func Collectors() []prometheus.Collector {
-	return []prometheus.Collector{metricPodsCreated, metricCreateToBound, metricCreateToReady, metricBindFailures, metricReleases}
+	return []prometheus.Collector{metricPodsCreated, metricCreateToBound, metricCreateToReady, metricBindFailures, metricReleases, metricReclaims}
 }

@@ -47,7 +47,10 @@ func NodeSpec(cfg NodeConfig, capa runtime.Capacity, agents int) corev1.Node {
 			Taints: []corev1.Taint{{Key: LabelPool, Value: cfg.PoolName, Effect: corev1.TaintEffectNoSchedule}},
 		},
 		Status: corev1.NodeStatus{
-			Phase:           corev1.NodeRunning,
+			Phase: corev1.NodeRunning,
+			// Only the InternalIP when there is one: an apiserver that
+			// prefers Hostname (its default order) would try to resolve
+			// the virtual node's name to reach the kubelet port.
 			Addresses:       []corev1.NodeAddress{{Type: corev1.NodeHostName, Address: cfg.Name}},
 			DaemonEndpoints: corev1.NodeDaemonEndpoints{KubeletEndpoint: corev1.DaemonEndpoint{Port: cfg.KubeletPort}},
 			NodeInfo: corev1.NodeSystemInfo{
@@ -57,7 +60,7 @@ func NodeSpec(cfg NodeConfig, capa runtime.Capacity, agents int) corev1.Node {
 		},
 	}
 	if cfg.IP != "" {
-		n.Status.Addresses = append([]corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: cfg.IP}}, n.Status.Addresses...)
+		n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: cfg.IP}}
 	}
 	setCapacity(&n, capa, agents)
 	return n

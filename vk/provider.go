@@ -86,6 +86,8 @@ type Provider struct {
 	byKey map[string]string // namespace/name → UID of the newest pod
 	// orphans: slots holding pods the provider does not know, since when.
 	orphans map[string]time.Time
+	// started is when the provider was made (the node's start time).
+	started time.Time
 }
 
 var (
@@ -130,6 +132,7 @@ func New(cfg Config) (*Provider, error) {
 		byUID:   map[string]*sandbox{},
 		byKey:   map[string]string{},
 		orphans: map[string]time.Time{},
+		started: cfg.Now(),
 	}, nil
 }
 
@@ -218,6 +221,9 @@ func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 		return nil
 	}
 	req, err := p.bindRequest(pod)
+	if err == nil {
+		sb.idleTimeout, err = idleTimeout(pod)
+	}
 	if err != nil {
 		sb.fail(runtime.ReasonInvalidSpec, err.Error(), p.cfg.Now())
 		p.mu.Unlock()
@@ -227,6 +233,7 @@ func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	}
 	sb.req = req
 	p.mu.Unlock()
+	p.armDeadline(uid, pod, sb.created)
 	p.submit(uid)
 	metricPodsCreated.Inc()
 	return nil

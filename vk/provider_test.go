@@ -304,3 +304,30 @@ func TestJobOf(t *testing.T) {
 		}
 	}
 }
+
+func TestActiveDeadlineFailsThePod(t *testing.T) {
+	h := newHarness(t, 1)
+	pod := testPod("deadline", "img")
+	ads := int64(1)
+	pod.Spec.ActiveDeadlineSeconds = &ads
+	pod.CreationTimestamp = metav1.Now()
+	if err := h.p.CreatePod(t.Context(), pod); err != nil {
+		t.Fatal(err)
+	}
+	h.wait(t, pod.UID, "Ready", isReady)
+	got := h.wait(t, pod.UID, "Failed", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed })
+	if got.Status.Reason != ReasonDeadlineExceeded || !strings.Contains(got.Status.Message, "deadline") {
+		t.Fatalf("reason %q message %q", got.Status.Reason, got.Status.Message)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		inv, _ := h.node.Inventory(t.Context())
+		if inv.Count()[runtime.StateWarm] == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("slot not freed after the deadline: %v", inv.Count())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -49,6 +49,7 @@ func (p *Provider) Adopt(ctx context.Context) error {
 		}
 		sb := newSandbox(pod.DeepCopy(), pod.CreationTimestamp.Time)
 		sb.req, sb.submitted = req, true
+		sb.idleTimeout, _ = idleTimeout(pod)
 		started := b.Slot.Since
 		for _, cs := range pod.Status.ContainerStatuses {
 			if cs.State.Running != nil {
@@ -64,6 +65,7 @@ func (p *Provider) Adopt(ctx context.Context) error {
 		p.byKey[podKey(pod.Namespace, pod.Name)] = uid
 		p.mu.Unlock()
 		p.cfg.Pool.Adopt(pool.Request{Bind: req, Job: jobOf(pod)}, b.Node)
+		p.armDeadline(uid, pod, sb.created)
 		adopted++
 	}
 	p.log.Info("adopted running sandboxes", "adopted", adopted, "released", released)
@@ -121,8 +123,11 @@ func (p *Provider) reconcile(ctx context.Context) {
 		}
 	}
 	// Pods gone from the API without DeletePod (forced deletions).
-	var gone, resubmit []string
+	var gone, resubmit, expired []string
 	for uid, sb := range p.byUID {
+		if d := deadlineOf(sb.pod, sb.created); !d.IsZero() && !now.Before(d) && !sb.terminal() {
+			expired = append(expired, uid)
+		}
 		if p.cfg.Pods != nil {
 			pod, err := p.cfg.Pods.Pods(sb.pod.Namespace).Get(sb.pod.Name)
 			if (apierrors.IsNotFound(err) || err == nil && string(pod.UID) != uid) && now.Sub(sb.created) >= p.cfg.OrphanGrace {
@@ -152,4 +157,8 @@ func (p *Provider) reconcile(ctx context.Context) {
 	for _, uid := range resubmit {
 		p.submit(uid)
 	}
+	for _, uid := range expired {
+		p.expire(uid)
+	}
+	p.checkIdle(ctx)
 }

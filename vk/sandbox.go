@@ -37,6 +37,10 @@ type sandbox struct {
 	releasedAt time.Time
 	// Image pull failures so far (for the back-off); other failures.
 	pullFailures, failures int
+	// idleTimeout from the pod's annotation; nextIdleCheck is when its
+	// daemon is asked next.
+	idleTimeout   time.Duration
+	nextIdleCheck time.Time
 }
 
 type exit struct {

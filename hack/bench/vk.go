@@ -29,6 +29,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 
+	daemonapi "github.com/sandman-dev/sandman/daemon/api"
+	"github.com/sandman-dev/sandman/daemon/client"
 	"github.com/sandman-dev/sandman/runtime"
 	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
 	"github.com/sandman-dev/sandman/runtime/fake"
@@ -129,6 +131,14 @@ func benchVK(cfg config) ([]row, error) {
 			row{name: "node API bind → daemon answers, hot slot (baseline)", n: len(direct), p50: ms(direct.p50()), p99: ms(direct.p99()), baseline: "-", ratio: "1.00×"},
 			row{name: "pod create → Ready, hot slot (full path)", n: len(full), p50: ms(full.p50()), p99: ms(full.p99()), baseline: "node API bind", ratio: ratio(full.p50(), direct.p50()), note: "target p50 ≤ 50 ms"})
 	}
+	// kubectl exec beside the daemon's own exec.
+	if os.Getenv("BENCH_VK_SKIP_SINGLE") == "" {
+		r, err := b.execLatency(ctx, image, n)
+		if err != nil {
+			return nil, fmt.Errorf("exec latency: %w", err)
+		}
+		rows = append(rows, r...)
+	}
 	// A burst of 100 real sandboxes.
 	{
 		rt, stop, err := b.be.startRuntime(ctx, "bench-vk-burst", func(c *rtcontainerd.Config) { c.Slots, c.WarmSlots = 100, 16 })
@@ -211,14 +221,16 @@ type vkProc struct {
 	pool string
 }
 
-func (b *vkBench) startVK(ctx context.Context, pool, agents string) (*vkProc, error) {
+func (b *vkBench) startVK(ctx context.Context, pool, agents string, extra ...string) (*vkProc, error) {
 	p := &vkProc{node: "sandman-bench-" + pool, pool: pool}
-	l, _ := net.Listen("tcp", "127.0.0.1:0")
-	metrics := l.Addr().String()
-	l.Close()
-	p.cmd = exec.Command(b.vkBin, "--kubeconfig", b.env["KUBECONFIG"], "--pool", pool, "--node-name", p.node,
-		"--node-ip", b.env["BRIDGE_IP"], "--kubelet-listen", "127.0.0.1:0", "--node-agents", agents,
-		"--metrics-listen", metrics, "--log-level", "warn")
+	metrics, kubelet := freeAddr("127.0.0.1"), "127.0.0.1:0"
+	if len(extra) > 0 {
+		// With TLS the apiserver must reach the kubelet port at the node IP.
+		kubelet = freeAddr(b.env["BRIDGE_IP"])
+	}
+	p.cmd = exec.Command(b.vkBin, append([]string{"--kubeconfig", b.env["KUBECONFIG"], "--pool", pool, "--node-name", p.node,
+		"--node-ip", b.env["BRIDGE_IP"], "--kubelet-listen", kubelet, "--node-agents", agents,
+		"--metrics-listen", metrics, "--log-level", "warn"}, extra...)...)
 	p.cmd.Env = append(os.Environ(), "SANDMAN_POOL_TOKEN="+benchToken)
 	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
 	if err := p.cmd.Start(); err != nil {
@@ -622,4 +634,93 @@ func podIsReady(p *corev1.Pod) bool {
 		}
 	}
 	return false
+}
+
+// freeAddr is host with a port free now.
+func freeAddr(host string) string {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return net.JoinHostPort(host, "0")
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// execLatency runs the same command in one sandbox through its daemon
+// directly (baseline) and through kubectl exec (apiserver → the virtual
+// node's kubelet API → the daemon).
+func (b *vkBench) execLatency(ctx context.Context, image string, n int) ([]row, error) {
+	rt, stop, err := b.be.startRuntime(ctx, "bench-vk-exec", func(c *rtcontainerd.Config) { c.Slots, c.WarmSlots = 2, 1 })
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+	agents, stopAgents, err := serveAgents(ctx, map[string]runtime.Runtime{"node-exec": rt})
+	if err != nil {
+		return nil, err
+	}
+	defer stopAgents()
+	pki := b.env["PKI"]
+	vk, err := b.startVK(ctx, "exec", agents, "--tls-cert-file", filepath.Join(pki, "kubelet-serving.crt"),
+		"--tls-key-file", filepath.Join(pki, "kubelet-serving.key"), "--client-ca-file", filepath.Join(pki, "ca.crt"))
+	if err != nil {
+		return nil, err
+	}
+	defer vk.stop(b.kube)
+	rw, err := b.watchReady(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer rw.stop()
+	if _, err := b.kube.CoreV1().Pods(b.ns).Create(ctx, b.pod("exec-target", "exec", image, ""), metav1.CreateOptions{}); err != nil {
+		return nil, err
+	}
+	if _, err := rw.wait([]string{"exec-target"}, 2*time.Minute); err != nil {
+		return nil, err
+	}
+	defer func() {
+		_ = b.kube.CoreV1().Pods(b.ns).Delete(context.Background(), "exec-target", metav1.DeleteOptions{})
+		_ = b.waitGone(context.Background(), nil)
+	}()
+	pod, err := b.kube.CoreV1().Pods(b.ns).Get(ctx, "exec-target", metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	c, err := client.New(pod.Status.PodIP+":49983", client.WithToken("bench"))
+	if err != nil {
+		return nil, err
+	}
+	direct, err := timeN(n, func() error {
+		res, err := c.Exec(ctx, daemonapi.ExecRequest{Cmd: []string{"true"}})
+		if err == nil && res.ExitCode != 0 {
+			err = fmt.Errorf("exit %d", res.ExitCode)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("direct exec: %w", err)
+	}
+	kubectl, err := timeN(n, func() error {
+		cmd := exec.CommandContext(ctx, b.env["KUBECTL"], "-n", b.ns, "exec", "exec-target", "--", "true")
+		cmd.Env = append(os.Environ(), "KUBECONFIG="+b.env["KUBECONFIG"])
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("kubectl exec: %w", err)
+	}
+	version, err := timeN(n, func() error {
+		cmd := exec.CommandContext(ctx, b.env["KUBECTL"], "version", "--client")
+		return cmd.Run()
+	})
+	if err != nil {
+		return nil, err
+	}
+	return []row{
+		{name: "exec `true` through the daemon directly (baseline)", n: n, p50: ms(direct.p50()), p99: ms(direct.p99()), baseline: "-", ratio: "1.00×"},
+		{name: "kubectl exec `true` (apiserver → virtual node → daemon)", n: n, p50: ms(kubectl.p50()), p99: ms(kubectl.p99()), baseline: "direct exec", ratio: ratio(kubectl.p50(), direct.p50()),
+			note: fmt.Sprintf("of which kubectl's own start (kubectl version --client): %s p50", ms(version.p50()))},
+	}, nil
 }

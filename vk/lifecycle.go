@@ -1,0 +1,162 @@
+package vk
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	daemonapi "github.com/sandman-dev/sandman/daemon/api"
+	"github.com/sandman-dev/sandman/daemon/client"
+)
+
+// ReasonDeadlineExceeded is kubelet's reason for a pod past its
+// spec.activeDeadlineSeconds.
+const ReasonDeadlineExceeded = "DeadlineExceeded"
+
+// deadlineOf is when a pod's spec.activeDeadlineSeconds runs out, counted
+// from its start as a kubelet does; zero when it has none.
+func deadlineOf(pod *corev1.Pod, created time.Time) time.Time {
+	ads := pod.Spec.ActiveDeadlineSeconds
+	if ads == nil {
+		return time.Time{}
+	}
+	start := created
+	if !pod.CreationTimestamp.IsZero() {
+		start = pod.CreationTimestamp.Time
+	}
+	return start.Add(time.Duration(*ads) * time.Second)
+}
+
+// armDeadline schedules the pod's deadline, if it has one. The reconciler
+// checks deadlines too, so a timer lost to a restart is not a missed one.
+func (p *Provider) armDeadline(uid string, pod *corev1.Pod, created time.Time) {
+	d := deadlineOf(pod, created)
+	if d.IsZero() {
+		return
+	}
+	time.AfterFunc(max(0, d.Sub(p.cfg.Now())), func() { p.expire(uid) })
+}
+
+// expire fails a pod past its deadline and releases its sandbox (or takes
+// it out of the admission queue), recording why.
+func (p *Provider) expire(uid string) {
+	p.mu.Lock()
+	sb := p.byUID[uid]
+	if sb == nil || sb.terminal() || sb.deleting {
+		p.mu.Unlock()
+		return
+	}
+	d := deadlineOf(sb.pod, sb.created)
+	if d.IsZero() || p.cfg.Now().Before(d) {
+		p.mu.Unlock()
+		return
+	}
+	msg := fmt.Sprintf("Pod was active on the node longer than the specified deadline (%ds)", *sb.pod.Spec.ActiveDeadlineSeconds)
+	sb.fail(ReasonDeadlineExceeded, msg, p.cfg.Now())
+	pod := sb.pod
+	grace := 30 * time.Second
+	if g := pod.Spec.TerminationGracePeriodSeconds; g != nil {
+		grace = time.Duration(*g) * time.Second
+	}
+	p.mu.Unlock()
+	p.log.Info("deadline exceeded", "pod", podKey(pod.Namespace, pod.Name))
+	p.cfg.Recorder.Event(pod, corev1.EventTypeWarning, ReasonDeadlineExceeded, msg)
+	metricReclaims.WithLabelValues(ReasonDeadlineExceeded).Inc()
+	p.push(uid)
+	go p.release(context.Background(), uid, grace, false)
+}
+
+// AnnotationIdleTimeout reclaims a sandbox after that long (a Go duration,
+// e.g. 30m) with no authenticated daemon call and nothing running in it. A
+// trainer thinking for longer renews (POST /v1/renew on the daemon).
+const AnnotationIdleTimeout = "sandman.io/idle-timeout"
+
+// ReasonIdleTimeout is the event reason of an idle reclaim.
+const ReasonIdleTimeout = "IdleTimeout"
+
+// idleTimeout parses a pod's idle timeout; zero when it has none.
+func idleTimeout(pod *corev1.Pod) (time.Duration, error) {
+	v := pod.Annotations[AnnotationIdleTimeout]
+	if v == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("annotation %s: %q is not a positive duration such as 30m", AnnotationIdleTimeout, v)
+	}
+	return d, nil
+}
+
+// checkIdle asks the daemons of ready sandboxes with an idle timeout, whose
+// next check is due, how long they have been idle, and deletes the pods
+// idle past their timeout. A sandbox is asked again no sooner than it could
+// expire, so a busy pool costs about one health call per sandbox and
+// timeout.
+func (p *Provider) checkIdle(ctx context.Context) {
+	now := p.cfg.Now()
+	type due struct {
+		uid, ip string
+		pod     *corev1.Pod
+		timeout time.Duration
+	}
+	var list []due
+	p.mu.Lock()
+	for uid, sb := range p.byUID {
+		if !sb.isReady || sb.terminal() || sb.deleting || sb.idleTimeout <= 0 || now.Before(sb.nextIdleCheck) {
+			continue
+		}
+		list = append(list, due{uid: uid, ip: sb.slot.IP, pod: sb.pod, timeout: sb.idleTimeout})
+	}
+	p.mu.Unlock()
+	sem := make(chan struct{}, 64)
+	var wg sync.WaitGroup
+	for _, d := range list {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			c, err := client.New(d.ip+":"+strconv.Itoa(daemonapi.Port), client.WithRetries(0))
+			if err != nil {
+				return
+			}
+			hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			h, err := c.Health(hctx)
+			cancel()
+			if err != nil {
+				return // unreachable now: asked again next round
+			}
+			idle := time.Duration(h.IdleSeconds * float64(time.Second))
+			if idle < d.timeout {
+				p.mu.Lock()
+				if sb := p.byUID[d.uid]; sb != nil {
+					sb.nextIdleCheck = now.Add(max(time.Second, d.timeout-idle))
+				}
+				p.mu.Unlock()
+				return
+			}
+			p.reclaimIdle(ctx, d.pod, idle)
+		}()
+	}
+	wg.Wait()
+}
+
+// reclaimIdle deletes an idle sandbox's pod and says why.
+func (p *Provider) reclaimIdle(ctx context.Context, pod *corev1.Pod, idle time.Duration) {
+	msg := fmt.Sprintf("no daemon call and nothing running for %s (annotation %s=%s): the sandbox was reclaimed",
+		idle.Round(time.Second), AnnotationIdleTimeout, pod.Annotations[AnnotationIdleTimeout])
+	p.log.Info("idle timeout", "pod", podKey(pod.Namespace, pod.Name), "idle", idle)
+	p.cfg.Recorder.Event(pod, corev1.EventTypeWarning, ReasonIdleTimeout, msg)
+	metricReclaims.WithLabelValues(ReasonIdleTimeout).Inc()
+	uid := pod.UID
+	err := p.cfg.Client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		p.log.Warn("delete idle pod", "pod", podKey(pod.Namespace, pod.Name), "err", err)
+	}
+}
