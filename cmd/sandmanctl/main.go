@@ -594,4 +594,3 @@ func orDash(s string) string {
 	}
 	return s
 }
-
