@@ -797,3 +797,108 @@ func TestSandmanctl(t *testing.T) {
 		return apierrors.IsNotFound(err) && berr == nil && len(b) == 0, nil
 	})
 }
+
+// TestVKExecTTY drives `kubectl exec -it` through a real terminal (tmux):
+// the shell sees the terminal's size, answers, and follows a resize.
+func TestVKExecTTY(t *testing.T) {
+	if _, err := exec.LookPath("tmux"); err != nil {
+		t.Fatalf("tmux is needed (hack/install-deps.sh installs it): %v", err)
+	}
+	s := framework.Get(t)
+	p := startPool(t, s, 1, 2)
+	p.create(p.newPod("tty", s.BusyboxImage))
+	p.waitPod("tty", 2*time.Minute, "Ready", podReady)
+	session := "sandman-e2e-" + rand.String(5)
+	tmux := func(args ...string) string {
+		out, err := exec.Command("tmux", args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("tmux %v: %v %s", args, err, out)
+		}
+		return string(out)
+	}
+	tmux("new-session", "-d", "-s", session, "-x", "80", "-y", "24",
+		fmt.Sprintf("KUBECONFIG=%s %s -n %s exec -it tty -- sh", s.Env["KUBECONFIG"], s.Env["KUBECTL"], p.ns))
+	t.Cleanup(func() { _ = exec.Command("tmux", "kill-session", "-t", session).Run() })
+	screenHas := func(what string, want ...string) {
+		t.Helper()
+		framework.Eventually(t, 30*time.Second, what, func(context.Context) (bool, error) {
+			screen := tmux("capture-pane", "-p", "-t", session)
+			for _, w := range want {
+				if !strings.Contains(screen, w) {
+					return false, nil
+				}
+			}
+			return true, nil
+		})
+	}
+	tmux("send-keys", "-t", session, "stty size; echo answer=$((6*7)); tty", "Enter")
+	screenHas("the shell to answer on an 80×24 terminal", "24 80", "answer=42", "/dev/pts/")
+	tmux("resize-window", "-t", session, "-x", "100", "-y", "30")
+	tmux("send-keys", "-t", session, "clear; stty size", "Enter")
+	screenHas("the resize to reach the shell", "30 100")
+	tmux("send-keys", "-t", session, "exit", "Enter")
+}
+
+// TestVKTrainerKilled: a trainer that creates 50 sandboxes with owner
+// references and an idle lease and is then killed with kill -9 leaves no
+// sandbox once the lease passes, and every slot is free again.
+func TestVKTrainerKilled(t *testing.T) {
+	s := framework.Get(t)
+	p := startPool(t, s, 2, 26)
+	ctx := t.Context()
+	// The trainer's pod object (its process is the shell below); it stays,
+	// as a crashed trainer's pod may, so the idle lease has to do the work.
+	owner, err := s.Kube.CoreV1().Pods(p.ns).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "trainer", Namespace: p.ns},
+		Spec: corev1.PodSpec{NodeSelector: map[string]string{"sandman.io/pool": "nowhere"},
+			Containers: []corev1.Container{{Name: "trainer", Image: s.BusyboxImage}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var manifest strings.Builder
+	manifest.WriteString("apiVersion: v1\nkind: List\nitems:\n")
+	for i := range 50 {
+		fmt.Fprintf(&manifest, `- apiVersion: v1
+  kind: Pod
+  metadata:
+    name: rollout-%02d
+    namespace: %s
+    labels: {sandman.io/job: killed-trainer}
+    annotations: {sandman.io/token-sha256: "%s", sandman.io/idle-timeout: 5s}
+    ownerReferences: [{apiVersion: v1, kind: Pod, name: trainer, uid: %s}]
+  spec:
+    nodeSelector: {sandman.io/pool: %s}
+    tolerations: [{key: sandman.io/pool, operator: Exists, effect: NoSchedule}]
+    terminationGracePeriodSeconds: 1
+    containers: [{name: task, image: "%s"}]
+`, i, p.ns, trainerHash(), owner.UID, p.name, s.BusyboxImage)
+	}
+	file := filepath.Join(t.TempDir(), "rollouts.yaml")
+	if err := os.WriteFile(file, []byte(manifest.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	trainer := exec.Command("sh", "-c", fmt.Sprintf("%s apply -f %s && exec sleep 600", s.Env["KUBECTL"], file))
+	trainer.Env = append(os.Environ(), "KUBECONFIG="+s.Env["KUBECONFIG"])
+	if err := trainer.Start(); err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, time.Minute, "the trainer to create 50 sandboxes", func(ctx context.Context) (bool, error) {
+		l, err := s.Kube.CoreV1().Pods(p.ns).List(ctx, metav1.ListOptions{LabelSelector: "sandman.io/job=killed-trainer"})
+		return err == nil && len(l.Items) == 50, nil
+	})
+	_ = trainer.Process.Signal(syscall.SIGKILL)
+	_ = trainer.Wait()
+	framework.Eventually(t, 4*time.Minute, "zero sandboxes after the idle lease", func(ctx context.Context) (bool, error) {
+		l, err := s.Kube.CoreV1().Pods(p.ns).List(ctx, metav1.ListOptions{LabelSelector: "sandman.io/job=killed-trainer"})
+		return err == nil && len(l.Items) == 0, nil
+	})
+	framework.Eventually(t, time.Minute, "every slot back to warm", func(ctx context.Context) (bool, error) {
+		b, err := p.boundSlots(ctx)
+		return err == nil && len(b) == 0, nil
+	})
+	evs, err := s.Kube.CoreV1().Events(p.ns).List(ctx, metav1.ListOptions{FieldSelector: "reason=IdleTimeout"})
+	if err != nil || len(evs.Items) < 50 {
+		t.Fatalf("%d IdleTimeout events, want 50 (%v)", len(evs.Items), err)
+	}
+}
