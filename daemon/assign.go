@@ -40,6 +40,10 @@ func (s *Server) assign(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errf(http.StatusBadRequest, api.CodeBadRequest, "an assignment needs token hashes (or allow_unauthenticated)"))
 		return
 	}
+	if err := checkRestartPolicy(req.RestartPolicy); err != nil {
+		writeError(w, errf(http.StatusBadRequest, api.CodeBadRequest, "%v", err))
+		return
+	}
 	old := s.access.Load()
 	if old.assigned {
 		writeError(w, errf(http.StatusConflict, api.CodeConflict, "this sandbox is assigned already"))
@@ -63,7 +67,7 @@ func (s *Server) assign(w http.ResponseWriter, r *http.Request) {
 	}
 	s.touch()
 	if len(req.Main) > 0 {
-		s.assignMain <- req.Main
+		s.assignMain <- mainSpec{argv: req.Main, restartPolicy: req.RestartPolicy}
 	}
 	writeJSON(w, http.StatusOK, api.Health{Status: "ok", Version: s.cfg.Version})
 }

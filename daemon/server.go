@@ -58,6 +58,10 @@ type Config struct {
 	// KillGrace is how long a TERM'd process group gets before KILL
 	// (default 2 s).
 	KillGrace time.Duration
+	// RestartPolicy is the main process's, as a pod's: Never (default: the
+	// sandbox ends with it), OnFailure (restarted after a non-zero exit) or
+	// Always. Restarts back off from 1 s, doubling to 5 min.
+	RestartPolicy string
 
 	Version string
 	Logger  *slog.Logger
@@ -92,7 +96,9 @@ type Server struct {
 	access atomic.Pointer[access]
 	// assignMain receives the main command of an assignment (Supervise
 	// starts it).
-	assignMain chan []string
+	assignMain chan mainSpec
+	// mainRestarts counts restarts of the main process.
+	mainRestarts atomic.Int64
 
 	// groupsMu guards groups: every process group the server started and
 	// that is alive, for forwarding TERM at shutdown.
@@ -104,6 +110,9 @@ type Server struct {
 func New(cfg Config) (*Server, error) {
 	if len(cfg.TokenHashes) == 0 && !cfg.AllowUnauthenticated && cfg.AssignTokenHash == nil {
 		return nil, errors.New("no token hash configured: pass --token-sha256 (or --allow-unauthenticated for local experiments)")
+	}
+	if err := checkRestartPolicy(cfg.RestartPolicy); err != nil {
+		return nil, err
 	}
 	if cfg.Env == nil {
 		cfg.Env = os.Environ()
@@ -156,7 +165,7 @@ func New(cfg Config) (*Server, error) {
 		hashes: cfg.TokenHashes, allowUnauth: cfg.AllowUnauthenticated, env: cfg.Env, dir: cfg.Dir,
 		assigned: cfg.AssignTokenHash == nil,
 	})
-	s.assignMain = make(chan []string, 1)
+	s.assignMain = make(chan mainSpec, 1)
 	s.procs = newProcessTable()
 	s.sessions = newSessionTable()
 	s.lastActivity.Store(cfg.Now().UnixNano())
@@ -291,6 +300,7 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, api.Health{
 		Status: status, Version: s.cfg.Version, IdleSeconds: s.IdleSeconds(), Running: int(s.running.Load()),
+		MainRestarts: int(s.mainRestarts.Load()),
 	})
 }
 

@@ -902,3 +902,41 @@ func TestVKTrainerKilled(t *testing.T) {
 		t.Fatalf("%d IdleTimeout events, want 50 (%v)", len(evs.Items), err)
 	}
 }
+
+// TestVKRestartPolicy: the main process is restarted in place as the pod's
+// restartPolicy says — its files persist across restarts — and a pod whose
+// command ends for good ends with its code.
+func TestVKRestartPolicy(t *testing.T) {
+	s := framework.Get(t)
+	p := startPool(t, s, 1, 4)
+	ctx := t.Context()
+	// Fails twice, then succeeds: the count lives in the sandbox's files.
+	const flaky = `n=$(cat /tmp/runs 2>/dev/null || echo 0); n=$((n+1)); echo $n > /tmp/runs; echo run $n; [ $n -ge 3 ]`
+	withCmd := func(policy corev1.RestartPolicy, script string) func(*corev1.Pod) {
+		return func(pod *corev1.Pod) {
+			pod.Spec.RestartPolicy = policy
+			pod.Spec.Containers[0].Command = []string{"sh", "-c", script}
+		}
+	}
+	p.create(p.newPod("on-failure", s.BusyboxImage, withCmd(corev1.RestartPolicyOnFailure, flaky)))
+	p.create(p.newPod("never", s.BusyboxImage, withCmd(corev1.RestartPolicyNever, "exit 3")))
+	p.create(p.newPod("always", s.BusyboxImage, withCmd(corev1.RestartPolicyAlways, "echo once; sleep 0.2")))
+
+	pod := p.waitPod("on-failure", time.Minute, "Succeeded after two restarts", func(pod *corev1.Pod) bool { return pod.Status.Phase == corev1.PodSucceeded })
+	if term := pod.Status.ContainerStatuses[0].State.Terminated; term == nil || term.ExitCode != 0 {
+		t.Fatalf("on-failure: %+v", pod.Status.ContainerStatuses[0].State)
+	}
+	pod = p.waitPod("never", time.Minute, "Failed", func(pod *corev1.Pod) bool { return pod.Status.Phase == corev1.PodFailed })
+	if term := pod.Status.ContainerStatuses[0].State.Terminated; term == nil || term.ExitCode != 3 {
+		t.Fatalf("never: %+v", pod.Status.ContainerStatuses[0].State)
+	}
+	pod = p.waitPod("always", time.Minute, "Ready", podReady)
+	c := daemonAt(t, pod.Status.PodIP, trainerToken)
+	framework.Eventually(t, time.Minute, "the always pod's main process to be restarted", func(ctx context.Context) (bool, error) {
+		h, err := c.Health(ctx)
+		return err == nil && h.MainRestarts >= 2, nil
+	})
+	if got, err := s.Kube.CoreV1().Pods(p.ns).Get(ctx, "always", metav1.GetOptions{}); err != nil || got.Status.Phase != corev1.PodRunning {
+		t.Fatalf("always: %v %v", got.Status.Phase, err)
+	}
+}

@@ -144,6 +144,9 @@ type BindRequest struct {
 	VirtualNode string `json:"virtual_node,omitempty"`
 	// PullSecrets are docker config JSON documents for private registries.
 	PullSecrets [][]byte `json:"pull_secrets,omitempty"`
+	// RestartPolicy is the pod's (Never, OnFailure, Always; empty: Never)
+	// for each container's main command: the daemon restarts it in place.
+	RestartPolicy string `json:"restart_policy,omitempty"`
 }
 
 // ContainerSpec is one container of a pod.

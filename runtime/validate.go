@@ -37,6 +37,11 @@ func (r BindRequest) Validate() error {
 		}
 		seen[c.Name] = true
 	}
+	switch r.RestartPolicy {
+	case "", "Never", "OnFailure", "Always":
+	default:
+		return fmt.Errorf("bind %s: restart policy %q: want Never, OnFailure or Always: %w", r.Pod.UID, r.RestartPolicy, errdefs.ErrInvalidArgument)
+	}
 	if len(r.TokenHashes) == 0 && !r.AllowUnauthenticated {
 		return fmt.Errorf("bind %s: no token hash for the daemon and unauthenticated sandboxes are not allowed: %w", r.Pod.UID, errdefs.ErrInvalidArgument)
 	}

@@ -480,6 +480,9 @@ func (p *Provider) bindRequest(pod *corev1.Pod) (runtime.BindRequest, error) {
 		Pod:         runtime.PodRef{UID: string(pod.UID), Namespace: pod.Namespace, Name: pod.Name},
 		Hostname:    pod.Spec.Hostname,
 		VirtualNode: p.cfg.NodeName,
+		// The daemon restarts a main command in place, as a kubelet restarts
+		// a container; the deadline still applies.
+		RestartPolicy: string(pod.Spec.RestartPolicy),
 	}
 	if len(pod.Spec.InitContainers) > 0 {
 		return req, fmt.Errorf("pod %s/%s has init containers, which sandboxes do not run: remove them", pod.Namespace, pod.Name)

@@ -37,6 +37,7 @@ type options struct {
 	allowUnauth  bool
 	stateDir     string
 	maxProcesses int
+	restart      string
 	maxUpload    int64
 	grace        time.Duration
 	subreaper    bool
@@ -65,6 +66,7 @@ func run(args []string) (int, error) {
 	fs.BoolVar(&o.allowUnauth, "allow-unauthenticated", os.Getenv("SANDMAN_ALLOW_UNAUTHENTICATED") == "1", "accept calls without a token: local experiments only (env SANDMAN_ALLOW_UNAUTHENTICATED=1)")
 	fs.StringVar(&o.stateDir, "state-dir", envOr("SANDMAN_STATE_DIR", "/tmp/.sandman"), "private directory for session files (env SANDMAN_STATE_DIR)")
 	fs.IntVar(&o.maxProcesses, "max-processes", 256, "processes (execs, background, sessions) alive at once")
+	fs.StringVar(&o.restart, "restart-policy", "Never", "the main command's restart policy, as a pod's: Never, OnFailure or Always")
 	fs.Int64Var(&o.maxUpload, "max-upload-bytes", 0, "cap on one file upload (0: only the disk)")
 	fs.DurationVar(&o.grace, "grace", 10*time.Second, "on stop, how long processes get between TERM and KILL")
 	fs.BoolVar(&o.subreaper, "subreaper", false, "reap orphans as a child subreaper when not PID 1")
@@ -97,6 +99,7 @@ func run(args []string) (int, error) {
 		Env:                  sandboxEnv(),
 		StateDir:             o.stateDir,
 		MaxProcesses:         o.maxProcesses,
+		RestartPolicy:        o.restart,
 		MaxUploadBytes:       o.maxUpload,
 		Version:              version,
 		Logger:               log,

@@ -43,6 +43,8 @@ type Health struct {
 	IdleSeconds float64 `json:"idle_seconds"`
 	// Running counts execs, background processes and session runs in progress.
 	Running int `json:"running"`
+	// MainRestarts counts restarts of the main process (its restart policy).
+	MainRestarts int `json:"main_restarts,omitempty"`
 }
 
 // ExecRequest is POST /v1/exec. Exactly one of Cmd and Shell is set.
@@ -222,4 +224,6 @@ type AssignRequest struct {
 	Dir string `json:"dir,omitempty"`
 	// Main is the pod's command, started as the main process.
 	Main []string `json:"main,omitempty"`
+	// RestartPolicy for Main: Never (default), OnFailure or Always.
+	RestartPolicy string `json:"restart_policy,omitempty"`
 }

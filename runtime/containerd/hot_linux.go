@@ -226,7 +226,7 @@ func (r *Runtime) assignHot(ctx context.Context, s *slot, req runtime.BindReques
 	}
 	body, _ := json.Marshal(api.AssignRequest{
 		TokenHashes: req.TokenHashes, AllowUnauthenticated: req.AllowUnauthenticated,
-		Env: c.Env, Dir: c.WorkingDir, Main: main,
+		Env: c.Env, Dir: c.WorkingDir, Main: main, RestartPolicy: req.RestartPolicy,
 	})
 	hreq, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+s.IP+":"+strconv.Itoa(api.Port)+"/v1/assign", bytes.NewReader(body))
 	hreq.Header.Set("Authorization", "Bearer "+token)

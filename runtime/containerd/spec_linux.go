@@ -50,6 +50,9 @@ func (r *Runtime) specOpts(s *slot, req runtime.BindRequest, i int, img ctrd.Ima
 		return nil, err
 	}
 	if len(main) > 0 {
+		if p := req.RestartPolicy; p != "" && p != "Never" {
+			args = append(args, "--restart-policy", p)
+		}
 		args = append(append(args, "--"), main...)
 	}
 	hostname := req.Hostname
