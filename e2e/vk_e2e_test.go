@@ -940,3 +940,44 @@ func TestVKRestartPolicy(t *testing.T) {
 		t.Fatalf("always: %v %v", got.Status.Phase, err)
 	}
 }
+
+// TestVKSandboxesCannotReachEachOther: from inside one sandbox, another
+// sandbox's daemon refuses this sandbox's token (and no token at all) with
+// 401, and answers its own token only.
+func TestVKSandboxesCannotReachEachOther(t *testing.T) {
+	s := framework.Get(t)
+	p := startPool(t, s, 1, 4)
+	ctx := t.Context()
+	tokenOf := map[string]string{"alice": "alice-token", "bob": "bob-token"}
+	for name, tok := range tokenOf {
+		sum := sha256.Sum256([]byte(tok))
+		p.create(p.newPod(name, s.DebianImage, func(pod *corev1.Pod) {
+			pod.Annotations["sandman.io/token-sha256"] = hex.EncodeToString(sum[:])
+		}))
+	}
+	alice := p.waitPod("alice", 3*time.Minute, "Ready", podReady)
+	bob := p.waitPod("bob", 3*time.Minute, "Ready", podReady)
+	// Alice's sandbox calls Bob's daemon with Alice's token, then with none.
+	probe := fmt.Sprintf(`
+import urllib.request, urllib.error
+for token in (%q, None):
+    req = urllib.request.Request("http://%s:49983/v1/exec", data=b'{"cmd":["true"]}', headers={"Content-Type": "application/json"})
+    if token:
+        req.add_header("Authorization", "Bearer " + token)
+    try:
+        urllib.request.urlopen(req, timeout=5)
+        print("accepted")
+    except urllib.error.HTTPError as e:
+        print(e.code)
+`, tokenOf["alice"], bob.Status.PodIP)
+	res, err := daemonAt(t, alice.Status.PodIP, tokenOf["alice"]).Exec(ctx, api.ExecRequest{Cmd: []string{"python3", "-c", probe}})
+	if err != nil {
+		t.Fatalf("probe from alice's sandbox: %v", err)
+	}
+	if string(res.Stdout) != "401\n401\n" {
+		t.Fatalf("bob's daemon from alice's sandbox: stdout %q stderr %q, want two 401s", res.Stdout, res.Stderr)
+	}
+	if _, err := daemonAt(t, bob.Status.PodIP, tokenOf["bob"]).Exec(ctx, api.ExecRequest{Cmd: []string{"true"}}); err != nil {
+		t.Fatalf("bob's own token: %v", err)
+	}
+}
