@@ -402,7 +402,9 @@ func (r *Runtime) startTask(ctx context.Context, s *slot, container ctrd.Contain
 	if err != nil {
 		return err
 	}
-	exit, err := task.Wait(ctx)
+	// The exit watch outlives the bind's request: its context must not end
+	// with it (a wait broken that way is taken for a containerd restart).
+	exit, err := task.Wait(context.WithoutCancel(ctx))
 	if err != nil {
 		_, _ = task.Delete(context.WithoutCancel(ctx), ctrd.WithProcessKill)
 		return err
