@@ -490,13 +490,14 @@ func TestVKRestartAndLostAgent(t *testing.T) {
 	})
 }
 
-// kubectl runs the stack's kubectl and returns stdout, stderr and the exit code.
-func kubectl(t *testing.T, s *framework.Stack, stdin string, args ...string) (string, string, int) {
+// runCommand runs a command and returns stdout, stderr and the exit code;
+// a command that cannot run at all fails the test.
+func runCommand(t *testing.T, timeout time.Duration, env []string, stdin string, name string, args ...string) (string, string, int) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, s.Env["KUBECTL"], args...)
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+s.Env["KUBECONFIG"])
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Env = append(os.Environ(), env...)
 	var out, errb strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if stdin != "" {
@@ -507,9 +508,15 @@ func kubectl(t *testing.T, s *framework.Stack, stdin string, args ...string) (st
 	if ee, ok := err.(*exec.ExitError); ok {
 		code = ee.ExitCode()
 	} else if err != nil {
-		t.Fatalf("kubectl %v: %v", args, err)
+		t.Fatalf("%s %v: %v", filepath.Base(name), args, err)
 	}
 	return out.String(), errb.String(), code
+}
+
+// kubectl runs the stack's kubectl.
+func kubectl(t *testing.T, s *framework.Stack, stdin string, args ...string) (string, string, int) {
+	t.Helper()
+	return runCommand(t, time.Minute, []string{"KUBECONFIG=" + s.Env["KUBECONFIG"]}, stdin, s.Env["KUBECTL"], args...)
 }
 
 // TestVKKubectl: kubectl exec (with stdin and exit codes), logs (--tail,
@@ -709,20 +716,8 @@ func TestVKIdleLeasesAndOwners(t *testing.T) {
 // sandmanctl runs the sandmanctl binary against the stack.
 func sandmanctl(t *testing.T, s *framework.Stack, bin, tokenDir string, args ...string) (string, string, int) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, append([]string{"--kubeconfig", s.Env["KUBECONFIG"], "--token-dir", tokenDir}, args...)...)
-	cmd.Env = append(os.Environ(), "SANDMAN_TOKEN=")
-	var out, errb strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatalf("sandmanctl %v: %v", args, err)
-	}
-	return out.String(), errb.String(), code
+	return runCommand(t, 3*time.Minute, []string{"SANDMAN_TOKEN="}, "", bin,
+		append([]string{"--kubeconfig", s.Env["KUBECONFIG"], "--token-dir", tokenDir}, args...)...)
 }
 
 // TestSandmanctl: run, exec (exit codes), cp both ways, ls, rm, renew, get

@@ -69,6 +69,24 @@ func newHarness(t *testing.T, slots int, mutate ...func(*Config)) *harness {
 	return h
 }
 
+// poll calls cond every 5 ms until it holds, failing with what after 10 s.
+func poll(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// warmSlots is how many of the fake node's slots are warm.
+func (h *harness) warmSlots(t *testing.T) int {
+	inv, _ := h.node.Inventory(t.Context())
+	return inv.Count()[runtime.StateWarm]
+}
+
 // wait polls the last pushed status of uid until cond holds.
 func (h *harness) wait(t *testing.T, uid types.UID, what string, cond func(*corev1.Pod) bool) *corev1.Pod {
 	t.Helper()
@@ -176,16 +194,10 @@ func TestPodsWaitForASlotAndNeverFailForABurst(t *testing.T) {
 		t.Fatalf("DeletePod twice: %v", err)
 	}
 	h.wait(t, b.UID, "b Ready after a's release", isReady)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if _, err := h.p.GetPod(t.Context(), "ns", "a"); vkerrdefs.IsNotFound(err) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("a deleted pod is still known")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	poll(t, "the deleted pod to be forgotten", func() bool {
+		_, err := h.p.GetPod(t.Context(), "ns", "a")
+		return vkerrdefs.IsNotFound(err)
+	})
 }
 
 func TestBadPodsFailWithAReason(t *testing.T) {
@@ -260,17 +272,7 @@ func TestExitEndsThePodAndFreesTheSlot(t *testing.T) {
 	if term == nil || term.ExitCode != 3 || term.Reason != runtime.ReasonError {
 		t.Fatalf("terminated state %+v", term)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		inv, _ := h.node.Inventory(t.Context())
-		if inv.Count()[runtime.StateWarm] == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("slot not freed after the sandbox ended: %v", inv.Count())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	poll(t, "the slot freed after the sandbox ended", func() bool { return h.warmSlots(t) == 1 })
 }
 
 func TestNodeCapacityIsThePools(t *testing.T) {
@@ -319,15 +321,5 @@ func TestActiveDeadlineFailsThePod(t *testing.T) {
 	if got.Status.Reason != ReasonDeadlineExceeded || !strings.Contains(got.Status.Message, "deadline") {
 		t.Fatalf("reason %q message %q", got.Status.Reason, got.Status.Message)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		inv, _ := h.node.Inventory(t.Context())
-		if inv.Count()[runtime.StateWarm] == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("slot not freed after the deadline: %v", inv.Count())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	poll(t, "the slot freed after the deadline", func() bool { return h.warmSlots(t) == 1 })
 }
