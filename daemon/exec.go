@@ -9,10 +9,44 @@ import (
 	"github.com/sandman-dev/sandman/daemon/api"
 )
 
-// drainAfterExit is how long an exec waits, after its process exits, for
-// children that still hold its stdout or stderr (`server &`). Their later
-// output is read and dropped so they never block on a full pipe.
-const drainAfterExit = 100 * time.Millisecond
+// After a process exits, its output may still be in the pipes (a fast writer
+// on a busy machine), or children may hold them open (`server &`). The wait
+// for the pipes ends once they have been quiet for drainAfterExit, and at the
+// latest drainMax after the exit; what children write later is read on and
+// kept (background processes) or dropped (exec), so they never block on a
+// full pipe.
+const (
+	drainAfterExit = 100 * time.Millisecond
+	drainMax       = 2 * time.Second
+)
+
+// exitDrain is the timer of that wait.
+type exitDrain struct {
+	timer    *time.Timer
+	deadline time.Time
+}
+
+// startDrain starts the wait at a process's exit; its channel fires when the
+// wait is over.
+func startDrain() (*exitDrain, <-chan time.Time) {
+	d := &exitDrain{timer: time.NewTimer(drainAfterExit), deadline: time.Now().Add(drainMax)}
+	return d, d.timer.C
+}
+
+// output restarts the quiet period after output arrived, never past the
+// deadline. It does nothing before the exit (d == nil).
+func (d *exitDrain) output() {
+	if d == nil {
+		return
+	}
+	d.timer.Reset(max(0, min(drainAfterExit, time.Until(d.deadline))))
+}
+
+func (d *exitDrain) stop() {
+	if d != nil {
+		d.timer.Stop()
+	}
+}
 
 // capture keeps the first limit bytes written and counts the rest.
 type capture struct {
@@ -109,9 +143,11 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		timedOut bool
 		clientOK = true
 		open     = 2
+		drainer  *exitDrain
 		drain    <-chan time.Time
 		done     = r.Context().Done()
 	)
+	defer func() { drainer.stop() }()
 	for open > 0 || status == nil {
 		select {
 		case c := <-chunks:
@@ -119,6 +155,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 			case c.eof:
 				open--
 			case c.data != nil:
+				drainer.output()
 				kept := out[c.stream].add(c.data)
 				if stream && clientOK && len(kept) > 0 {
 					if err := enc.Encode(api.Event{Type: c.stream, Data: kept}); err != nil || rc.Flush() != nil {
@@ -129,7 +166,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 			}
 		case st := <-p.exit:
 			status = &st
-			drain = time.After(drainAfterExit)
+			drainer, drain = startDrain()
 		case <-drain:
 			// Children still hold the pipes: keep reading them, dropping the output.
 			go func(open int) {

@@ -158,13 +158,18 @@ func (s *Server) startBackground(id string, cmd *exec.Cmd, withStdin bool, timeo
 			timer = t.C
 		}
 		open, exited := 2, false
-		var drain <-chan time.Time
+		var (
+			drainer *exitDrain
+			drain   <-chan time.Time
+		)
+		defer func() { drainer.stop() }()
 		for open > 0 || !exited {
 			select {
 			case c := <-chunks:
 				if c.eof {
 					open--
 				} else if c.data != nil {
+					drainer.output()
 					p.out.write(c.stream, c.data, s.cfg.Now())
 					if tee != nil {
 						tee(c.stream, c.data)
@@ -179,7 +184,7 @@ func (s *Server) startBackground(id string, cmd *exec.Cmd, withStdin bool, timeo
 					p.stdin = nil
 				}
 				p.mu.Unlock()
-				drain = time.After(drainAfterExit)
+				drainer, drain = startDrain()
 			case <-drain:
 				// Children still hold the pipes: keep their output as it comes.
 				go func(open int) {
