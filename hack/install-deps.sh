@@ -13,6 +13,8 @@ PACKAGES=(
 	debootstrap                   # the Debian task image
 	openssl                       # certificates for the control plane
 	curl jq tmux procps psmisc util-linux kmod
+	prometheus                    # scrapes the stack in the dashboard e2e test
+	chromium                      # renders the capacity page in its e2e test
 	ca-certificates
 )
 

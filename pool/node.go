@@ -2,7 +2,10 @@ package pool
 
 import (
 	"context"
+	"sync"
 	"time"
+
+	"github.com/distribution/reference"
 
 	"github.com/sandman-dev/sandman/runtime"
 )
@@ -28,6 +31,7 @@ type node struct {
 	// report, plus the images of its bound slots).
 	hot      map[string]int
 	images   map[string]bool
+	reported []string
 	inflight int
 }
 
@@ -50,26 +54,48 @@ func (n *node) applyInventoryLocked(inv runtime.Inventory) {
 	for _, s := range inv.Slots {
 		n.slots[s.ID] = s
 	}
-	n.images = map[string]bool{}
-	for _, img := range inv.ReadyImages {
-		n.images[img] = true
-	}
+	n.reported = inv.ReadyImages
 	n.recountLocked()
 }
 
+// recountLocked rebuilds the hot and image sets from the slots and the
+// node's report. Image names are normalized (busybox and
+// docker.io/library/busybox:latest are one image).
 func (n *node) recountLocked() {
 	n.hot = map[string]int{}
+	n.images = map[string]bool{}
+	for _, img := range n.reported {
+		n.images[imageKey(img)] = true
+	}
 	slots := make([]runtime.Slot, 0, len(n.slots))
 	for _, s := range n.slots {
 		slots = append(slots, s)
+		if s.Image == "" {
+			continue
+		}
+		key := imageKey(s.Image)
 		if s.State == runtime.StateHot {
-			n.hot[s.Image]++
+			n.hot[key]++
 		}
-		if s.Image != "" {
-			n.images[s.Image] = true
-		}
+		n.images[key] = true
 	}
 	n.inv.Slots = slots
+}
+
+// imageKeys memoizes imageKey: a pool sees few distinct images.
+var imageKeys sync.Map
+
+// imageKey is ref's normalized name, or ref when it does not parse.
+func imageKey(ref string) string {
+	if v, ok := imageKeys.Load(ref); ok {
+		return v.(string)
+	}
+	key := ref
+	if named, err := reference.ParseDockerRef(ref); err == nil {
+		key = named.String()
+	}
+	imageKeys.Store(ref, key)
+	return key
 }
 
 // freeSlotsLocked: warm and hot slots not yet taken by a reservation the
@@ -110,6 +136,7 @@ func (n *node) fitsLocked(want runtime.Resources, placed map[string]*placement) 
 		(capa.MemoryBytes == 0 || total.MemoryBytes <= capa.MemoryBytes)
 }
 
+// hasImageLocked: image (normalized) is ready on the node.
 func (n *node) hasImageLocked(image string) bool {
 	return image != "" && n.images[image]
 }
@@ -263,6 +290,9 @@ func (p *Pool) apply(n *node, ev runtime.Event) {
 				}
 			}
 		}
+	case runtime.EventImages:
+		n.reported = ev.Images
+		n.recountLocked()
 	case runtime.EventReady:
 		if s := ev.Slot; s.Pod != nil {
 			if cur, ok := n.slots[s.ID]; ok {

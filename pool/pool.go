@@ -355,6 +355,8 @@ func retryElsewhere(err error) bool {
 // failureReason maps a bind error to a Kubernetes-style reason.
 func failureReason(err error) (reason string, permanent bool) {
 	switch {
+	case errors.Is(err, runtime.ErrImagePull):
+		return runtime.ReasonErrImagePull, false
 	case errdefs.IsInvalidArgument(err):
 		return runtime.ReasonInvalidSpec, true
 	case errdefs.IsNotFound(err), errdefs.IsUnauthorized(err), errdefs.IsPermissionDenied(err):
@@ -372,7 +374,7 @@ func (p *Pool) placeLocked(req Request) *node {
 	want := req.Bind.Requests()
 	image := ""
 	if len(req.Bind.Containers) > 0 {
-		image = req.Bind.Containers[0].Image
+		image = imageKey(req.Bind.Containers[0].Image)
 	}
 	var best *node
 	bestScore := -1.0
@@ -463,6 +465,46 @@ func (p *Pool) Capacity() runtime.Capacity {
 		}
 	}
 	return c
+}
+
+// NodeImages is one node's answer to an image request.
+type NodeImages struct {
+	Node   string
+	Images []runtime.ImageStatus
+	// Err: the node could not be asked, or keeps no image cache.
+	Err error
+}
+
+// PrePull pins images on every node agent (see runtime.ImageCache) and
+// returns each node's error, if any.
+func (p *Pool) PrePull(ctx context.Context, images []string) []NodeImages {
+	return p.eachImageCache(ctx, func(ic runtime.ImageCache, ctx context.Context) ([]runtime.ImageStatus, error) {
+		return nil, ic.PrePull(ctx, images)
+	})
+}
+
+// ImageStatuses asks every node agent for its images.
+func (p *Pool) ImageStatuses(ctx context.Context) []NodeImages {
+	return p.eachImageCache(ctx, runtime.ImageCache.ImageStatuses)
+}
+
+func (p *Pool) eachImageCache(ctx context.Context, op func(runtime.ImageCache, context.Context) ([]runtime.ImageStatus, error)) []NodeImages {
+	p.mu.Lock()
+	nodes := p.sortedNodesLocked()
+	p.mu.Unlock()
+	out := make([]NodeImages, len(nodes))
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		out[i].Node = n.name
+		ic, ok := n.rt.(runtime.ImageCache)
+		if !ok {
+			out[i].Err = fmt.Errorf("node agent %s keeps no image cache: %w", n.name, errdefs.ErrNotImplemented)
+			continue
+		}
+		wg.Go(func() { out[i].Images, out[i].Err = op(ic, ctx) })
+	}
+	wg.Wait()
+	return out
 }
 
 // QueueLen is how many pods wait for a slot.

@@ -2,8 +2,15 @@ package runtime
 
 import (
 	"context"
+	"errors"
 	"time"
 )
+
+// ErrImagePull marks a bind that failed because an image could not be
+// pulled (missing, refused, registry unreachable); the error's message is
+// the registry's. The virtual node reports it as ErrImagePull, then
+// ImagePullBackOff, and retries with backoff.
+var ErrImagePull = errors.New("image pull failed")
 
 // Runtime is a node's set of sandbox slots. Slots move
 // warm → binding → bound → releasing → warm, or to broken when a slot cannot
@@ -185,8 +192,13 @@ const (
 	EventExit EventType = "exit"
 	// EventBindFailed: a bind failed (Reason, Message); the slot is warm again.
 	EventBindFailed EventType = "bind_failed"
-	// EventImageProgress: bytes of an image pulled so far.
+	// EventImageProgress: bytes of an image pulled so far (Image,
+	// BytesDone, BytesTotal); the last one of a pull has Reason Pulled, or
+	// ErrImagePull / ImageNotFound with the registry's Message.
 	EventImageProgress EventType = "image_progress"
+	// EventImages: the set of images ready on the node changed (Images
+	// holds all of them).
+	EventImages EventType = "images"
 )
 
 // Event is one change on a node.
@@ -205,6 +217,50 @@ type Event struct {
 	Image      string `json:"image,omitempty"`
 	BytesDone  int64  `json:"bytes_done,omitempty"`
 	BytesTotal int64  `json:"bytes_total,omitempty"`
+	// Images ready on the node (EventImages).
+	Images []string `json:"images,omitempty"`
+}
+
+// ImageCache is implemented by runtimes that prepare images ahead of binds
+// (runtime/containerd through nodeimage, runtime/fake, the node API client).
+type ImageCache interface {
+	// PrePull pins images: they are pulled in the background, a bounded
+	// number at a time, and kept however full the cache gets.
+	PrePull(ctx context.Context, images []string) error
+	// Unpin lets pinned images go when the cache needs room.
+	Unpin(ctx context.Context, images []string) error
+	// ImageStatuses lists the images the node holds, pulls, failed to
+	// pull or keeps pinned.
+	ImageStatuses(ctx context.Context) ([]ImageStatus, error)
+}
+
+// ImageState is where an image is on a node.
+type ImageState string
+
+const (
+	ImagePending ImageState = "pending" // pinned, pull not started
+	ImagePulling ImageState = "pulling"
+	ImageReady   ImageState = "ready"
+	ImageFailed  ImageState = "failed"
+)
+
+// ImageStatus is one image on a node.
+type ImageStatus struct {
+	// Image is the normalized reference (docker.io/library/busybox:latest).
+	Image      string     `json:"image"`
+	State      ImageState `json:"state"`
+	BytesDone  int64      `json:"bytes_done,omitempty"`
+	BytesTotal int64      `json:"bytes_total,omitempty"`
+	// SizeBytes is the disk it takes, content and unpacked layers (0 until
+	// measured).
+	SizeBytes int64     `json:"size_bytes,omitempty"`
+	Pinned    bool      `json:"pinned,omitempty"`
+	InUse     bool      `json:"in_use,omitempty"`
+	LastUsed  time.Time `json:"last_used,omitzero"`
+	// Error and ErrorKind (not_found, unauthorized, unreachable,
+	// disk_full, invalid, failed) say why the last pull failed.
+	Error     string `json:"error,omitempty"`
+	ErrorKind string `json:"error_kind,omitempty"`
 }
 
 // Stats is a sandbox's resource use.

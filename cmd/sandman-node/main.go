@@ -33,7 +33,9 @@ type options struct {
 	slots, warmSlots                            int
 	stateDir, daemonPath, cniConfDir, cniBinDir string
 	listen, tokenFile, cpu, memory, logLevel    string
-	guardCIDR                                   string
+	guardCIDR, imageCache, hostsDir             string
+	prePull                                     []string
+	prePullConcurrency                          int
 	pidsLimit                                   int64
 }
 
@@ -63,6 +65,17 @@ func run(args []string) error {
 	fs.StringVar(&o.cpu, "cpu", "", "CPU sandboxes may request in total, e.g. 8 (default: all cores)")
 	fs.StringVar(&o.memory, "memory", "", "memory sandboxes may request in total, e.g. 16Gi (default: all memory)")
 	fs.Int64Var(&o.pidsLimit, "pids-limit", 1024, "processes per sandbox container")
+	fs.StringVar(&o.imageCache, "image-cache-bytes", "", "disk budget for images, e.g. 50Gi; least recently used images no slot uses are removed above it (default: no budget)")
+	fs.StringVar(&o.hostsDir, "registry-hosts-dir", "", "per-registry settings in containerd's hosts.toml layout (<dir>/<host>/hosts.toml: mirrors, plain HTTP, CA, skip_verify)")
+	fs.Func("prepull", "image kept unpacked on this node (repeatable, or comma-separated)", func(v string) error {
+		for ref := range strings.SplitSeq(v, ",") {
+			if ref = strings.TrimSpace(ref); ref != "" {
+				o.prePull = append(o.prePull, ref)
+			}
+		}
+		return nil
+	})
+	fs.IntVar(&o.prePullConcurrency, "prepull-concurrency", 1, "pre-pulls in flight at once (binds never wait behind them)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -99,6 +112,15 @@ func run(args []string) error {
 		res.MemoryBytes = q.Value()
 	}
 
+	var cacheBytes int64
+	if o.imageCache != "" {
+		q, err := resource.ParseQuantity(o.imageCache)
+		if err != nil || q.Value() < 0 {
+			return fmt.Errorf("--image-cache-bytes %q: want a size such as 50Gi", o.imageCache)
+		}
+		cacheBytes = q.Value()
+	}
+
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	client, err := ctrd.New(o.containerdAddress, ctrd.WithDefaultNamespace(o.namespace), ctrd.WithTimeout(10*time.Second))
@@ -110,6 +132,7 @@ func run(args []string) error {
 		Client: client, Namespace: o.namespace, Node: o.node, Slots: o.slots, WarmSlots: o.warmSlots,
 		Resources: res, StateDir: o.stateDir, DaemonPath: o.daemonPath,
 		CNIConfDir: o.cniConfDir, CNIBinDir: o.cniBinDir, PidsLimit: o.pidsLimit, Logger: log,
+		RegistryHostsDir: o.hostsDir, ImageCacheBytes: cacheBytes, PrePull: o.prePull, PrePullConcurrency: o.prePullConcurrency,
 	})
 	if err != nil {
 		return err
@@ -119,7 +142,7 @@ func run(args []string) error {
 		return err
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(rt.Collector(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(rt.Collector(), rt.Images().Collector(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.Handle("/", api.Handler())

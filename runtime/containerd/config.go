@@ -56,9 +56,18 @@ type Config struct {
 	Snapshotter string
 	// PidsLimit bounds processes per container (default 1024).
 	PidsLimit int64
-	// PlainHTTP says which registry hosts speak plain HTTP (default:
-	// localhost and loopback addresses).
-	PlainHTTP func(host string) (bool, error)
+	// RegistryHostsDir holds per-registry settings in containerd's
+	// hosts.toml layout (<dir>/<host>/hosts.toml: mirrors, plain HTTP, CA
+	// files, skip_verify). Empty: localhost registries may speak plain HTTP,
+	// others HTTPS.
+	RegistryHostsDir string
+	// ImageCacheBytes is the disk budget for images; least recently used
+	// images no slot uses are removed above it (0: no budget).
+	ImageCacheBytes int64
+	// PrePull images are kept unpacked; PrePullConcurrency bounds their
+	// pulls (default 1) so pre-pulls never starve binds.
+	PrePull            []string
+	PrePullConcurrency int
 	// HotSlots bounds the slots that hold a started sandbox of a popular
 	// image whose daemon waits to be assigned (0: no hot slots). Binding a
 	// pod to one hands over tokens, env and command and takes milliseconds.

@@ -21,9 +21,9 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	gocni "github.com/containerd/go-cni"
-	"golang.org/x/sync/singleflight"
 
 	"github.com/sandman-dev/sandman/daemon/api"
+	"github.com/sandman-dev/sandman/nodeimage"
 	"github.com/sandman-dev/sandman/runtime"
 )
 
@@ -37,7 +37,7 @@ type Runtime struct {
 	cni     gocni.CNI
 	hub     *runtime.Hub
 	log     *slog.Logger
-	pulls   singleflight.Group
+	images  *nodeimage.Manager
 	health  *http.Client
 	metrics *metrics
 	// cpus hands out exclusive cores (guarded by mu).
@@ -79,6 +79,15 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		kick:   make(chan struct{}, 1), metrics: newMetrics(cfg.Node),
 		slots: map[string]*slot{}, byPod: map[string]*slot{},
 	}
+	r.images, err = nodeimage.New(ctx, nodeimage.Config{
+		Client: cfg.Client, Namespace: cfg.Namespace, Node: cfg.Node, Snapshotter: cfg.Snapshotter,
+		HostsDir: cfg.RegistryHostsDir, CacheBytes: cfg.ImageCacheBytes, PrePull: cfg.PrePull,
+		PrePullConcurrency: cfg.PrePullConcurrency, InUse: r.imagesInUse,
+		OnProgress: r.imageProgress, OnChange: r.imagesChanged, Logger: r.log, Now: cfg.Now,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("containerd runtime: %w", err)
+	}
 	if r.cpus, err = newCPUSets(cfg.ReservedCPUs); err != nil {
 		return nil, fmt.Errorf("containerd runtime: %w", err)
 	}
@@ -101,6 +110,7 @@ func (r *Runtime) nsCtx(ctx context.Context) context.Context {
 func (r *Runtime) Run(ctx context.Context) error {
 	ctx = r.nsCtx(ctx)
 	go r.watchDisk(ctx)
+	go r.images.Run(ctx)
 	sem := make(chan struct{}, r.cfg.RefillConcurrency)
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -197,9 +207,9 @@ func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Sl
 	if err := r.start(ctx, s, req); err != nil {
 		reason := runtime.ReasonStartFailed
 		switch {
-		case errdefs.IsNotFound(err):
+		case errors.Is(err, runtime.ErrImagePull) && errdefs.IsNotFound(err):
 			reason = runtime.ReasonImageNotFound
-		case errors.Is(err, errImagePull):
+		case errors.Is(err, runtime.ErrImagePull):
 			reason = runtime.ReasonErrImagePull
 		case errdefs.IsInvalidArgument(err):
 			reason = runtime.ReasonInvalidSpec
@@ -680,6 +690,8 @@ func (r *Runtime) inventoryLocked() runtime.Inventory {
 		Node:     r.cfg.Node,
 		Capacity: runtime.Capacity{Slots: r.cfg.Slots, Resources: r.cfg.Resources},
 		Slots:    make([]runtime.Slot, 0, len(r.slots)),
+		// Lock order: r.mu, then the image manager's.
+		ReadyImages: r.images.Ready(),
 	}
 	for _, s := range r.slots {
 		inv.Slots = append(inv.Slots, s.Slot.Clone())

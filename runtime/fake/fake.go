@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -30,6 +31,8 @@ type Config struct {
 	// the daemon answers; ReleaseLatency how long a release blocks;
 	// RecycleLatency how long recycling takes in the background.
 	BindLatency, ReadyLatency, ReleaseLatency, RecycleLatency time.Duration
+	// PullLatency is how long a pre-pull takes.
+	PullLatency time.Duration
 	// FailBind, when set, is asked before every bind; an error fails it.
 	FailBind func(runtime.BindRequest) error
 	// IPBase is the first three octets of slot addresses (default "10.250.0").
@@ -49,6 +52,8 @@ type Runtime struct {
 	byPod map[string]*runtime.Slot
 	// closed is set by Close.
 	closed bool
+	// images are pre-pulled or pinned images, by reference.
+	images map[string]*runtime.ImageStatus
 }
 
 // New returns a fake node with all its slots warm.
@@ -68,7 +73,7 @@ func New(cfg Config) (*Runtime, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	r := &Runtime{cfg: cfg, hub: runtime.NewHub(4096), byPod: map[string]*runtime.Slot{}}
+	r := &Runtime{cfg: cfg, hub: runtime.NewHub(4096), byPod: map[string]*runtime.Slot{}, images: map[string]*runtime.ImageStatus{}}
 	now := cfg.Now()
 	for i := range cfg.Slots {
 		r.slots = append(r.slots, &runtime.Slot{
@@ -161,7 +166,7 @@ func (r *Runtime) bindWork(ctx context.Context, req runtime.BindRequest) error {
 	if r.cfg.Images != nil {
 		for _, c := range req.Containers {
 			if !slices.Contains(r.cfg.Images, c.Image) {
-				return fmt.Errorf("bind %s: image %s: not found in the registry: %w", req.Pod.UID, c.Image, errdefs.ErrNotFound)
+				return fmt.Errorf("bind %s: image %s: not found in the registry: %w: %w", req.Pod.UID, c.Image, runtime.ErrImagePull, errdefs.ErrNotFound)
 			}
 		}
 	}
@@ -251,7 +256,7 @@ func (r *Runtime) inventoryLocked() runtime.Inventory {
 		Node:        r.cfg.Node,
 		Capacity:    runtime.Capacity{Slots: len(r.slots), Resources: r.cfg.Resources},
 		Slots:       make([]runtime.Slot, 0, len(r.slots)),
-		ReadyImages: slices.Clone(r.cfg.Images),
+		ReadyImages: r.readyImagesLocked(),
 	}
 	for _, s := range r.slots {
 		inv.Slots = append(inv.Slots, s.Clone())
@@ -282,4 +287,83 @@ func sleep(ctx context.Context, d time.Duration) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+var _ runtime.ImageCache = (*Runtime)(nil)
+
+func (r *Runtime) readyImagesLocked() []string {
+	out := slices.Clone(r.cfg.Images)
+	for ref, st := range r.images {
+		if st.State == runtime.ImageReady && !slices.Contains(out, ref) {
+			out = append(out, ref)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// PrePull implements runtime.ImageCache: each image is ready after
+// PullLatency, or failed when the fake registry does not have it.
+func (r *Runtime) PrePull(ctx context.Context, images []string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return fmt.Errorf("fake runtime %s is closed: %w", r.cfg.Node, errdefs.ErrUnavailable)
+	}
+	for _, ref := range images {
+		if st, ok := r.images[ref]; ok && st.State != runtime.ImageFailed {
+			st.Pinned = true
+			continue
+		}
+		st := &runtime.ImageStatus{Image: ref, State: runtime.ImagePulling, Pinned: true, BytesTotal: 1 << 20}
+		r.images[ref] = st
+		go func() {
+			time.Sleep(r.cfg.PullLatency)
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			if r.closed {
+				return
+			}
+			ev := runtime.Event{Type: runtime.EventImageProgress, Time: r.cfg.Now(), Image: ref, BytesTotal: st.BytesTotal}
+			if r.cfg.Images != nil && !slices.Contains(r.cfg.Images, ref) {
+				st.State, st.ErrorKind = runtime.ImageFailed, "not_found"
+				st.Error = "image " + ref + ": not found in the registry"
+				ev.Reason, ev.Message = runtime.ReasonImageNotFound, st.Error
+				r.hub.Publish(ev)
+				return
+			}
+			st.State, st.BytesDone = runtime.ImageReady, st.BytesTotal
+			ev.BytesDone, ev.Reason = st.BytesDone, "Pulled"
+			r.hub.Publish(ev)
+			r.hub.Publish(runtime.Event{Type: runtime.EventImages, Time: r.cfg.Now(), Images: r.readyImagesLocked()})
+		}()
+	}
+	return nil
+}
+
+// Unpin implements runtime.ImageCache.
+func (r *Runtime) Unpin(ctx context.Context, images []string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, ref := range images {
+		if st, ok := r.images[ref]; ok {
+			st.Pinned = false
+		}
+	}
+	return nil
+}
+
+// ImageStatuses implements runtime.ImageCache.
+func (r *Runtime) ImageStatuses(ctx context.Context) ([]runtime.ImageStatus, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return nil, fmt.Errorf("fake runtime %s is closed: %w", r.cfg.Node, errdefs.ErrUnavailable)
+	}
+	out := make([]runtime.ImageStatus, 0, len(r.images))
+	for _, st := range r.images {
+		out = append(out, *st)
+	}
+	slices.SortFunc(out, func(a, b runtime.ImageStatus) int { return strings.Compare(a.Image, b.Image) })
+	return out, nil
 }

@@ -76,22 +76,28 @@ func decodeError(resp *http.Response) error {
 	if json.Unmarshal(data, &b) != nil || b.Error.Code == "" {
 		return fmt.Errorf("node agent answered %s: %s", resp.Status, bytes.TrimSpace(data))
 	}
-	for _, c := range codes {
-		if c.code == b.Error.Code {
-			return remoteError{msg: b.Error.Message, class: c.err}
+	var classes []error
+	for _, code := range append([]string{b.Error.Code}, b.Error.Causes...) {
+		for _, c := range codes {
+			if c.code == code {
+				classes = append(classes, c.err)
+			}
 		}
 	}
-	return fmt.Errorf("node agent: %s", b.Error.Message)
+	if len(classes) == 0 {
+		return fmt.Errorf("node agent: %s", b.Error.Message)
+	}
+	return remoteError{msg: b.Error.Message, classes: classes}
 }
 
 // remoteError keeps the agent's message and its errdefs class.
 type remoteError struct {
-	msg   string
-	class error
+	msg     string
+	classes []error
 }
 
 func (e remoteError) Error() string { return e.msg }
-func (e remoteError) Unwrap() error { return e.class }
+func (e remoteError) Unwrap() []error { return e.classes }
 
 // Bind implements runtime.Runtime.
 func (c *Client) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Slot, error) {
@@ -116,6 +122,23 @@ func (c *Client) Inventory(ctx context.Context) (runtime.Inventory, error) {
 func (c *Client) Stats(ctx context.Context, uid string) (runtime.Stats, error) {
 	var st runtime.Stats
 	err := c.do(ctx, http.MethodGet, "/v1/stats?uid="+url.QueryEscape(uid), nil, &st)
+	return st, err
+}
+
+// PrePull implements runtime.ImageCache.
+func (c *Client) PrePull(ctx context.Context, images []string) error {
+	return c.do(ctx, http.MethodPost, "/v1/images/prepull", imagesRequest{Images: images}, nil)
+}
+
+// Unpin implements runtime.ImageCache.
+func (c *Client) Unpin(ctx context.Context, images []string) error {
+	return c.do(ctx, http.MethodPost, "/v1/images/unpin", imagesRequest{Images: images}, nil)
+}
+
+// ImageStatuses implements runtime.ImageCache.
+func (c *Client) ImageStatuses(ctx context.Context) ([]runtime.ImageStatus, error) {
+	var st []runtime.ImageStatus
+	err := c.do(ctx, http.MethodGet, "/v1/images", nil, &st)
 	return st, err
 }
 

@@ -6,6 +6,7 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -25,6 +26,9 @@ type errorBody struct {
 	Error struct {
 		Code    string `json:"code"`
 		Message string `json:"message"`
+		// Causes are further codes the error carries (an image_pull error
+		// that is also not_found).
+		Causes []string `json:"causes,omitempty"`
 	} `json:"error"`
 }
 
@@ -47,6 +51,8 @@ var codes = []struct {
 	status int
 	err    error
 }{
+	// First: an image error also carries the errdefs class of its cause.
+	{func(err error) bool { return errors.Is(err, runtime.ErrImagePull) }, "image_pull", http.StatusBadGateway, runtime.ErrImagePull},
 	{errdefs.IsInvalidArgument, "invalid_argument", http.StatusBadRequest, errdefs.ErrInvalidArgument},
 	{errdefs.IsNotFound, "not_found", http.StatusNotFound, errdefs.ErrNotFound},
 	{errdefs.IsAlreadyExists, "already_exists", http.StatusConflict, errdefs.ErrAlreadyExists},
@@ -94,7 +100,55 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("POST /v1/bind", s.auth(s.bind))
 	mux.Handle("POST /v1/release", s.auth(s.release))
 	mux.Handle("GET /v1/stats", s.auth(s.stats))
+	mux.Handle("GET /v1/images", s.auth(s.images))
+	mux.Handle("POST /v1/images/prepull", s.auth(s.imageList(runtime.ImageCache.PrePull)))
+	mux.Handle("POST /v1/images/unpin", s.auth(s.imageList(runtime.ImageCache.Unpin)))
 	return mux
+}
+
+// imagesRequest names images to pre-pull or unpin.
+type imagesRequest struct {
+	Images []string `json:"images"`
+}
+
+func (s *Server) imageCache(w http.ResponseWriter) (runtime.ImageCache, bool) {
+	ic, ok := s.rt.(runtime.ImageCache)
+	if !ok {
+		writeError(w, errors.New("this node agent keeps no image cache"), http.StatusNotImplemented, "not_implemented")
+	}
+	return ic, ok
+}
+
+func (s *Server) images(w http.ResponseWriter, r *http.Request) {
+	ic, ok := s.imageCache(w)
+	if !ok {
+		return
+	}
+	st, err := ic.ImageStatuses(r.Context())
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, st)
+}
+
+func (s *Server) imageList(op func(runtime.ImageCache, context.Context, []string) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		ic, ok := s.imageCache(w)
+		if !ok {
+			return
+		}
+		var req imagesRequest
+		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&req); err != nil || len(req.Images) == 0 {
+			writeError(w, fmt.Errorf("want {\"images\": [\"ref\", ...]}: %v", err), http.StatusBadRequest, "invalid_argument")
+			return
+		}
+		if err := op(ic, r.Context(), req.Images); err != nil {
+			writeErr(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}
 }
 
 // Serve serves on l until ctx ends.
@@ -138,13 +192,22 @@ func writeError(w http.ResponseWriter, err error, status int, code string) {
 }
 
 func writeErr(w http.ResponseWriter, err error) {
+	var b errorBody
+	status := http.StatusInternalServerError
+	b.Error.Code, b.Error.Message = "internal", err.Error()
 	for _, c := range codes {
-		if c.is(err) {
-			writeError(w, err, c.status, c.code)
-			return
+		if !c.is(err) {
+			continue
+		}
+		if b.Error.Code == "internal" {
+			b.Error.Code, status = c.code, c.status
+		} else {
+			b.Error.Causes = append(b.Error.Causes, c.code)
 		}
 	}
-	writeError(w, err, http.StatusInternalServerError, "internal")
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(b)
 }
 
 func (s *Server) inventory(w http.ResponseWriter, r *http.Request) {

@@ -1,0 +1,532 @@
+package nodeimage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	ctrd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/remotes"
+	"github.com/containerd/containerd/v2/core/remotes/docker"
+	"github.com/containerd/containerd/v2/core/remotes/docker/config"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/distribution/reference"
+
+	"github.com/sandman-dev/sandman/runtime"
+)
+
+// Config configures a Manager.
+type Config struct {
+	// Client is connected to the worker's containerd, with the namespace
+	// sandboxes live in as its default (required).
+	Client *ctrd.Client
+	// Namespace is the containerd namespace images live in (default
+	// "sandman").
+	Namespace string
+	// Node names this worker (metrics label).
+	Node string
+	// Snapshotter images are unpacked into (default overlayfs).
+	Snapshotter string
+	// HostsDir holds per-registry settings in containerd's hosts.toml
+	// layout (<dir>/<host>/hosts.toml: mirrors, plain HTTP, CA files,
+	// skip_verify). Empty: defaults, where localhost and loopback
+	// registries may speak plain HTTP.
+	HostsDir string
+	// CacheBytes is the disk budget for images (content and unpacked
+	// layers); 0: no budget.
+	CacheBytes int64
+	// GCInterval is how often usage is checked against the budget
+	// (default 1 min); a pull that finishes also triggers a check.
+	GCInterval time.Duration
+	// PrePull images are kept unpacked (never collected).
+	PrePull []string
+	// PrePullConcurrency bounds pre-pulls in flight (default 1). Binds
+	// never wait behind pre-pulls of other images.
+	PrePullConcurrency int
+	// Attempts bounds tries for retryable failures (default 3), with
+	// backoff from RetryBackoff (default 1 s, doubling).
+	Attempts     int
+	RetryBackoff time.Duration
+	// InUse reports images that slots use now (hot, binding, bound); they
+	// are never collected. Containers in the namespace count too.
+	InUse func() []string
+	// OnProgress is called about every ProgressInterval (default 500 ms)
+	// while an image is pulled, and once when it is done.
+	OnProgress       func(Progress)
+	ProgressInterval time.Duration
+	// OnChange is called when the set of ready images changed.
+	OnChange func()
+	Logger   *slog.Logger
+	Now      func() time.Time
+}
+
+func (c *Config) setDefaults() error {
+	if c.Client == nil {
+		return errors.New("nodeimage: a containerd client is required")
+	}
+	if c.Namespace == "" {
+		c.Namespace = "sandman"
+	}
+	if c.Snapshotter == "" {
+		c.Snapshotter = "overlayfs"
+	}
+	if c.GCInterval <= 0 {
+		c.GCInterval = time.Minute
+	}
+	if c.PrePullConcurrency <= 0 {
+		c.PrePullConcurrency = 1
+	}
+	if c.Attempts <= 0 {
+		c.Attempts = 3
+	}
+	if c.RetryBackoff <= 0 {
+		c.RetryBackoff = time.Second
+	}
+	if c.ProgressInterval <= 0 {
+		c.ProgressInterval = 500 * time.Millisecond
+	}
+	if c.InUse == nil {
+		c.InUse = func() []string { return nil }
+	}
+	if c.OnProgress == nil {
+		c.OnProgress = func(Progress) {}
+	}
+	if c.OnChange == nil {
+		c.OnChange = func() {}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return nil
+}
+
+// Progress is how far a pull is.
+type Progress struct {
+	Image string
+	// BytesDone of BytesTotal (compressed layers, config and manifests
+	// known so far; the total grows as manifests are read).
+	BytesDone, BytesTotal int64
+	Done                  bool
+	// Err is set when the pull failed.
+	Err error
+}
+
+// Manager prepares images on one node.
+type Manager struct {
+	cfg     Config
+	metrics *metrics
+
+	mu sync.Mutex
+	// images are the ready ones, by normalized name.
+	images map[string]*entry
+	// pulls are in flight, by normalized name.
+	pulls map[string]*pull
+	// failed remembers the last failure of an image not ready.
+	failed map[string]*Error
+	pinned map[string]bool
+	// wakePrePull and wakeGC nudge the loops.
+	wakePrePull chan struct{}
+	wakeGC      chan struct{}
+}
+
+type entry struct {
+	size     int64 // bytes on disk: content plus unpacked snapshots; 0 until measured
+	lastUsed time.Time
+}
+
+// pull is one pull in flight; every Ensure of its image waits on done.
+type pull struct {
+	done     chan struct{}
+	img      ctrd.Image
+	err      error
+	progress Progress
+}
+
+// New returns a Manager. Run starts its pre-pull and GC loops; Ensure works
+// without them.
+func New(ctx context.Context, cfg Config) (*Manager, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	m := &Manager{
+		cfg: cfg, metrics: newMetrics(cfg.Node),
+		images: map[string]*entry{}, pulls: map[string]*pull{}, failed: map[string]*Error{}, pinned: map[string]bool{},
+		wakePrePull: make(chan struct{}, 1), wakeGC: make(chan struct{}, 1),
+	}
+	for _, ref := range cfg.PrePull {
+		name, err := Normalize(ref)
+		if err != nil {
+			return nil, fmt.Errorf("pre-pull: %w", err)
+		}
+		m.pinned[name] = true
+	}
+	if err := m.load(ctx); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// ns puts the namespace into ctx.
+func (m *Manager) ns(ctx context.Context) context.Context {
+	return namespaces.WithNamespace(ctx, m.cfg.Namespace)
+}
+
+// Normalize returns the full name of an image reference
+// (busybox → docker.io/library/busybox:latest).
+func Normalize(ref string) (string, error) {
+	named, err := reference.ParseDockerRef(ref)
+	if err != nil {
+		return "", &Error{Image: ref, Kind: KindInvalid, Err: err}
+	}
+	return named.String(), nil
+}
+
+// load reads the images containerd holds unpacked; an image that is there
+// but not fully unpacked (a pull cut short) is not ready, and the next
+// Ensure completes it.
+func (m *Manager) load(ctx context.Context) error {
+	ctx = m.ns(ctx)
+	imgs, err := m.cfg.Client.ListImages(ctx)
+	if err != nil {
+		return fmt.Errorf("list images: %w", err)
+	}
+	for _, img := range imgs {
+		if ok, err := img.IsUnpacked(ctx, m.cfg.Snapshotter); err != nil || !ok {
+			continue
+		}
+		m.images[img.Name()] = &entry{lastUsed: img.Metadata().UpdatedAt}
+	}
+	return nil
+}
+
+// Ensure returns ref unpacked into the snapshotter, pulling it when needed:
+// one pull per image however many callers wait (they share its result and
+// error; one caller giving up does not cancel the pull for the others).
+// secrets are docker config JSON documents (a pod's imagePullSecrets).
+// Errors are *Error.
+func (m *Manager) Ensure(ctx context.Context, ref string, secrets [][]byte) (ctrd.Image, error) {
+	name, err := Normalize(ref)
+	if err != nil {
+		return nil, err
+	}
+	ctx = m.ns(ctx)
+	m.mu.Lock()
+	if e, ok := m.images[name]; ok {
+		e.lastUsed = m.cfg.Now()
+		m.mu.Unlock()
+		img, err := m.cfg.Client.GetImage(ctx, name)
+		if err == nil {
+			return img, nil
+		}
+		if !errdefs.IsNotFound(err) {
+			return nil, classify(name, err)
+		}
+		// Removed behind our back: pull again.
+		m.mu.Lock()
+		delete(m.images, name)
+	}
+	p, ok := m.pulls[name]
+	if !ok {
+		p = &pull{done: make(chan struct{}), progress: Progress{Image: name}}
+		m.pulls[name] = p
+		go m.run(context.WithoutCancel(ctx), name, p, secrets)
+	}
+	m.mu.Unlock()
+	select {
+	case <-p.done:
+		return p.img, p.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// run pulls name with retries and publishes the result to p's waiters.
+func (m *Manager) run(ctx context.Context, name string, p *pull, secrets [][]byte) {
+	begin := time.Now()
+	var img ctrd.Image
+	var perr *Error
+	for attempt := 1; ; attempt++ {
+		var err error
+		img, err = m.pullOnce(ctx, name, p, secrets)
+		if err == nil {
+			perr = nil
+			break
+		}
+		perr = classify(name, err)
+		if perr.Kind == KindDiskFull && attempt == 1 {
+			// Make room, then try once more.
+			if _, gerr := m.GC(ctx); gerr != nil {
+				m.cfg.Logger.Warn("image gc after disk full", "err", gerr)
+			}
+		}
+		if !perr.Retryable() || attempt >= m.cfg.Attempts || (perr.Kind == KindDiskFull && attempt >= 2) {
+			break
+		}
+		m.cfg.Logger.Info("image pull failed, retrying", "image", name, "attempt", attempt, "err", err)
+		time.Sleep(m.cfg.RetryBackoff << (attempt - 1))
+	}
+	elapsed := time.Since(begin)
+	m.mu.Lock()
+	delete(m.pulls, name)
+	p.img = img
+	final := p.progress
+	final.Done = true
+	if perr != nil {
+		p.err = perr
+		final.Err = perr
+		m.failed[name] = perr
+		m.metrics.pulls.WithLabelValues(string(perr.Kind)).Inc()
+	} else {
+		delete(m.failed, name)
+		m.images[name] = &entry{lastUsed: m.cfg.Now()}
+		m.metrics.pulls.WithLabelValues("ok").Inc()
+		m.metrics.pullSeconds.Observe(elapsed.Seconds())
+		m.metrics.pullBytes.Add(float64(final.BytesTotal))
+	}
+	close(p.done)
+	m.mu.Unlock()
+	m.cfg.OnProgress(final)
+	if perr == nil {
+		m.cfg.Logger.Info("image ready", "image", name, "bytes", final.BytesTotal, "seconds", elapsed.Seconds())
+		m.cfg.OnChange()
+		m.kick(m.wakeGC)
+	} else {
+		m.cfg.Logger.Warn("image pull failed", "image", name, "kind", perr.Kind, "err", perr.Err)
+	}
+}
+
+// pullOnce pulls and unpacks name, reporting progress as it goes.
+func (m *Manager) pullOnce(ctx context.Context, name string, p *pull, secrets [][]byte) (ctrd.Image, error) {
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	tr := newTracker(m.cfg.Client.ContentStore())
+	go func() {
+		t := time.NewTicker(m.cfg.ProgressInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-pctx.Done():
+				return
+			case <-t.C:
+			}
+			done, total := tr.progress(pctx)
+			m.mu.Lock()
+			p.progress.BytesDone, p.progress.BytesTotal = done, total
+			prog := p.progress
+			m.mu.Unlock()
+			m.cfg.OnProgress(prog)
+		}
+	}()
+	img, err := m.cfg.Client.Pull(pctx, name,
+		ctrd.WithPullUnpack, ctrd.WithPullSnapshotter(m.cfg.Snapshotter),
+		ctrd.WithResolver(m.resolver(pctx, secrets)),
+		ctrd.WithImageHandler(tr.handler()))
+	cancel()
+	done, total := tr.progress(ctx)
+	m.mu.Lock()
+	p.progress.BytesDone, p.progress.BytesTotal = done, total
+	m.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	// Pull returns once content is fetched and layers are unpacked; check,
+	// so that a half-unpacked image is never handed out.
+	if ok, err := img.IsUnpacked(ctx, m.cfg.Snapshotter); err != nil || !ok {
+		return nil, fmt.Errorf("image %s is not unpacked after its pull (%v)", name, err)
+	}
+	return img, nil
+}
+
+// resolver talks to registries with the pod's pull secrets and the
+// per-registry settings of HostsDir.
+func (m *Manager) resolver(ctx context.Context, secrets [][]byte) remotes.Resolver {
+	creds := parseDockerConfigs(secrets)
+	opts := config.HostOptions{
+		Credentials: func(host string) (string, string, error) {
+			c := creds[host]
+			return c[0], c[1], nil
+		},
+	}
+	if m.cfg.HostsDir != "" {
+		opts.HostDir = config.HostDirFromRoot(m.cfg.HostsDir)
+	}
+	return docker.NewResolver(docker.ResolverOptions{Hosts: config.ConfigureHosts(ctx, opts)})
+}
+
+// Ready returns the images unpacked on this node, sorted.
+func (m *Manager) Ready() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]string, 0, len(m.images))
+	for name := range m.images {
+		out = append(out, name)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Statuses lists every image the node holds, pulls, failed to pull, or
+// keeps pinned.
+func (m *Manager) Statuses(ctx context.Context) []runtime.ImageStatus {
+	inUse := m.inUse(ctx)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	byName := map[string]*runtime.ImageStatus{}
+	get := func(name string) *runtime.ImageStatus {
+		s, ok := byName[name]
+		if !ok {
+			s = &runtime.ImageStatus{Image: name, State: runtime.ImagePending, Pinned: m.pinned[name], InUse: inUse[name]}
+			byName[name] = s
+		}
+		return s
+	}
+	for name, e := range m.images {
+		s := get(name)
+		s.State, s.SizeBytes, s.LastUsed = runtime.ImageReady, e.size, e.lastUsed
+	}
+	for name, err := range m.failed {
+		s := get(name)
+		s.State, s.Error, s.ErrorKind = runtime.ImageFailed, err.Error(), string(err.Kind)
+	}
+	for name, p := range m.pulls {
+		s := get(name)
+		s.State, s.BytesDone, s.BytesTotal, s.Error, s.ErrorKind = runtime.ImagePulling, p.progress.BytesDone, p.progress.BytesTotal, "", ""
+	}
+	for name := range m.pinned {
+		get(name)
+	}
+	out := make([]runtime.ImageStatus, 0, len(byName))
+	for _, s := range byName {
+		out = append(out, *s)
+	}
+	slices.SortFunc(out, func(a, b runtime.ImageStatus) int { return strings.Compare(a.Image, b.Image) })
+	return out
+}
+
+// Pin adds images to the pre-pull set: they are pulled in the background
+// (PrePullConcurrency at a time) and never collected.
+func (m *Manager) Pin(refs ...string) error {
+	names := make([]string, 0, len(refs))
+	for _, ref := range refs {
+		name, err := Normalize(ref)
+		if err != nil {
+			return err
+		}
+		names = append(names, name)
+	}
+	m.mu.Lock()
+	for _, name := range names {
+		m.pinned[name] = true
+		// A new request to pre-pull retries an image that failed before.
+		delete(m.failed, name)
+	}
+	m.mu.Unlock()
+	m.kick(m.wakePrePull)
+	return nil
+}
+
+// Unpin removes images from the pre-pull set; they stay cached until GC
+// needs the room.
+func (m *Manager) Unpin(refs ...string) error {
+	for _, ref := range refs {
+		name, err := Normalize(ref)
+		if err != nil {
+			return err
+		}
+		m.mu.Lock()
+		delete(m.pinned, name)
+		m.mu.Unlock()
+	}
+	return nil
+}
+
+func (m *Manager) kick(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// Run pre-pulls pinned images and keeps the cache within budget until ctx
+// ends.
+func (m *Manager) Run(ctx context.Context) {
+	ctx = m.ns(ctx)
+	m.kick(m.wakePrePull)
+	m.kick(m.wakeGC)
+	go m.prePullLoop(ctx)
+	t := time.NewTicker(m.cfg.GCInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-m.wakeGC:
+		}
+		if _, err := m.GC(ctx); err != nil && ctx.Err() == nil {
+			m.cfg.Logger.Warn("image gc", "err", err)
+		}
+	}
+}
+
+// prePullLoop pulls pinned images that are not ready, a bounded number at a
+// time; a failed pre-pull is tried again every minute.
+func (m *Manager) prePullLoop(ctx context.Context) {
+	sem := make(chan struct{}, m.cfg.PrePullConcurrency)
+	t := time.NewTicker(time.Minute)
+	defer t.Stop()
+	var (
+		mu      sync.Mutex
+		started = map[string]bool{}
+	)
+	for {
+		retryFailed := false
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.wakePrePull:
+		case <-t.C:
+			retryFailed = true
+		}
+		m.mu.Lock()
+		var todo []string
+		for name := range m.pinned {
+			if _, ready := m.images[name]; !ready && (retryFailed || m.failed[name] == nil) {
+				todo = append(todo, name)
+			}
+		}
+		m.mu.Unlock()
+		slices.Sort(todo)
+		for _, name := range todo {
+			mu.Lock()
+			skip := started[name]
+			started[name] = true
+			mu.Unlock()
+			if skip {
+				continue
+			}
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			go func() {
+				defer func() { <-sem }()
+				_, _ = m.Ensure(ctx, name, nil)
+				mu.Lock()
+				delete(started, name)
+				mu.Unlock()
+				m.kick(m.wakePrePull)
+			}()
+		}
+	}
+}

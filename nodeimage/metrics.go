@@ -1,0 +1,78 @@
+package nodeimage
+
+import (
+	"context"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the node's image metrics; every series carries the node label.
+type metrics struct {
+	pulls       *prometheus.CounterVec
+	pullSeconds prometheus.Histogram
+	pullBytes   prometheus.Counter
+	gcRemoved   prometheus.Counter
+}
+
+func newMetrics(node string) *metrics {
+	l := prometheus.Labels{"node": node}
+	return &metrics{
+		pulls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sandman_node_image_pulls_total", ConstLabels: l,
+			Help: "Image pulls by result: ok, not_found, unauthorized, unreachable, disk_full, invalid, failed.",
+		}, []string{"result"}),
+		pullSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "sandman_node_image_pull_duration_seconds", ConstLabels: l,
+			Buckets: []float64{.1, .25, .5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600},
+			Help:    "Time to pull and unpack an image, retries included, for successful pulls (seconds).",
+		}),
+		pullBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sandman_node_image_pulled_bytes_total", ConstLabels: l,
+			Help: "Compressed bytes of images pulled successfully (bytes).",
+		}),
+		gcRemoved: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sandman_node_image_gc_removed_total", ConstLabels: l,
+			Help: "Images removed to keep the cache within its budget.",
+		}),
+	}
+}
+
+var (
+	cachedDesc = prometheus.NewDesc("sandman_node_images_cached",
+		"Images unpacked on the node.", []string{"node"}, nil)
+	cacheBytesDesc = prometheus.NewDesc("sandman_node_image_cache_bytes",
+		"Disk used by cached images, content and unpacked layers (bytes; images not measured yet count 0).", []string{"node"}, nil)
+	budgetDesc = prometheus.NewDesc("sandman_node_image_cache_budget_bytes",
+		"The image cache's disk budget (bytes; 0: none).", []string{"node"}, nil)
+	pullingDesc = prometheus.NewDesc("sandman_node_image_pulls_in_flight",
+		"Image pulls in progress.", []string{"node"}, nil)
+)
+
+// Collector returns the image metrics for a Prometheus registry.
+func (m *Manager) Collector() prometheus.Collector { return &collector{m: m} }
+
+type collector struct{ m *Manager }
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{cachedDesc, cacheBytesDesc, budgetDesc, pullingDesc} {
+		ch <- d
+	}
+	c.m.metrics.pulls.Describe(ch)
+	c.m.metrics.pullSeconds.Describe(ch)
+	c.m.metrics.pullBytes.Describe(ch)
+	c.m.metrics.gcRemoved.Describe(ch)
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	m := c.m
+	u := m.Usage(context.Background())
+	node := m.cfg.Node
+	ch <- prometheus.MustNewConstMetric(cachedDesc, prometheus.GaugeValue, float64(u.Images), node)
+	ch <- prometheus.MustNewConstMetric(cacheBytesDesc, prometheus.GaugeValue, float64(u.Bytes), node)
+	ch <- prometheus.MustNewConstMetric(budgetDesc, prometheus.GaugeValue, float64(m.cfg.CacheBytes), node)
+	ch <- prometheus.MustNewConstMetric(pullingDesc, prometheus.GaugeValue, float64(u.Pulling), node)
+	m.metrics.pulls.Collect(ch)
+	m.metrics.pullSeconds.Collect(ch)
+	m.metrics.pullBytes.Collect(ch)
+	m.metrics.gcRemoved.Collect(ch)
+}
