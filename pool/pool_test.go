@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"slices"
 	"testing"
 	"time"
 
@@ -268,5 +269,44 @@ func TestLostNodeAgent(t *testing.T) {
 	eventually(t, "y bound", func() bool { _, ok := rec.last("y", Bound); return ok })
 	if y, _ := rec.last("y", Bound); y.Node == u.Node {
 		t.Fatalf("y placed on the dead agent %s", y.Node)
+	}
+}
+
+// TestPrePullReportsAndSteersPlacement: an image pre-pulled on one node
+// reaches the pool as an images event, under its normalized name, and pods
+// naming it the short way go to that node.
+func TestPrePullReportsAndSteersPlacement(t *testing.T) {
+	a := fakeNode(t, "a", 4)
+	b := fakeNode(t, "b", 4, func(c *fake.Config) { c.PullLatency = 10 * time.Millisecond })
+	p, rec := newPool(t, Config{Name: "t"}, a, b)
+
+	if err := b.PrePull(t.Context(), []string{"docker.io/library/task:v1"}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "b reports the image", func() bool {
+		for _, v := range p.Nodes() {
+			if v.Name == "b" && slices.Contains(v.Images, "docker.io/library/task:v1") {
+				return true
+			}
+		}
+		return false
+	})
+	// a is listed first and as empty: only the image sends the pod to b.
+	if err := p.Submit(request("t1", "j", "task:v1", 0)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "t1 bound", func() bool { _, ok := rec.last("t1", Bound); return ok })
+	if u, _ := rec.last("t1", Bound); u.Node != "b" {
+		t.Fatalf("t1 placed on %s, want b (it pre-pulled the image)", u.Node)
+	}
+
+	got := p.ImageStatuses(t.Context())
+	if len(got) != 2 || got[1].Node != "b" || len(got[1].Images) != 1 || got[1].Images[0].State != runtime.ImageReady || !got[1].Images[0].Pinned {
+		t.Fatalf("image statuses %+v: want b holding the pinned image", got)
+	}
+	for _, n := range p.PrePull(t.Context(), []string{"x:1"}) {
+		if n.Err != nil {
+			t.Fatalf("pre-pull on %s: %v", n.Node, n.Err)
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/sandman-dev/sandman/runtime"
 	"github.com/sandman-dev/sandman/runtime/fake"
 	"github.com/sandman-dev/sandman/runtime/nodeapi"
 	"github.com/sandman-dev/sandman/runtime/runtimetest"
@@ -56,5 +57,46 @@ func TestUnreachable(t *testing.T) {
 	c := nodeapi.NewClient("127.0.0.1:1", "x", nil)
 	if _, err := c.Inventory(t.Context()); !errdefs.IsUnavailable(err) {
 		t.Fatalf("err = %v, want unavailable", err)
+	}
+}
+
+// TestImagesOverTheWire: pre-pull, statuses and unpin reach the agent's
+// image cache; a failed pre-pull says why; bad requests are refused.
+func TestImagesOverTheWire(t *testing.T) {
+	_, url := serve(t)
+	c := nodeapi.NewClient(url, "pool-secret", nil)
+	ctx := t.Context()
+	if err := c.PrePull(ctx, []string{"busybox", "img:missing"}); err != nil {
+		t.Fatal(err)
+	}
+	var st []runtime.ImageStatus
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var err error
+		if st, err = c.ImageStatuses(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if len(st) == 2 && st[0].State != runtime.ImagePulling && st[1].State != runtime.ImagePulling {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pre-pulls did not finish: %+v", st)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if st[1].Image != "img:missing" || st[1].State != runtime.ImageFailed || st[1].ErrorKind != "not_found" || st[1].Error == "" {
+		t.Errorf("missing image: %+v", st[1])
+	}
+	if st[0].Image != "busybox" || st[0].State != runtime.ImageReady || !st[0].Pinned {
+		t.Errorf("pre-pulled image: %+v", st[0])
+	}
+	if err := c.Unpin(ctx, []string{"busybox"}); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ = c.ImageStatuses(ctx); st[0].Pinned {
+		t.Errorf("still pinned after unpin: %+v", st[0])
+	}
+	if err := c.PrePull(ctx, nil); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("empty pre-pull: %v, want invalid argument", err)
 	}
 }
