@@ -88,7 +88,7 @@ func startAgent(t *testing.T, bin string, args []string) *agent {
 	return a
 }
 
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

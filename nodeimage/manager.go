@@ -195,6 +195,16 @@ func Normalize(ref string) (string, error) {
 // Ensure completes it.
 func (m *Manager) load(ctx context.Context) error {
 	ctx = m.ns(ctx)
+	// A pull holds a lease (24 h) over what it fetched; a pull cut short by
+	// an agent that died would keep its partial content that long. No pull
+	// of this namespace is live before the manager starts.
+	if ls, err := m.cfg.Client.LeasesService().List(ctx, `labels."containerd.io/gc.expire"`); err == nil {
+		for _, l := range ls {
+			if err := m.cfg.Client.LeasesService().Delete(ctx, l); err == nil {
+				m.cfg.Logger.Info("removed the lease of an unfinished pull", "lease", l.ID)
+			}
+		}
+	}
 	imgs, err := m.cfg.Client.ListImages(ctx)
 	if err != nil {
 		return fmt.Errorf("list images: %w", err)

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	ctrd "github.com/containerd/containerd/v2/client"
+	clog "github.com/containerd/log"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -85,6 +86,11 @@ func run(args []string) error {
 		return fmt.Errorf("--log-level: %w", err)
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("component", "node")
+	// containerd's client logs each registry request at info; its failures
+	// reach our log with the pull's error.
+	if level > slog.LevelDebug {
+		_ = clog.SetLevel("warn")
+	}
 	token := os.Getenv("SANDMAN_POOL_TOKEN")
 	if o.tokenFile != "" {
 		b, err := os.ReadFile(o.tokenFile)
