@@ -190,15 +190,6 @@ func TestRootImageAuthAndMissing(t *testing.T) {
 	}
 }
 
-func statusOf(all []runtime.ImageStatus, image string) runtime.ImageStatus {
-	for _, st := range all {
-		if st.Image == image {
-			return st
-		}
-	}
-	return runtime.ImageStatus{}
-}
-
 // TestRootImageGCKeepsImagesInUse: over budget, GC removes the least
 // recently used images that no container uses until usage fits, and never
 // an image a container uses, even the oldest.

@@ -5,8 +5,8 @@ package e2e
 import (
 	"archive/tar"
 	"bytes"
-	"context"
 	"compress/gzip"
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
@@ -30,6 +30,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/sandman-dev/sandman/e2e/framework"
+	"github.com/sandman-dev/sandman/runtime"
 )
 
 // testImage is an image pushed by a test.
@@ -263,4 +264,14 @@ func dockerConfig(host, user, pass string) []byte {
 		host: map[string]string{"auth": base64.StdEncoding.EncodeToString([]byte(user + ":" + pass))},
 	}})
 	return b
+}
+
+// statusOf is image's entry in a node's image list.
+func statusOf(all []runtime.ImageStatus, image string) runtime.ImageStatus {
+	for _, st := range all {
+		if st.Image == image {
+			return st
+		}
+	}
+	return runtime.ImageStatus{}
 }

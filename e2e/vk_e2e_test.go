@@ -976,3 +976,43 @@ for token in (%q, None):
 		t.Fatalf("bob's own token: %v", err)
 	}
 }
+
+// TestSandmanctlPrePull: `sandmanctl prepull` pins an image on every worker
+// through the virtual node, shows each worker's progress and returns once
+// it is ready everywhere; `sandmanctl images` lists it; a missing image
+// fails the command with the registry's answer.
+func TestSandmanctlPrePull(t *testing.T) {
+	s := framework.Get(t)
+	p := startPool(t, s, 2, 2)
+	bin := buildBinary(t, s.Root, "sandmanctl")
+	ctl := func(args ...string) (string, string, int) {
+		return sandmanctl(t, s, bin, t.TempDir(), args...)
+	}
+	img := pushRandomImage(t, s.Registry, "sandman-test/prepull", rand.String(8), 2, 1<<20, "", "")
+	out, errOut, code := ctl("prepull", "--pool", p.name, img.Ref)
+	if code != 0 || !strings.Contains(out, "ready on every node") {
+		t.Fatalf("prepull: exit %d\n%s\n%s", code, out, errOut)
+	}
+	for _, a := range p.agents {
+		if !strings.Contains(out, a.name) {
+			t.Errorf("prepull output does not show worker %s:\n%s", a.name, out)
+		}
+		st, err := a.client.ImageStatuses(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := statusOf(st, img.Ref); got.State != runtime.ImageReady || !got.Pinned {
+			t.Errorf("%s reports %+v, want the image ready and pinned", a.name, got)
+		}
+	}
+	out, errOut, code = ctl("images", "--pool", p.name)
+	if code != 0 || strings.Count(out, img.Ref) != 2 {
+		t.Fatalf("images: exit %d: want the image on both workers\n%s\n%s", code, out, errOut)
+	}
+
+	missing := s.Registry + "/sandman-test/missing:" + rand.String(6)
+	out, errOut, code = ctl("prepull", "--pool", p.name, "--timeout", "1m", missing)
+	if code != 1 || !strings.Contains(errOut, "not found") {
+		t.Fatalf("prepull of a missing image: exit %d\n%s\n%s", code, out, errOut)
+	}
+}

@@ -212,6 +212,8 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
+	// sandman's own routes (images, pre-pull) beside the kubelet API.
+	provider.AttachAPI(mux)
 	if err := provider.Adopt(ctx); err != nil {
 		return fmt.Errorf("adopt running sandboxes: %w", err)
 	}

@@ -47,6 +47,8 @@ Commands:
   renew NAME           renew a sandbox's idle lease
   get [NAME]           list sandboxes: node, phase, IP, age, idle time
   delete NAME          delete a sandbox (its slot is released)
+  prepull IMAGE...     keep images unpacked on every worker; a progress bar per worker
+  images               the images of every worker: state, size, pinned, in use
 
 Global flags:
 `
@@ -165,6 +167,10 @@ func (c *ctl) dispatch(ctx context.Context, cmd string, args []string) error {
 		return c.get(ctx, args)
 	case "delete":
 		return c.delete(ctx, args)
+	case "prepull":
+		return c.prepull(ctx, args)
+	case "images":
+		return c.images(ctx, args)
 	}
 	return fail(exitUsage, "unknown command %q (run sandmanctl without arguments for the list)", cmd)
 }

@@ -1,0 +1,178 @@
+package vk
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/distribution/reference"
+
+	"github.com/sandman-dev/sandman/pool"
+	"github.com/sandman-dev/sandman/runtime"
+)
+
+// APIPrefix is where the virtual node serves sandman's own routes beside
+// the kubelet API. Through the apiserver they are
+// /api/v1/nodes/<node>/proxy/sandman/v1/... (RBAC: nodes/proxy).
+const APIPrefix = "/sandman/v1/"
+
+// ImagesRequest names images to pre-pull.
+type ImagesRequest struct {
+	Images []string `json:"images"`
+}
+
+// NodeImage is one image on one worker node, as the pre-pull stream and
+// GET images report it.
+type NodeImage struct {
+	Node string `json:"node"`
+	runtime.ImageStatus
+	// NodeError: the node agent could not be asked.
+	NodeError string `json:"node_error,omitempty"`
+}
+
+// PrePullLine is one line of the pre-pull stream: every (node, image)
+// pair, and, on the last line, Done with Ready saying whether the images
+// are ready on every node.
+type PrePullLine struct {
+	Time  time.Time   `json:"time"`
+	Nodes []NodeImage `json:"nodes"`
+	Done  bool        `json:"done,omitempty"`
+	Ready bool        `json:"ready,omitempty"`
+}
+
+// AttachAPI adds sandman's routes to mux (the kubelet API's, so the
+// apiserver's client certificate guards them).
+func (p *Provider) AttachAPI(mux *http.ServeMux) {
+	mux.HandleFunc("GET "+APIPrefix+"images", p.serveImages)
+	mux.HandleFunc("POST "+APIPrefix+"prepull", p.servePrePull)
+}
+
+func apiError(w http.ResponseWriter, status int, format string, args ...any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]string{"error": fmt.Sprintf(format, args...)})
+}
+
+func flatten(all []pool.NodeImages, only map[string]bool) []NodeImage {
+	var out []NodeImage
+	for _, n := range all {
+		if n.Err != nil {
+			out = append(out, NodeImage{Node: n.Node, NodeError: n.Err.Error()})
+			continue
+		}
+		for _, st := range n.Images {
+			if only == nil || only[st.Image] {
+				out = append(out, NodeImage{Node: n.Node, ImageStatus: st})
+			}
+		}
+	}
+	return out
+}
+
+func (p *Provider) serveImages(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(flatten(p.cfg.Pool.ImageStatuses(r.Context()), nil))
+}
+
+// servePrePull pins images on every node agent and streams their progress
+// (NDJSON, every ?interval= seconds, default 0.5) until each is ready or
+// failed on every node, or ?timeout= seconds (default 1800) pass.
+func (p *Provider) servePrePull(w http.ResponseWriter, r *http.Request) {
+	var req ImagesRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&req); err != nil || len(req.Images) == 0 {
+		apiError(w, http.StatusBadRequest, `want {"images": ["ref", ...]}`)
+		return
+	}
+	interval := durationParam(r, "interval", 500*time.Millisecond)
+	timeout := durationParam(r, "timeout", 30*time.Minute)
+	names := map[string]bool{}
+	for _, ref := range req.Images {
+		name, err := normalizeImage(ref)
+		if err != nil {
+			apiError(w, http.StatusBadRequest, "image %q: %v", ref, err)
+			return
+		}
+		names[name] = true
+	}
+	ctx := r.Context()
+	results := p.cfg.Pool.PrePull(ctx, req.Images)
+	if len(results) == 0 {
+		apiError(w, http.StatusServiceUnavailable, "the pool has no node agents")
+		return
+	}
+	rc := http.NewResponseController(w)
+	_ = rc.SetWriteDeadline(time.Time{})
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	enc := json.NewEncoder(w)
+	deadline := time.Now().Add(timeout)
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		line := PrePullLine{Time: p.cfg.Now(), Nodes: flatten(p.cfg.Pool.ImageStatuses(ctx), names)}
+		// Nodes whose pre-pull request failed say so on every line.
+		for _, res := range results {
+			if res.Err != nil {
+				line.Nodes = append(line.Nodes, NodeImage{Node: res.Node, NodeError: res.Err.Error()})
+			}
+		}
+		line.Done, line.Ready = prePullDone(line.Nodes, names)
+		if !line.Done && time.Now().After(deadline) {
+			line.Done = true
+		}
+		if enc.Encode(line) != nil || rc.Flush() != nil || line.Done {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// prePullDone: every node reports every image ready or failed (done), and
+// all of them ready (ready).
+func prePullDone(nodes []NodeImage, names map[string]bool) (done, ready bool) {
+	seen := map[string]map[string]runtime.ImageState{}
+	ready = true
+	for _, n := range nodes {
+		if n.NodeError != "" {
+			ready = false
+			continue
+		}
+		if seen[n.Node] == nil {
+			seen[n.Node] = map[string]runtime.ImageState{}
+		}
+		seen[n.Node][n.Image] = n.State
+	}
+	for _, images := range seen {
+		for name := range names {
+			switch images[name] {
+			case runtime.ImageReady:
+			case runtime.ImageFailed:
+				ready = false
+			default:
+				return false, false
+			}
+		}
+	}
+	return true, ready && len(seen) > 0
+}
+
+// normalizeImage is ref's full name, as node agents report images.
+func normalizeImage(ref string) (string, error) {
+	named, err := reference.ParseDockerRef(ref)
+	if err != nil {
+		return "", err
+	}
+	return named.String(), nil
+}
+
+func durationParam(r *http.Request, name string, def time.Duration) time.Duration {
+	if v, err := strconv.ParseFloat(r.URL.Query().Get(name), 64); err == nil && v > 0 {
+		return time.Duration(v * float64(time.Second))
+	}
+	return def
+}
