@@ -48,7 +48,7 @@ run: deps tools images ## the local stack, two node agents, the virtual node and
 	bash hack/run.sh
 
 .PHONY: bench
-bench: deps tools images ## benchmarks with baselines measured in the same run (BENCH_SUITE=daemon|node)
+bench: deps tools images ## benchmarks with baselines measured in the same run (BENCH_SUITE=daemon,node,vk,image,scale; default all but scale)
 	bash hack/bench.sh
 
 .PHONY: deps

@@ -33,6 +33,7 @@ type node struct {
 	images   map[string]bool
 	reported []string
 	inflight int
+	binds    bindRing
 }
 
 func (n *node) stop() {

@@ -100,6 +100,8 @@ type Pool struct {
 	nodes  map[string]*node
 	queue  admission
 	placed map[string]*placement // pod UID → where it went
+	// queuedAt is when each queued pod was submitted (admission wait).
+	queuedAt map[string]time.Time
 	// closed is set when Run ends.
 	closed bool
 }
@@ -143,7 +145,7 @@ func New(cfg Config) (*Pool, error) {
 		wake:   make(chan struct{}, 1),
 		nodes:  map[string]*node{},
 		queue:  newAdmission(),
-		placed: map[string]*placement{},
+		placed: map[string]*placement{}, queuedAt: map[string]time.Time{},
 	}, nil
 }
 
@@ -168,6 +170,7 @@ func (p *Pool) Submit(req Request) error {
 		return fmt.Errorf("submit %s: the admission queue of pool %s is full (%d pods): %w", uid, p.cfg.Name, p.queue.len(), errdefs.ErrResourceExhausted)
 	}
 	p.queue.push(req)
+	p.queuedAt[uid] = p.cfg.Now()
 	p.nudge()
 	return nil
 }
@@ -177,6 +180,7 @@ func (p *Pool) Submit(req Request) error {
 func (p *Pool) Release(ctx context.Context, uid string, grace time.Duration) error {
 	p.mu.Lock()
 	if p.queue.remove(uid) {
+		delete(p.queuedAt, uid)
 		p.mu.Unlock()
 		return nil
 	}
@@ -262,12 +266,18 @@ func (p *Pool) Run(ctx context.Context) error {
 func (p *Pool) dispatch(ctx context.Context) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	now := p.cfg.Now()
 	p.queue.each(func(req Request) bool {
-		n := p.placeLocked(req)
+		n, how := p.placeLocked(req)
 		if n == nil {
 			return false
 		}
 		uid := req.Bind.Pod.UID
+		metricPlacements.WithLabelValues(how).Inc()
+		if at, ok := p.queuedAt[uid]; ok {
+			metricAdmissionWait.Observe(now.Sub(at).Seconds())
+			delete(p.queuedAt, uid)
+		}
 		p.placed[uid] = &placement{req: req, node: n.name, binding: true}
 		n.inflight++
 		go p.bind(ctx, n, req)
@@ -276,6 +286,7 @@ func (p *Pool) dispatch(ctx context.Context) {
 	// Pods that still wait learn why, once.
 	var queued []Update
 	for _, req := range p.queue.takeFresh() {
+		metricPlacements.WithLabelValues("waiting").Inc()
 		queued = append(queued, Update{Kind: Queued, UID: req.Bind.Pod.UID, Time: p.cfg.Now(),
 			Reason: "WaitingForSlot", Message: p.noFitMessageLocked(req)})
 	}
@@ -292,10 +303,12 @@ func (p *Pool) bind(ctx context.Context, n *node, req Request) {
 	bctx, cancel := context.WithTimeout(ctx, p.cfg.BindTimeout)
 	slot, err := n.rt.Bind(bctx, req.Bind)
 	cancel()
-	metricBindSeconds.WithLabelValues(n.name, outcome(err)).Observe(p.cfg.Now().Sub(start).Seconds())
+	took := p.cfg.Now().Sub(start)
+	metricBindSeconds.WithLabelValues(n.name, outcome(err)).Observe(took.Seconds())
 
 	p.mu.Lock()
 	n.inflight--
+	n.binds.add(p.cfg.Now(), took, err == nil)
 	pl := p.placed[uid]
 	stillWanted := pl != nil && pl.node == n.name
 	if err == nil {
@@ -369,8 +382,10 @@ func failureReason(err error) (reason string, permanent bool) {
 	}
 }
 
-// placeLocked picks the node for req, or nil when none can take it now.
-func (p *Pool) placeLocked(req Request) *node {
+// placeLocked picks the node for req, or nil when none can take it now, and
+// says why it chose it: "hot" (a hot slot of the image), "image" (the image
+// is on the node) or "cold".
+func (p *Pool) placeLocked(req Request) (*node, string) {
 	want := req.Bind.Requests()
 	image := ""
 	if len(req.Bind.Containers) > 0 {
@@ -397,7 +412,15 @@ func (p *Pool) placeLocked(req Request) *node {
 			best, bestScore = n, score
 		}
 	}
-	return best
+	switch {
+	case best == nil:
+		return nil, ""
+	case best.hot[image] > 0:
+		return best, "hot"
+	case best.hasImageLocked(image):
+		return best, "image"
+	}
+	return best, "cold"
 }
 
 // noFitMessageLocked says why req waits.
@@ -432,6 +455,8 @@ type NodeView struct {
 	Slots     map[runtime.SlotState]int
 	Inflight  int
 	Images    []string
+	// Binds are the node's bind calls over the last BindWindow.
+	Binds BindStats
 }
 
 // Nodes returns a view of every node agent, sorted by name.
@@ -440,7 +465,8 @@ func (p *Pool) Nodes() []NodeView {
 	defer p.mu.Unlock()
 	var out []NodeView
 	for _, n := range p.sortedNodesLocked() {
-		v := NodeView{Name: n.name, Healthy: n.healthy, Capacity: n.inv.Capacity, Slots: n.inv.Count(), Inflight: n.inflight, Images: slices.Sorted(maps.Keys(n.images))}
+		v := NodeView{Name: n.name, Healthy: n.healthy, Capacity: n.inv.Capacity, Slots: n.inv.Count(), Inflight: n.inflight,
+			Images: slices.Sorted(maps.Keys(n.images)), Binds: n.binds.stats(p.cfg.Now())}
 		if n.err != nil {
 			v.Error = n.err.Error()
 		}
@@ -563,3 +589,6 @@ func (p *Pool) Stats(ctx context.Context, uid string) (runtime.Stats, error) {
 	}
 	return n.rt.Stats(ctx, uid)
 }
+
+// Name is the pool's name.
+func (p *Pool) Name() string { return p.cfg.Name }

@@ -43,10 +43,13 @@ type PrePullLine struct {
 }
 
 // AttachAPI adds sandman's routes to mux (the kubelet API's, so the
-// apiserver's client certificate guards them).
+// apiserver's client certificate guards them): images, pre-pull, capacity
+// (JSON), and the capacity page.
 func (p *Provider) AttachAPI(mux *http.ServeMux) {
 	mux.HandleFunc("GET "+APIPrefix+"images", p.serveImages)
 	mux.HandleFunc("POST "+APIPrefix+"prepull", p.servePrePull)
+	mux.HandleFunc("GET "+APIPrefix+"capacity", p.serveCapacity)
+	p.AttachCapacity(mux)
 }
 
 func apiError(w http.ResponseWriter, status int, format string, args ...any) {

@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	daemonapi "github.com/sandman-dev/sandman/daemon/api"
 	"github.com/sandman-dev/sandman/daemon/client"
@@ -59,7 +60,7 @@ func (p *Provider) expire(uid string) {
 	}
 	msg := fmt.Sprintf("Pod was active on the node longer than the specified deadline (%ds)", *sb.pod.Spec.ActiveDeadlineSeconds)
 	sb.fail(ReasonDeadlineExceeded, msg, p.cfg.Now())
-	pod := sb.pod
+	pod, node := sb.pod, sb.node
 	grace := 30 * time.Second
 	if g := pod.Spec.TerminationGracePeriodSeconds; g != nil {
 		grace = time.Duration(*g) * time.Second
@@ -67,7 +68,7 @@ func (p *Provider) expire(uid string) {
 	p.mu.Unlock()
 	p.log.Info("deadline exceeded", "pod", podKey(pod.Namespace, pod.Name))
 	p.cfg.Recorder.Event(pod, corev1.EventTypeWarning, ReasonDeadlineExceeded, msg)
-	metricReclaims.WithLabelValues(ReasonDeadlineExceeded).Inc()
+	metricReclaims.WithLabelValues(ReasonDeadlineExceeded, node).Inc()
 	p.push(uid)
 	go p.release(context.Background(), uid, grace, false)
 }
@@ -153,10 +154,20 @@ func (p *Provider) reclaimIdle(ctx context.Context, pod *corev1.Pod, idle time.D
 		idle.Round(time.Second), AnnotationIdleTimeout, pod.Annotations[AnnotationIdleTimeout])
 	p.log.Info("idle timeout", "pod", podKey(pod.Namespace, pod.Name), "idle", idle)
 	p.cfg.Recorder.Event(pod, corev1.EventTypeWarning, ReasonIdleTimeout, msg)
-	metricReclaims.WithLabelValues(ReasonIdleTimeout).Inc()
+	metricReclaims.WithLabelValues(ReasonIdleTimeout, p.nodeOf(pod.UID)).Inc()
 	uid := pod.UID
 	err := p.cfg.Client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 		p.log.Warn("delete idle pod", "pod", podKey(pod.Namespace, pod.Name), "err", err)
 	}
+}
+
+// nodeOf is the worker node a pod's sandbox was placed on ("" if none).
+func (p *Provider) nodeOf(uid types.UID) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if sb := p.byUID[string(uid)]; sb != nil {
+		return sb.node
+	}
+	return ""
 }

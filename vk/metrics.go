@@ -1,6 +1,14 @@
 package vk
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/rest"
+)
 
 var (
 	metricPodsCreated = prometheus.NewCounter(prometheus.CounterOpts{
@@ -29,10 +37,103 @@ var (
 
 var metricReclaims = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Name: "sandman_vk_reclaims_total",
-	Help: "Sandboxes reclaimed by the control plane, by reason (DeadlineExceeded, …).",
-}, []string{"reason"})
+	Help: "Sandboxes reclaimed by the control plane, by reason (DeadlineExceeded, IdleTimeout) and the worker node they were on.",
+}, []string{"reason", "node"})
 
-// Collectors are the provider's metrics, for registration by cmd.
+var (
+	metricStatusUpdates = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sandman_vk_status_updates_total",
+		Help: "Pod statuses handed to virtual-kubelet for writing to the apiserver (the writes themselves are counted in sandman_vk_apiserver_requests_total{resource=\"pods/status\"}).",
+	})
+	metricAPIRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sandman_vk_apiserver_requests_total",
+		Help: "Requests from the virtual node to the apiserver by verb, resource (pods/status for status writes) and code (the HTTP status, or \"error\" when no answer came).",
+	}, []string{"verb", "resource", "code"})
+)
+
+// Collectors are the provider's package-level metrics, for registration by
+// cmd.
 func Collectors() []prometheus.Collector {
-	return []prometheus.Collector{metricPodsCreated, metricCreateToBound, metricCreateToReady, metricBindFailures, metricReleases, metricReclaims}
+	return []prometheus.Collector{metricPodsCreated, metricCreateToBound, metricCreateToReady, metricBindFailures,
+		metricReleases, metricReclaims, metricStatusUpdates, metricAPIRequests}
+}
+
+// InstrumentRESTConfig counts every apiserver request made through cfg in
+// sandman_vk_apiserver_requests_total.
+func InstrumentRESTConfig(cfg *rest.Config) {
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return countingTransport{rt} })
+}
+
+type countingTransport struct{ next http.RoundTripper }
+
+func (t countingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := t.next.RoundTrip(req)
+	code := "error"
+	if err == nil {
+		code = strconv.Itoa(resp.StatusCode)
+	}
+	metricAPIRequests.WithLabelValues(verbOf(req), resourceOf(req.URL.Path), code).Inc()
+	return resp, err
+}
+
+func verbOf(req *http.Request) string {
+	switch req.Method {
+	case http.MethodGet:
+		if req.URL.Query().Get("watch") == "true" {
+			return "watch"
+		}
+		return "get"
+	case http.MethodPost:
+		return "create"
+	case http.MethodPut:
+		return "update"
+	case http.MethodPatch:
+		return "patch"
+	case http.MethodDelete:
+		return "delete"
+	}
+	return strings.ToLower(req.Method)
+}
+
+// resourceOf reads the resource (and subresource) from an API path:
+// /api/v1/namespaces/ns/pods/name/status → pods/status.
+func resourceOf(path string) string {
+	parts := strings.Split(strings.Trim(path, "/"), "/")
+	switch {
+	case len(parts) >= 2 && parts[0] == "api":
+		parts = parts[2:]
+	case len(parts) >= 3 && parts[0] == "apis":
+		parts = parts[3:]
+	default:
+		return "other"
+	}
+	if len(parts) >= 2 && parts[0] == "namespaces" {
+		if len(parts) == 2 {
+			return "namespaces"
+		}
+		parts = parts[2:]
+	}
+	switch len(parts) {
+	case 0:
+		return "discovery"
+	case 1, 2:
+		return parts[0]
+	}
+	return parts[0] + "/" + parts[2]
+}
+
+// Collector reports the virtual node's pods by phase at scrape time.
+func (p *Provider) Collector() prometheus.Collector { return providerCollector{p} }
+
+type providerCollector struct{ p *Provider }
+
+var descPods = prometheus.NewDesc("sandman_vk_pods", "Pods on the virtual node by phase (Pending, Running, Succeeded, Failed).", []string{"phase"}, nil)
+
+func (c providerCollector) Describe(ch chan<- *prometheus.Desc) { ch <- descPods }
+
+func (c providerCollector) Collect(ch chan<- prometheus.Metric) {
+	counts := c.p.podsByPhase()
+	for _, ph := range []corev1.PodPhase{corev1.PodPending, corev1.PodRunning, corev1.PodSucceeded, corev1.PodFailed} {
+		ch <- prometheus.MustNewConstMetric(descPods, prometheus.GaugeValue, float64(counts[ph]), string(ph))
+	}
 }

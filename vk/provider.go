@@ -88,6 +88,8 @@ type Provider struct {
 	orphans map[string]time.Time
 	// started is when the provider was made (the node's start time).
 	started time.Time
+	// recentReady: create→Ready of recent sandboxes (the capacity page).
+	recentReady readyRing
 }
 
 var (
@@ -184,6 +186,7 @@ func (p *Provider) statusWorker(ctx context.Context) {
 		p.notifyMu.Unlock()
 		if pod != nil && cb != nil && ctx.Err() == nil {
 			cb(pod)
+			metricStatusUpdates.Inc()
 		}
 		p.status.Forget(uid)
 		p.status.Done(uid)
@@ -427,6 +430,7 @@ func (p *Provider) OnUpdate(u pool.Update) {
 	case pool.Ready:
 		if sb.ready(u.Node, u.Slot, u.Time) {
 			metricCreateToReady.Observe(u.Time.Sub(sb.created).Seconds())
+			p.recentReady.add(u.Time, u.Time.Sub(sb.created))
 		}
 	case pool.Exited:
 		if sb.exited(u.Container, u.ExitCode, u.Reason, u.Message, u.Time) {

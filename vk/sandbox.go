@@ -144,6 +144,24 @@ func backoff(base, ceiling time.Duration, n int) time.Duration {
 	return min(d, ceiling)
 }
 
+// phase is the pod phase a kubelet would report.
+func (s *sandbox) phase() corev1.PodPhase {
+	switch {
+	case s.failed:
+		return corev1.PodFailed
+	case !s.releasedAt.IsZero() || s.allExited():
+		for _, e := range s.exits {
+			if e.code != 0 {
+				return corev1.PodFailed
+			}
+		}
+		return corev1.PodSucceeded
+	case s.started():
+		return corev1.PodRunning
+	}
+	return corev1.PodPending
+}
+
 // podWithStatus is the pod with the status a kubelet would report.
 func (s *sandbox) podWithStatus(nodeIP string) *corev1.Pod {
 	pod := s.pod.DeepCopy()
@@ -169,20 +187,9 @@ func (s *sandbox) podWithStatus(nodeIP string) *corev1.Pod {
 		st.ContainerStatuses = append(st.ContainerStatuses, s.containerStatus(c))
 	}
 	ready := s.isReady && !s.terminal()
-	switch {
-	case s.failed:
-		st.Phase, st.Reason, st.Message = corev1.PodFailed, s.reason, s.message
-	case !s.releasedAt.IsZero() || s.allExited():
-		st.Phase = corev1.PodSucceeded
-		for _, e := range s.exits {
-			if e.code != 0 {
-				st.Phase = corev1.PodFailed
-			}
-		}
-	case s.started():
-		st.Phase = corev1.PodRunning
-	default:
-		st.Phase = corev1.PodPending
+	st.Phase = s.phase()
+	if s.failed {
+		st.Reason, st.Message = s.reason, s.message
 	}
 	scheduled := created
 	readyAt := scheduled

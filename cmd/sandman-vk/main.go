@@ -114,6 +114,7 @@ func run(args []string) error {
 	}
 	restCfg.QPS, restCfg.Burst = float32(o.qps), o.burst
 	restCfg.UserAgent = "sandman-vk/" + o.nodeName
+	vk.InstrumentRESTConfig(restCfg)
 	client, err := kubernetes.NewForConfig(restCfg)
 	if err != nil {
 		return err
@@ -223,8 +224,10 @@ func run(args []string) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.MustRegister(pool.Collectors()...)
 	reg.MustRegister(vk.Collectors()...)
+	reg.MustRegister(pl.Collector(), provider.Collector())
 	metrics := http.NewServeMux()
 	metrics.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	provider.AttachCapacity(metrics)
 	metrics.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	ml, err := net.Listen("tcp", o.metricsListen)
 	if err != nil {

@@ -37,6 +37,7 @@ var suites = []suite{
 	{"daemon", benchDaemon},
 	{"node", benchNode},
 	{"vk", benchVK},
+	{"image", benchImage},
 }
 
 func main() {

@@ -286,12 +286,18 @@ type benchEnv struct {
 	client    *ctrd.Client
 	env       map[string]string
 	daemonBin string
+	// namespace is the containerd namespace (default benchNamespace).
+	namespace string
 }
 
 // startRuntime starts a containerd runtime for a benchmark; stop destroys it.
 func (b benchEnv) startRuntime(ctx context.Context, node string, mutate func(*rtcontainerd.Config)) (*rtcontainerd.Runtime, func(), error) {
+	ns := b.namespace
+	if ns == "" {
+		ns = benchNamespace
+	}
 	cfg := rtcontainerd.Config{
-		Client: b.client, Namespace: benchNamespace, Node: node,
+		Client: b.client, Namespace: ns, Node: node,
 		StateDir: filepath.Join(b.env["SANDMAN_STATE"], node), DaemonPath: b.daemonBin,
 		CNIConfDir: b.env["CNI_CONF_DIR"], CNIBinDir: b.env["CNI_BIN_DIR"],
 		Resources: runtime.Resources{MilliCPU: 1 << 30, MemoryBytes: 1 << 50},
