@@ -49,6 +49,7 @@ Commands:
   delete NAME          delete a sandbox (its slot is released)
   prepull IMAGE...     keep images unpacked on every worker; a progress bar per worker
   images               the images of every worker: state, size, pinned, in use
+  top nodes            slots, CPU, memory, images and bind latency per worker (--watch)
 
 Global flags:
 `
@@ -171,6 +172,8 @@ func (c *ctl) dispatch(ctx context.Context, cmd string, args []string) error {
 		return c.prepull(ctx, args)
 	case "images":
 		return c.images(ctx, args)
+	case "top":
+		return c.top(ctx, args)
 	}
 	return fail(exitUsage, "unknown command %q (run sandmanctl without arguments for the list)", cmd)
 }
