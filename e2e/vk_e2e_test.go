@@ -51,6 +51,8 @@ type vpool struct {
 	vkBin  string
 	vkArgs []string
 	vk     *agent
+	// metrics is sandman-vk's /metrics and capacity page address.
+	metrics string
 }
 
 type vagent struct {
@@ -88,11 +90,12 @@ func startPool(t *testing.T, s *framework.Stack, n, slots int) *vpool {
 			return err == nil && inv.Count()[runtime.StateWarm] > 0, nil
 		})
 	}
+	p.metrics = "127.0.0.1:" + strconv.Itoa(freePort(t))
 	p.vkArgs = []string{"--kubeconfig", s.Env["KUBECONFIG"], "--pool", p.name, "--node-name", p.node,
 		"--node-ip", s.Env["BRIDGE_IP"], "--kubelet-listen", s.Env["BRIDGE_IP"] + ":" + strconv.Itoa(freePort(t)),
 		"--tls-cert-file", filepath.Join(s.Env["PKI"], "kubelet-serving.crt"), "--tls-key-file", filepath.Join(s.Env["PKI"], "kubelet-serving.key"),
 		"--client-ca-file", filepath.Join(s.Env["PKI"], "ca.crt"),
-		"--node-agents", strings.Join(agents, ","), "--metrics-listen", "127.0.0.1:" + strconv.Itoa(freePort(t)),
+		"--node-agents", strings.Join(agents, ","), "--metrics-listen", p.metrics,
 		"--reconcile-interval", "1s", "--orphan-grace", "3s", "--lost-after", "5s"}
 	ctx := t.Context()
 	if _, err := s.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: p.ns}}, metav1.CreateOptions{}); err != nil {

@@ -16,8 +16,8 @@ kubectl() { "$KUBECTL" "$@"; }
 
 BIN=$SANDMAN_STATE/bin
 mkdir -p "$BIN"
-log "building sandman-node, sandman-vk and sandman-daemon into $BIN"
-for c in sandman-node sandman-vk sandman-daemon; do
+log "building sandman-node, sandman-vk, sandman-daemon and sandmanctl into $BIN"
+for c in sandman-node sandman-vk sandman-daemon sandmanctl; do
 	(cd "$SANDMAN_ROOT" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$BIN/$c.new" "./cmd/$c")
 	# Replace running binaries by rename, so a running agent is not disturbed.
 	mv -f "$BIN/$c.new" "$BIN/$c"
@@ -72,6 +72,7 @@ YAML
 kubectl wait --for=condition=Ready pod/sandbox-demo --timeout=120s
 IP=$(kubectl get pod sandbox-demo -o jsonpath='{.status.podIP}')
 kubectl get pod sandbox-demo -o wide
+"$BIN/sandmanctl" --kubeconfig "$KUBECONFIG" top nodes
 log "running a command in the sandbox through its daemon at $IP:49983"
 curl -fsS -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \
 	-d '{"shell":"echo hello from $(hostname); uname -sr; python3 --version"}' "http://$IP:49983/v1/exec"
@@ -85,6 +86,9 @@ Try:
   $KUBECTL get nodes; $KUBECTL get pods -o wide
   curl -H 'Authorization: Bearer $TOKEN' -d '{"cmd":["ls","/"]}' http://$IP:49983/v1/exec
   $KUBECTL delete pod sandbox-demo        # frees its slot
+  $BIN/sandmanctl top nodes                # capacity per worker (--watch)
+  open http://127.0.0.1:9652/capacity      # the live capacity page
+  curl -s http://127.0.0.1:9652/metrics    # Prometheus metrics (deploy/grafana: the dashboard)
 Logs: $SANDMAN_STATE/logs/{sandman-vk,sandman-node-worker-a,sandman-node-worker-b}.log
 Stop everything: make local-down
 MSG

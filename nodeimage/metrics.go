@@ -16,7 +16,7 @@ type metrics struct {
 
 func newMetrics(node string) *metrics {
 	l := prometheus.Labels{"node": node}
-	return &metrics{
+	m := &metrics{
 		pulls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sandman_node_image_pulls_total", ConstLabels: l,
 			Help: "Image pulls by result: ok, not_found, unauthorized, unreachable, disk_full, invalid, failed.",
@@ -35,6 +35,11 @@ func newMetrics(node string) *metrics {
 			Help: "Images removed to keep the cache within its budget.",
 		}),
 	}
+	// Every result exists from the start, so dashboards show zeros, not gaps.
+	for _, r := range []Kind{"ok", KindNotFound, KindUnauthorized, KindUnreachable, KindDiskFull, KindInvalid, KindFailed} {
+		m.pulls.WithLabelValues(string(r))
+	}
+	return m
 }
 
 var (

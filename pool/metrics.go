@@ -23,6 +23,13 @@ var (
 	}, []string{"outcome"})
 )
 
+func init() {
+	// Every outcome exists from the start, so dashboards show zeros, not gaps.
+	for _, o := range []string{"hot", "image", "cold", "waiting"} {
+		metricPlacements.WithLabelValues(o)
+	}
+}
+
 // Collectors are the pool's package-level metrics, for registration by cmd.
 func Collectors() []prometheus.Collector {
 	return []prometheus.Collector{metricBindSeconds, metricAdmissionWait, metricPlacements}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -193,7 +194,7 @@ func (r *readyRing) histogram(now time.Time) ReadyHistogram {
 		}
 	}
 	r.mu.Unlock()
-	h := ReadyHistogram{Window: pool.BindWindow.String(), Count: len(recent)}
+	h := ReadyHistogram{Window: strings.TrimSuffix(pool.BindWindow.String(), "0s"), Count: len(recent)}
 	for _, le := range readyBucketsMS {
 		h.Buckets = append(h.Buckets, Bucket{LeMS: le})
 	}

@@ -22,7 +22,7 @@ func TestWriteTop(t *testing.T) {
 		},
 		Totals: vk.CapacityTotals{Nodes: 2, HealthyNodes: 1, CapacitySlots: 8,
 			Slots: map[runtime.SlotState]int{runtime.StateWarm: 5, runtime.StateBound: 3}},
-		CreateToReady: vk.ReadyHistogram{Window: "5m0s", Count: 3, P50MS: 70, P99MS: 140},
+		CreateToReady: vk.ReadyHistogram{Window: "5m", Count: 3, P50MS: 70, P99MS: 140},
 	}
 	var b strings.Builder
 	writeTop(&b, c)

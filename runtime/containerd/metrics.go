@@ -21,7 +21,7 @@ var durationBuckets = []float64{.005, .01, .025, .05, .1, .15, .2, .3, .5, .75, 
 
 func newMetrics(node string) *metrics {
 	l := prometheus.Labels{"node": node}
-	return &metrics{
+	m := &metrics{
 		bindSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "sandman_node_bind_duration_seconds", ConstLabels: l, Buckets: durationBuckets,
 			Help: "Time to bind a pod into a slot, by phase: reserve, image, create, start, total (seconds).",
@@ -39,6 +39,12 @@ func newMetrics(node string) *metrics {
 			Help: "Failed binds by reason (ImageNotFound, ErrImagePull, InvalidSpec, StartError, NoCapacity), and sandboxes stopped for their disk use (Evicted).",
 		}, []string{"reason"}),
 	}
+	// Every reason exists from the start, so dashboards show zeros, not gaps.
+	for _, r := range []string{runtime.ReasonImageNotFound, runtime.ReasonErrImagePull, runtime.ReasonInvalidSpec,
+		runtime.ReasonStartFailed, "NoCapacity", runtime.ReasonEvicted} {
+		m.failures.WithLabelValues(r)
+	}
+	return m
 }
 
 func (m *metrics) observePhase(phase string, start time.Time) {
