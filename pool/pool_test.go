@@ -3,8 +3,8 @@ package pool
 import (
 	"context"
 	"fmt"
-	"sync"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 

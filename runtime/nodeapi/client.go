@@ -96,7 +96,7 @@ type remoteError struct {
 	classes []error
 }
 
-func (e remoteError) Error() string { return e.msg }
+func (e remoteError) Error() string   { return e.msg }
 func (e remoteError) Unwrap() []error { return e.classes }
 
 // Bind implements runtime.Runtime.
