@@ -38,11 +38,13 @@ var suites = []suite{
 	{"node", benchNode},
 	{"vk", benchVK},
 	{"image", benchImage},
+	// scale takes many minutes: only when asked for (BENCH_SUITE=scale).
+	{"scale", benchScale},
 }
 
 func main() {
 	var (
-		only = flag.String("suite", "all", "comma-separated suites to run: "+suiteNames()+" or all")
+		only = flag.String("suite", "all", "comma-separated suites to run: "+suiteNames()+" or all (all but scale)")
 		n    = flag.Int("n", 500, "iterations for latency benchmarks")
 		out  = flag.String("out", "", "also write the table (markdown) to this file")
 	)
@@ -53,6 +55,9 @@ func main() {
 	}
 	var rows []row
 	for _, s := range suites {
+		if *only == "all" && s.name == "scale" {
+			continue
+		}
 		if *only != "all" && !slices.Contains(strings.Split(*only, ","), s.name) {
 			continue
 		}

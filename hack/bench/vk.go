@@ -215,15 +215,17 @@ func serveAgents(ctx context.Context, agents map[string]runtime.Runtime) (string
 
 // vkProc is a running sandman-vk.
 type vkProc struct {
-	cmd  *exec.Cmd
-	out  bytes.Buffer
-	node string
-	pool string
+	cmd     *exec.Cmd
+	out     bytes.Buffer
+	node    string
+	pool    string
+	metrics string
 }
 
 func (b *vkBench) startVK(ctx context.Context, pool, agents string, extra ...string) (*vkProc, error) {
 	p := &vkProc{node: "sandman-bench-" + pool, pool: pool}
 	metrics, kubelet := freeAddr("127.0.0.1"), "127.0.0.1:0"
+	p.metrics = metrics
 	if len(extra) > 0 {
 		// With TLS the apiserver must reach the kubelet port at the node IP.
 		kubelet = freeAddr(b.env["BRIDGE_IP"])
@@ -290,26 +292,31 @@ func (b *vkBench) pod(name, pool, image, nodeName string) *corev1.Pod {
 // through an informer (a plain watch may be closed by the apiserver when a
 // burst outruns its reader; the informer resumes it).
 type readyWatch struct {
-	mu    sync.Mutex
-	ready map[string]time.Time
-	stop  context.CancelFunc
+	mu        sync.Mutex
+	ready     map[string]time.Time
+	scheduled map[string]time.Time
+	stop      context.CancelFunc
 }
 
 func (b *vkBench) watchReady(ctx context.Context) (*readyWatch, error) {
 	ctx, cancel := context.WithCancel(ctx)
-	rw := &readyWatch{ready: map[string]time.Time{}, stop: cancel}
+	rw := &readyWatch{ready: map[string]time.Time{}, scheduled: map[string]time.Time{}, stop: cancel}
 	factory := informers.NewSharedInformerFactoryWithOptions(b.kube, 0, informers.WithNamespace(b.ns))
 	inf := factory.Core().V1().Pods().Informer()
 	see := func(obj any) {
 		pod, ok := obj.(*corev1.Pod)
-		if !ok || !podIsReady(pod) {
+		if !ok {
 			return
 		}
+		now := time.Now()
 		rw.mu.Lock()
-		if _, seen := rw.ready[pod.Name]; !seen {
-			rw.ready[pod.Name] = time.Now()
+		defer rw.mu.Unlock()
+		if _, seen := rw.scheduled[pod.Name]; !seen && pod.Spec.NodeName != "" {
+			rw.scheduled[pod.Name] = now
 		}
-		rw.mu.Unlock()
+		if _, seen := rw.ready[pod.Name]; !seen && podIsReady(pod) {
+			rw.ready[pod.Name] = now
+		}
 	}
 	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: see, UpdateFunc: func(_, cur any) { see(cur) }}); err != nil {
 		cancel()
@@ -324,19 +331,28 @@ func (b *vkBench) watchReady(ctx context.Context) (*readyWatch, error) {
 }
 
 func (rw *readyWatch) wait(names []string, timeout time.Duration) (map[string]time.Time, error) {
+	return rw.waitFor(rw.ready, "Ready", names, timeout)
+}
+
+// waitScheduled waits until each pod has a node.
+func (rw *readyWatch) waitScheduled(names []string, timeout time.Duration) (map[string]time.Time, error) {
+	return rw.waitFor(rw.scheduled, "scheduled", names, timeout)
+}
+
+func (rw *readyWatch) waitFor(seen map[string]time.Time, what string, names []string, timeout time.Duration) (map[string]time.Time, error) {
 	deadline := time.Now().Add(timeout)
 	for {
 		rw.mu.Lock()
 		done := 0
 		for _, n := range names {
-			if _, ok := rw.ready[n]; ok {
+			if _, ok := seen[n]; ok {
 				done++
 			}
 		}
 		out := map[string]time.Time{}
 		if done == len(names) {
 			for _, n := range names {
-				out[n] = rw.ready[n]
+				out[n] = seen[n]
 			}
 		}
 		rw.mu.Unlock()
@@ -344,7 +360,7 @@ func (rw *readyWatch) wait(names []string, timeout time.Duration) (map[string]ti
 			return out, nil
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("%d of %d pods Ready after %v", done, len(names), timeout)
+			return nil, fmt.Errorf("%d of %d pods %s after %v", done, len(names), what, timeout)
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
@@ -449,6 +465,12 @@ type burstResult struct {
 	vkPeakRSS, apiRSS int64
 	deleteAll         time.Duration
 	allWarm           bool
+	// Filled by the scale suite: all created (last create call returned),
+	// etcd and scheduler, apiserver requests by resource.
+	created               time.Duration
+	etcdCPU, schedCPU     time.Duration
+	etcdRSS, apiPeakRSS   int64
+	requests              map[string]float64
 }
 
 func (r burstResult) rows(name string) []row {
@@ -489,7 +511,10 @@ func (b *vkBench) burst(ctx context.Context, pool string, agents map[string]runt
 	}
 	defer rw.stop()
 	apiPID := pidOf(b.env["SANDMAN_STATE"], "kube-apiserver")
+	etcdPID, schedPID := pidOf(b.env["SANDMAN_STATE"], "etcd"), pidOf(b.env["SANDMAN_STATE"], "kube-scheduler")
 	vkCPU0, apiCPU0 := cpuTime(vk.cmd.Process.Pid), cpuTime(apiPID)
+	etcdCPU0, schedCPU0 := cpuTime(etcdPID), cpuTime(schedPID)
+	req0 := vkRequests(vk.metrics)
 
 	names := make([]string, n)
 	starts := make([]time.Time, n)
@@ -513,7 +538,8 @@ func (b *vkBench) burst(ctx context.Context, pool string, agents map[string]runt
 	if err := g.Wait(); err != nil {
 		return res, err
 	}
-	at, err := rw.wait(names, 5*time.Minute)
+	res.created = time.Since(begin)
+	at, err := rw.wait(names, max(5*time.Minute, time.Duration(n)*50*time.Millisecond))
 	if err != nil {
 		return res, fmt.Errorf("%w (%s)\n%s", err, b.podSummary(ctx), tail(vk.out.String(), 2000))
 	}
@@ -527,6 +553,12 @@ func (b *vkBench) burst(ctx context.Context, pool string, agents map[string]runt
 	res.total = last.Sub(begin)
 	res.vkCPU, res.apiCPU = cpuTime(vk.cmd.Process.Pid)-vkCPU0, cpuTime(apiPID)-apiCPU0
 	res.vkPeakRSS, res.apiRSS = statusKB(vk.cmd.Process.Pid, "VmHWM")<<10, statusKB(apiPID, "VmRSS")<<10
+	res.etcdCPU, res.schedCPU = cpuTime(etcdPID)-etcdCPU0, cpuTime(schedPID)-schedCPU0
+	res.etcdRSS, res.apiPeakRSS = statusKB(etcdPID, "VmRSS")<<10, statusKB(apiPID, "VmHWM")<<10
+	res.requests = map[string]float64{}
+	for k, v := range vkRequests(vk.metrics) {
+		res.requests[k] = v - req0[k]
+	}
 
 	start := time.Now()
 	if err := b.kube.CoreV1().Pods(b.ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {

@@ -1,0 +1,538 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"maps"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	ctrd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"golang.org/x/sync/errgroup"
+	coordv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
+
+	"github.com/sandman-dev/sandman/runtime"
+	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
+	"github.com/sandman-dev/sandman/runtime/fake"
+	"github.com/sandman-dev/sandman/runtime/runtimetest"
+)
+
+// Scale suite sizes; BENCH_SCALE_* override them (a quick run:
+// BENCH_SCALE_HOLD=2000 BENCH_SCALE_SCHED=500 BENCH_SCALE_REAL_MAX=50).
+var (
+	scaleNodes     = envInt("BENCH_SCALE_NODES", 50)
+	scaleSlots     = envInt("BENCH_SCALE_SLOTS", 400)
+	scaleHold      = envInt("BENCH_SCALE_HOLD", 20000)
+	scaleBurst     = envInt("BENCH_SCALE_BURST", 1000)
+	scaleRepeats   = envInt("BENCH_SCALE_REPEATS", 3)
+	scaleSched     = envInt("BENCH_SCALE_SCHED", 5000)
+	scaleSchedNode = envInt("BENCH_SCALE_SCHED_NODES", 200)
+	scaleRealBurst = envInt("BENCH_SCALE_REAL_BURST", 100)
+	scaleRealMax   = envInt("BENCH_SCALE_REAL_MAX", 500)
+)
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+// benchScale: 20,000 concurrent sandboxes held on runtime/fake agents,
+// repeated bursts of 1,000 (node selector and spec.nodeName preset),
+// kube-scheduler's load for the virtual node beside 200 ordinary nodes, and
+// real containers: a burst of 100 and as many idle sandboxes as the machine
+// holds. Everything runs against the stack's real control plane; the fake
+// agents are served from this process over the node API, sandman-vk is its
+// own process.
+func benchScale(cfg config) ([]row, error) {
+	env, err := stackEnv()
+	if err != nil {
+		return nil, err
+	}
+	rc, err := clientcmd.BuildConfigFromFlags("", env["KUBECONFIG"])
+	if err != nil {
+		return nil, err
+	}
+	rc.QPS, rc.Burst = 5000, 10000
+	kube, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	tmp, err := os.MkdirTemp("", "sandman-bench-scale")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	vkBin := filepath.Join(tmp, "sandman-vk")
+	build := exec.Command("go", "build", "-o", vkBin, "./cmd/sandman-vk")
+	build.Dir = cfg.root
+	if out, err := build.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("build sandman-vk: %v\n%s", err, out)
+	}
+	daemonBin, err := buildDaemon(cfg.root, tmp)
+	if err != nil {
+		return nil, err
+	}
+	client, err := ctrd.New(env["CONTAINERD_ADDRESS"], ctrd.WithDefaultNamespace(benchNamespace))
+	if err != nil {
+		return nil, err
+	}
+	defer client.Close()
+	b := &vkBench{env: env, kube: kube, vkBin: vkBin, tmp: tmp, ns: "scale-" + rand.String(5), client: client,
+		be: benchEnv{client: client, env: env, daemonBin: daemonBin}}
+	ctx := namespaces.WithNamespace(context.Background(), benchNamespace)
+	if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: b.ns}}, metav1.CreateOptions{}); err != nil {
+		return nil, err
+	}
+	defer func() { _ = kube.CoreV1().Namespaces().Delete(context.Background(), b.ns, metav1.DeleteOptions{}) }()
+	image := env["BUSYBOX_IMAGE"]
+
+	agents := map[string]runtime.Runtime{}
+	for i := range scaleNodes {
+		name := fmt.Sprintf("scale-%02d", i)
+		f, err := fake.New(fake.Config{Node: name, Slots: scaleSlots, IPBase: fmt.Sprintf("10.%d.%d", 100+i/250, i%250),
+			BindLatency: 20 * time.Millisecond, ReadyLatency: 5 * time.Millisecond, Resources: runtime.Resources{MilliCPU: 1 << 40, MemoryBytes: 1 << 50}})
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		agents[name] = f
+	}
+	var rows []row
+	plots := map[string]durations{}
+
+	// Hold 20,000.
+	fmt.Fprintf(os.Stderr, "scale: holding %d sandboxes on %d fake nodes × %d slots\n", scaleHold, scaleNodes, scaleSlots)
+	hold, err := b.burst(ctx, "hold", agents, image, scaleHold, false)
+	if err != nil {
+		return nil, fmt.Errorf("hold %d: %w", scaleHold, err)
+	}
+	warm := "every slot warm again"
+	if !hold.allWarm {
+		warm = "NOT every slot warm again"
+	}
+	rows = append(rows, row{name: fmt.Sprintf("hold %d concurrent sandboxes (%d fake nodes × %d slots, node selector): create → Ready", scaleHold, scaleNodes, scaleSlots),
+		n: scaleHold, p50: ms(hold.ready.p50()), p99: ms(hold.ready.p99()), baseline: "create call " + ms(hold.create.p50()), ratio: ratio(hold.ready.p50(), hold.create.p50()),
+		note: fmt.Sprintf("all created in %.1f s, all Ready in %.1f s (%.0f pods/s); sandman-vk %.1f CPU-s, peak RSS %d MiB (target ≤ 1024); apiserver peak RSS %d MiB, %.1f CPU-s; etcd RSS %d MiB, %.1f CPU-s; scheduler %.1f CPU-s; %s; delete all %.1f s, %s",
+			hold.created.Seconds(), hold.total.Seconds(), float64(scaleHold)/hold.total.Seconds(), hold.vkCPU.Seconds(), hold.vkPeakRSS>>20,
+			hold.apiPeakRSS>>20, hold.apiCPU.Seconds(), hold.etcdRSS>>20, hold.etcdCPU.Seconds(), hold.schedCPU.Seconds(), requestsPerPod(hold), hold.deleteAll.Seconds(), warm)})
+	plots[fmt.Sprintf("hold %d", scaleHold)] = hold.ready
+
+	// Bursts of 1,000, repeated; medians.
+	for _, preset := range []bool{false, true} {
+		name := fmt.Sprintf("burst of %d (fake nodes), node selector", scaleBurst)
+		if preset {
+			name = fmt.Sprintf("burst of %d (fake nodes), spec.nodeName preset", scaleBurst)
+		}
+		var runs []burstResult
+		for r := range scaleRepeats {
+			fmt.Fprintf(os.Stderr, "scale: %s, run %d/%d\n", name, r+1, scaleRepeats)
+			res, err := b.burst(ctx, fmt.Sprintf("b%d", r), agents, image, scaleBurst, preset)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", name, err)
+			}
+			runs = append(runs, res)
+		}
+		rows = append(rows, burstMedianRow(name, runs))
+		all := durations{}
+		for _, r := range runs {
+			all = append(all, r.ready...)
+		}
+		plots[name] = all
+	}
+
+	// kube-scheduler: the virtual node beside 200 ordinary nodes.
+	r, err := b.schedulerLoad(ctx, agents, image)
+	if err != nil {
+		return nil, fmt.Errorf("scheduler load: %w", err)
+	}
+	rows = append(rows, r...)
+
+	// Real containers.
+	r, err = b.realScale(ctx, image)
+	if err != nil {
+		return nil, fmt.Errorf("real sandboxes: %w", err)
+	}
+	rows = append(rows, r...)
+
+	svg := filepath.Join(cfg.root, "docs", "scale-create-to-ready.svg")
+	if err := os.WriteFile(svg, []byte(cdfSVG("create → Ready, cumulative (fake nodes, real control plane)", plots)), 0o644); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(os.Stderr, "scale: plot written to %s\n", svg)
+	return rows, nil
+}
+
+// requestsPerPod summarises sandman-vk's apiserver requests per pod.
+func requestsPerPod(r burstResult) string {
+	var parts []string
+	keys := slices.Sorted(maps.Keys(r.requests))
+	total := 0.0
+	for _, k := range keys {
+		if r.requests[k] >= float64(r.n)/10 {
+			parts = append(parts, fmt.Sprintf("%s %.2f", k, r.requests[k]/float64(r.n)))
+		}
+		total += r.requests[k]
+	}
+	return fmt.Sprintf("sandman-vk apiserver requests per pod %.2f (%s)", total/float64(r.n), strings.Join(parts, ", "))
+}
+
+// vkRequests reads sandman_vk_apiserver_requests_total from sandman-vk's
+// metrics, by verb and resource.
+func vkRequests(addr string) map[string]float64 {
+	out := map[string]float64{}
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return out
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "sandman_vk_apiserver_requests_total{") {
+			continue
+		}
+		labels, value, _ := strings.Cut(strings.TrimPrefix(line, "sandman_vk_apiserver_requests_total{"), "} ")
+		var verb, res string
+		for kv := range strings.SplitSeq(labels, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			v = strings.Trim(v, `"`)
+			switch k {
+			case "verb":
+				verb = v
+			case "resource":
+				res = v
+			}
+		}
+		f, _ := strconv.ParseFloat(value, 64)
+		out[verb+" "+res] += f
+	}
+	return out
+}
+
+func burstMedianRow(name string, runs []burstResult) row {
+	med := func(f func(burstResult) float64) float64 {
+		v := make([]float64, len(runs))
+		for i, r := range runs {
+			v[i] = f(r)
+		}
+		slices.Sort(v)
+		return v[len(v)/2]
+	}
+	p50 := time.Duration(med(func(r burstResult) float64 { return float64(r.ready.p50()) }))
+	p99 := time.Duration(med(func(r burstResult) float64 { return float64(r.ready.p99()) }))
+	create := time.Duration(med(func(r burstResult) float64 { return float64(r.create.p50()) }))
+	rate := med(func(r burstResult) float64 { return float64(r.n) / r.total.Seconds() })
+	var rates []string
+	for _, r := range runs {
+		rates = append(rates, fmt.Sprintf("%.0f", float64(r.n)/r.total.Seconds()))
+	}
+	mid := runs[len(runs)/2]
+	return row{name: name + ": create → Ready (median of runs)", n: runs[0].n * len(runs), p50: ms(p50), p99: ms(p99),
+		baseline: "create call " + ms(create), ratio: ratio(p50, create),
+		note: fmt.Sprintf("%.0f pods/s to all Ready (runs: %s; target ≥ 300, p99 ≤ 5 s); per burst: apiserver %.1f, etcd %.1f, scheduler %.1f, sandman-vk %.1f CPU-s; %s",
+			rate, strings.Join(rates, ", "), mid.apiCPU.Seconds(), mid.etcdCPU.Seconds(), mid.schedCPU.Seconds(), mid.vkCPU.Seconds(), requestsPerPod(mid))}
+}
+
+// schedulerLoad schedules the same number of pods onto the virtual node and
+// onto 200 ordinary Node objects (kept Ready by renewing their leases, their
+// pods made Running by a stand-in for kubelets), and compares
+// kube-scheduler's CPU time and throughput.
+func (b *vkBench) schedulerLoad(ctx context.Context, agents map[string]runtime.Runtime, image string) ([]row, error) {
+	schedPID := pidOf(b.env["SANDMAN_STATE"], "kube-scheduler")
+	if schedPID == 0 {
+		return nil, fmt.Errorf("no kube-scheduler pid")
+	}
+	n := scaleSched
+
+	// The virtual node.
+	fmt.Fprintf(os.Stderr, "scale: scheduler, %d pods onto the virtual node\n", n)
+	vres, err := b.burst(ctx, "sched-vk", agents, image, n, false)
+	if err != nil {
+		return nil, err
+	}
+	vSched := vres.schedCPU
+
+	// 200 ordinary nodes.
+	fmt.Fprintf(os.Stderr, "scale: scheduler, %d pods over %d ordinary nodes\n", n, scaleSchedNode)
+	label := "sandman-bench-sched-" + rand.String(4)
+	nodes, stopNodes, err := b.fakeKubelets(ctx, label, scaleSchedNode, n)
+	if err != nil {
+		return nil, err
+	}
+	defer stopNodes()
+	rw, err := b.watchReady(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer rw.stop()
+	cpu0 := cpuTime(schedPID)
+	names := make([]string, n)
+	starts := make([]time.Time, n)
+	var g errgroup.Group
+	g.SetLimit(64)
+	begin := time.Now()
+	for i := range n {
+		names[i] = fmt.Sprintf("plain-%05d", i)
+		g.Go(func() error {
+			pod := &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Name: names[i], Namespace: b.ns},
+				Spec: corev1.PodSpec{
+					NodeSelector:                  map[string]string{label: "true"},
+					TerminationGracePeriodSeconds: ptr.To[int64](0),
+					Containers: []corev1.Container{{Name: "task", Image: image, Resources: corev1.ResourceRequirements{
+						Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("16Mi")}}}},
+				},
+			}
+			starts[i] = time.Now()
+			_, err := b.kube.CoreV1().Pods(b.ns).Create(ctx, pod, metav1.CreateOptions{})
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	at, err := rw.waitScheduled(names, 10*time.Minute)
+	if err != nil {
+		return nil, err
+	}
+	last := begin
+	for _, name := range names {
+		if at[name].After(last) {
+			last = at[name]
+		}
+	}
+	plainTotal := last.Sub(begin)
+	plainSched := cpuTime(schedPID) - cpu0
+	if _, err := rw.wait(names, 10*time.Minute); err != nil {
+		return nil, fmt.Errorf("stand-in kubelets: %w", err)
+	}
+	if err := b.kube.CoreV1().Pods(b.ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}, metav1.ListOptions{}); err != nil {
+		return nil, err
+	}
+	if err := b.waitGone(ctx, names); err != nil {
+		return nil, err
+	}
+	_ = nodes
+
+	// The virtual node's scheduling throughput: first create to last bound.
+	vRate := float64(n) / vres.total.Seconds()
+	perPodV := vSched.Seconds() * 1000 / float64(n)
+	perPodP := plainSched.Seconds() * 1000 / float64(n)
+	return []row{
+		{name: fmt.Sprintf("kube-scheduler: %d pods over %d ordinary nodes (baseline)", n, scaleSchedNode), n: n,
+			p50: fmt.Sprintf("%.3f ms CPU/pod", perPodP), p99: "-", baseline: "-", ratio: "1.00×",
+			note: fmt.Sprintf("scheduler %.1f CPU-s; %.0f pods/s scheduled (all bound in %.1f s); pods made Running by a stand-in for kubelets", plainSched.Seconds(), float64(n)/plainTotal.Seconds(), plainTotal.Seconds())},
+		{name: fmt.Sprintf("kube-scheduler: %d pods onto the virtual node", n), n: n,
+			p50: fmt.Sprintf("%.3f ms CPU/pod", perPodV), p99: "-", baseline: fmt.Sprintf("%d ordinary nodes", scaleSchedNode),
+			ratio: fmt.Sprintf("%.2f×", perPodV/perPodP),
+			note: fmt.Sprintf("scheduler %.1f CPU-s (target ≤ 0.5× the baseline); %.0f pods/s to Ready through sandman-vk", vSched.Seconds(), vRate)},
+	}, nil
+}
+
+// fakeKubelets makes count Ready nodes with room for pods pods, renews
+// their leases, and makes their pods Running and Ready as a kubelet would
+// report them. stop deletes them.
+func (b *vkBench) fakeKubelets(ctx context.Context, label string, count, pods int) ([]string, func(), error) {
+	perNode := pods/count + 10
+	var names []string
+	for i := range count {
+		name := fmt.Sprintf("%s-%03d", label, i)
+		names = append(names, name)
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{label: "true", "kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}}}
+		created, err := b.kube.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+		if err != nil {
+			return nil, nil, err
+		}
+		capa := corev1.ResourceList{corev1.ResourcePods: *resource.NewQuantity(int64(perNode), resource.DecimalSI),
+			corev1.ResourceCPU: resource.MustParse("64"), corev1.ResourceMemory: resource.MustParse("256Gi")}
+		now := metav1.Now()
+		created.Status = corev1.NodeStatus{Capacity: capa, Allocatable: capa,
+			Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: now, LastTransitionTime: now}},
+			Addresses:  []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: fmt.Sprintf("10.254.%d.%d", i/250, i%250+1)}}}
+		if _, err := b.kube.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+			return nil, nil, err
+		}
+		lease := &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "kube-node-lease"},
+			Spec: coordv1.LeaseSpec{HolderIdentity: ptr.To(name), LeaseDurationSeconds: ptr.To[int32](40), RenewTime: &metav1.MicroTime{Time: time.Now()}}}
+		if _, err := b.kube.CoordinationV1().Leases("kube-node-lease").Create(ctx, lease, metav1.CreateOptions{}); err != nil {
+			return nil, nil, err
+		}
+	}
+	lctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { // leases every 10 s
+		t := time.NewTicker(10 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-lctx.Done():
+				return
+			case <-t.C:
+			}
+			for _, name := range names {
+				l, err := b.kube.CoordinationV1().Leases("kube-node-lease").Get(lctx, name, metav1.GetOptions{})
+				if err != nil {
+					continue
+				}
+				l.Spec.RenewTime = &metav1.MicroTime{Time: time.Now()}
+				_, _ = b.kube.CoordinationV1().Leases("kube-node-lease").Update(lctx, l, metav1.UpdateOptions{})
+			}
+		}
+	})
+	wg.Go(func() { b.standInKubelet(lctx, label) })
+	// Wait until the node lifecycle controller has lifted the not-ready
+	// taints, so every node takes pods.
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		l, err := b.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: label + "=true"})
+		if err == nil {
+			tainted := 0
+			for _, n := range l.Items {
+				if len(n.Spec.Taints) > 0 {
+					tainted++
+				}
+			}
+			if tainted == 0 && len(l.Items) == count {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			wg.Wait()
+			return nil, nil, fmt.Errorf("ordinary nodes still tainted not-ready")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return names, func() {
+		cancel()
+		wg.Wait()
+		for _, name := range names {
+			_ = b.kube.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{})
+			_ = b.kube.CoordinationV1().Leases("kube-node-lease").Delete(context.Background(), name, metav1.DeleteOptions{})
+		}
+	}, nil
+}
+
+// standInKubelet marks pods bound to the label's nodes Running and Ready.
+func (b *vkBench) standInKubelet(ctx context.Context, label string) {
+	w, err := b.kube.CoreV1().Pods(b.ns).Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		return
+	}
+	defer w.Stop()
+	prefix := label + "-"
+	sem := make(chan struct{}, 32)
+	for ev := range w.ResultChan() {
+		pod, ok := ev.Object.(*corev1.Pod)
+		if !ok || !strings.HasPrefix(pod.Spec.NodeName, prefix) || pod.Status.Phase == corev1.PodRunning || pod.DeletionTimestamp != nil {
+			continue
+		}
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem }()
+			now := metav1.Now()
+			pod.Status.Phase = corev1.PodRunning
+			pod.Status.StartTime = &now
+			pod.Status.Conditions = []corev1.PodCondition{
+				{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
+				{Type: corev1.ContainersReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
+				{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: now},
+			}
+			pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "task", Ready: true, Image: pod.Spec.Containers[0].Image,
+				State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}}}
+			_, _ = b.kube.CoreV1().Pods(b.ns).UpdateStatus(ctx, pod, metav1.UpdateOptions{})
+		}()
+	}
+}
+
+// realScale: a burst of real sandboxes through the whole path, and as many
+// idle real sandboxes as the machine holds (binds on the node agent until
+// one fails, host memory runs low or the run's cap), with host memory per
+// sandbox.
+func (b *vkBench) realScale(ctx context.Context, image string) ([]row, error) {
+	rt, stop, err := b.be.startRuntime(ctx, "bench-scale-real", func(c *rtcontainerd.Config) {
+		c.Slots, c.WarmSlots, c.RefillConcurrency = max(scaleRealBurst, scaleRealMax), 16, 2
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+	if err := waitCount(ctx, rt, runtime.StateWarm, 16); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(os.Stderr, "scale: burst of %d real sandboxes\n", scaleRealBurst)
+	res, err := b.burst(ctx, "real", map[string]runtime.Runtime{"bench-scale-real": rt}, image, scaleRealBurst, false)
+	if err != nil {
+		return nil, err
+	}
+	rows := []row{{name: fmt.Sprintf("burst of %d real sandboxes (one node agent, containerd): create → Ready", scaleRealBurst), n: scaleRealBurst,
+		p50: ms(res.ready.p50()), p99: ms(res.ready.p99()), baseline: "create call " + ms(res.create.p50()), ratio: ratio(res.ready.p50(), res.create.p50()),
+		note: fmt.Sprintf("%.1f pods/s to all Ready (%.1f s); sandman-vk %.1f CPU-s", float64(res.n)/res.total.Seconds(), res.total.Seconds(), res.vkCPU.Seconds())}}
+
+	fmt.Fprintf(os.Stderr, "scale: idle real sandboxes, up to %d\n", scaleRealMax)
+	if err := waitCount(ctx, rt, runtime.StateWarm, 16); err != nil {
+		return nil, err
+	}
+	before := memAvailable()
+	held, why := 0, fmt.Sprintf("the run's cap (%d)", scaleRealMax)
+	start := time.Now()
+	for held < scaleRealMax {
+		if memAvailable() < 2<<30 {
+			why = "host memory below 2 GiB available"
+			break
+		}
+		_, err := rt.Bind(ctx, runtimetest.Request(fmt.Sprintf("idle-%05d", held), image))
+		if err != nil {
+			why = "a bind failed: " + err.Error()
+			break
+		}
+		held++
+	}
+	// Let the last sandboxes settle before reading memory.
+	if err := waitCount(ctx, rt, runtime.StateBound, held); err != nil {
+		return nil, err
+	}
+	used := before - memAvailable()
+	took := time.Since(start)
+	for i := range held {
+		_ = rt.Release(ctx, fmt.Sprintf("idle-%05d", i), 0)
+	}
+	rows = append(rows, row{name: "idle real sandboxes held at once (busybox, daemon as PID 1)", n: held,
+		p50: fmt.Sprintf("%.1f MiB/sandbox", float64(used)/float64(max(held, 1))/(1<<20)), p99: "-", baseline: "-", ratio: "-",
+		note: fmt.Sprintf("%d held, stopped by %s; host MemAvailable fell by %.2f GiB; bound one after another in %.0f s", held, why, float64(used)/(1<<30), took.Seconds())})
+	return rows, nil
+}
+
+// memAvailable is /proc/meminfo's MemAvailable in bytes.
+func memAvailable() int64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "MemAvailable:"); ok {
+			n, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return n << 10
+		}
+	}
+	return 0
+}
