@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	goruntime "runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,6 +26,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
 	"github.com/sandman-dev/sandman/runtime"
@@ -98,6 +100,7 @@ func benchScale(cfg config) ([]row, error) {
 	b := &vkBench{env: env, kube: kube, vkBin: vkBin, tmp: tmp, ns: "scale-" + rand.String(5), client: client,
 		be: benchEnv{client: client, env: env, daemonBin: daemonBin}}
 	ctx := namespaces.WithNamespace(context.Background(), benchNamespace)
+	b.removeLeftovers(ctx)
 	if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: b.ns}}, metav1.CreateOptions{}); err != nil {
 		return nil, err
 	}
@@ -130,9 +133,9 @@ func benchScale(cfg config) ([]row, error) {
 	}
 	rows = append(rows, row{name: fmt.Sprintf("hold %d concurrent sandboxes (%d fake nodes × %d slots, node selector): create → Ready", scaleHold, scaleNodes, scaleSlots),
 		n: scaleHold, p50: ms(hold.ready.p50()), p99: ms(hold.ready.p99()), baseline: "create call " + ms(hold.create.p50()), ratio: ratio(hold.ready.p50(), hold.create.p50()),
-		note: fmt.Sprintf("all created in %.1f s, all Ready in %.1f s (%.0f pods/s); sandman-vk %.1f CPU-s, peak RSS %d MiB (target ≤ 1024); apiserver peak RSS %d MiB, %.1f CPU-s; etcd RSS %d MiB, %.1f CPU-s; scheduler %.1f CPU-s; %s; delete all %.1f s, %s",
+		note: fmt.Sprintf("all created in %.1f s, all Ready in %.1f s (%.0f pods/s); sandman-vk %.1f CPU-s, peak RSS %d MiB (target ≤ 1024); apiserver peak RSS %d MiB; etcd RSS %d MiB; %s; %s; delete all %.1f s, %s",
 			hold.created.Seconds(), hold.total.Seconds(), float64(scaleHold)/hold.total.Seconds(), hold.vkCPU.Seconds(), hold.vkPeakRSS>>20,
-			hold.apiPeakRSS>>20, hold.apiCPU.Seconds(), hold.etcdRSS>>20, hold.etcdCPU.Seconds(), hold.schedCPU.Seconds(), requestsPerPod(hold), hold.deleteAll.Seconds(), warm)})
+			hold.apiPeakRSS>>20, hold.etcdRSS>>20, cpuProfile(hold), requestsPerPod(hold), hold.deleteAll.Seconds(), warm)})
 	plots[fmt.Sprintf("hold %d", scaleHold)] = hold.ready
 
 	// Bursts of 1,000, repeated; medians.
@@ -178,6 +181,16 @@ func benchScale(cfg config) ([]row, error) {
 	}
 	fmt.Fprintf(os.Stderr, "scale: plot written to %s\n", svg)
 	return rows, nil
+}
+
+// cpuProfile says where the machine's CPU went during a burst: each
+// process's CPU time per pod, and how busy the two cores were.
+func cpuProfile(r burstResult) string {
+	per := func(d time.Duration) float64 { return d.Seconds() * 1000 / float64(r.n) }
+	sum := r.apiCPU + r.etcdCPU + r.schedCPU + r.kcmCPU + r.vkCPU + r.selfCPU
+	busy := sum.Seconds() / (float64(goruntime.NumCPU()) * r.total.Seconds())
+	return fmt.Sprintf("CPU ms per pod: apiserver %.1f, etcd %.1f, scheduler %.1f, controller-manager %.1f, sandman-vk %.1f, bench client + fake agents %.1f (cores %.0f%% busy)",
+		per(r.apiCPU), per(r.etcdCPU), per(r.schedCPU), per(r.kcmCPU), per(r.vkCPU), per(r.selfCPU), busy*100)
 }
 
 // requestsPerPod summarises sandman-vk's apiserver requests per pod.
@@ -248,8 +261,8 @@ func burstMedianRow(name string, runs []burstResult) row {
 	mid := runs[len(runs)/2]
 	return row{name: name + ": create → Ready (median of runs)", n: runs[0].n * len(runs), p50: ms(p50), p99: ms(p99),
 		baseline: "create call " + ms(create), ratio: ratio(p50, create),
-		note: fmt.Sprintf("%.0f pods/s to all Ready (runs: %s; target ≥ 300, p99 ≤ 5 s); per burst: apiserver %.1f, etcd %.1f, scheduler %.1f, sandman-vk %.1f CPU-s; %s",
-			rate, strings.Join(rates, ", "), mid.apiCPU.Seconds(), mid.etcdCPU.Seconds(), mid.schedCPU.Seconds(), mid.vkCPU.Seconds(), requestsPerPod(mid))}
+		note: fmt.Sprintf("%.0f pods/s to all Ready (runs: %s; target ≥ 300, p99 ≤ 5 s); %s; %s",
+			rate, strings.Join(rates, ", "), cpuProfile(mid), requestsPerPod(mid))}
 }
 
 // schedulerLoad schedules the same number of pods onto the virtual node and
@@ -344,7 +357,7 @@ func (b *vkBench) schedulerLoad(ctx context.Context, agents map[string]runtime.R
 		{name: fmt.Sprintf("kube-scheduler: %d pods onto the virtual node", n), n: n,
 			p50: fmt.Sprintf("%.3f ms CPU/pod", perPodV), p99: "-", baseline: fmt.Sprintf("%d ordinary nodes", scaleSchedNode),
 			ratio: fmt.Sprintf("%.2f×", perPodV/perPodP),
-			note: fmt.Sprintf("scheduler %.1f CPU-s (target ≤ 0.5× the baseline); %.0f pods/s to Ready through sandman-vk", vSched.Seconds(), vRate)},
+			note:  fmt.Sprintf("scheduler %.1f CPU-s (target ≤ 0.5× the baseline); %.0f pods/s to Ready through sandman-vk", vSched.Seconds(), vRate)},
 	}, nil
 }
 
@@ -354,31 +367,51 @@ func (b *vkBench) schedulerLoad(ctx context.Context, agents map[string]runtime.R
 func (b *vkBench) fakeKubelets(ctx context.Context, label string, count, pods int) ([]string, func(), error) {
 	perNode := pods/count + 10
 	var names []string
+	lctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	stop := func() {
+		cancel()
+		wg.Wait()
+		for _, name := range names {
+			_ = b.kube.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{})
+			_ = b.kube.CoordinationV1().Leases("kube-node-lease").Delete(context.Background(), name, metav1.DeleteOptions{})
+		}
+	}
+	fail := func(err error) ([]string, func(), error) {
+		stop()
+		return nil, nil, err
+	}
 	for i := range count {
 		name := fmt.Sprintf("%s-%03d", label, i)
 		names = append(names, name)
 		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{label: "true", "kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}}}
-		created, err := b.kube.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
-		if err != nil {
-			return nil, nil, err
+		if _, err := b.kube.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+			return fail(err)
 		}
 		capa := corev1.ResourceList{corev1.ResourcePods: *resource.NewQuantity(int64(perNode), resource.DecimalSI),
 			corev1.ResourceCPU: resource.MustParse("64"), corev1.ResourceMemory: resource.MustParse("256Gi")}
-		now := metav1.Now()
-		created.Status = corev1.NodeStatus{Capacity: capa, Allocatable: capa,
-			Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: now, LastTransitionTime: now}},
-			Addresses:  []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: fmt.Sprintf("10.254.%d.%d", i/250, i%250+1)}}}
-		if _, err := b.kube.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
-			return nil, nil, err
+		// The node lifecycle controller edits new nodes too: retry on conflict.
+		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			cur, err := b.kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			now := metav1.Now()
+			cur.Status = corev1.NodeStatus{Capacity: capa, Allocatable: capa,
+				Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: now, LastTransitionTime: now}},
+				Addresses:  []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: fmt.Sprintf("10.254.%d.%d", i/250, i%250+1)}}}
+			_, err = b.kube.CoreV1().Nodes().UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+			return err
+		})
+		if err != nil {
+			return fail(err)
 		}
 		lease := &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "kube-node-lease"},
 			Spec: coordv1.LeaseSpec{HolderIdentity: ptr.To(name), LeaseDurationSeconds: ptr.To[int32](40), RenewTime: &metav1.MicroTime{Time: time.Now()}}}
 		if _, err := b.kube.CoordinationV1().Leases("kube-node-lease").Create(ctx, lease, metav1.CreateOptions{}); err != nil {
-			return nil, nil, err
+			return fail(err)
 		}
 	}
-	lctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
 	wg.Go(func() { // leases every 10 s
 		t := time.NewTicker(10 * time.Second)
 		defer t.Stop()
@@ -416,20 +449,11 @@ func (b *vkBench) fakeKubelets(ctx context.Context, label string, count, pods in
 			}
 		}
 		if time.Now().After(deadline) {
-			cancel()
-			wg.Wait()
-			return nil, nil, fmt.Errorf("ordinary nodes still tainted not-ready")
+			return fail(fmt.Errorf("ordinary nodes still tainted not-ready"))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	return names, func() {
-		cancel()
-		wg.Wait()
-		for _, name := range names {
-			_ = b.kube.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{})
-			_ = b.kube.CoordinationV1().Leases("kube-node-lease").Delete(context.Background(), name, metav1.DeleteOptions{})
-		}
-	}, nil
+	return names, stop, nil
 }
 
 // standInKubelet marks pods bound to the label's nodes Running and Ready.
@@ -449,19 +473,31 @@ func (b *vkBench) standInKubelet(ctx context.Context, label string) {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem }()
-			now := metav1.Now()
-			pod.Status.Phase = corev1.PodRunning
-			pod.Status.StartTime = &now
-			pod.Status.Conditions = []corev1.PodCondition{
-				{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
-				{Type: corev1.ContainersReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
-				{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: now},
-			}
-			pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "task", Ready: true, Image: pod.Spec.Containers[0].Image,
-				State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}}}
-			_, _ = b.kube.CoreV1().Pods(b.ns).UpdateStatus(ctx, pod, metav1.UpdateOptions{})
+			_ = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+				cur, err := b.kube.CoreV1().Pods(b.ns).Get(ctx, pod.Name, metav1.GetOptions{})
+				if err != nil || cur.Status.Phase == corev1.PodRunning {
+					return err
+				}
+				return b.markRunning(ctx, cur)
+			})
 		}()
 	}
+}
+
+// markRunning reports pod Running and Ready, as its kubelet would.
+func (b *vkBench) markRunning(ctx context.Context, pod *corev1.Pod) error {
+	now := metav1.Now()
+	pod.Status.Phase = corev1.PodRunning
+	pod.Status.StartTime = &now
+	pod.Status.Conditions = []corev1.PodCondition{
+		{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
+		{Type: corev1.ContainersReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
+		{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: now},
+	}
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "task", Ready: true, Image: pod.Spec.Containers[0].Image,
+		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}}}
+	_, err := b.kube.CoreV1().Pods(b.ns).UpdateStatus(ctx, pod, metav1.UpdateOptions{})
+	return err
 }
 
 // realScale: a burst of real sandboxes through the whole path, and as many
@@ -469,14 +505,16 @@ func (b *vkBench) standInKubelet(ctx context.Context, label string) {
 // one fails, host memory runs low or the run's cap), with host memory per
 // sandbox.
 func (b *vkBench) realScale(ctx context.Context, image string) ([]row, error) {
+	slots := max(scaleRealBurst, scaleRealMax)
+	warmSlots := min(16, slots)
 	rt, stop, err := b.be.startRuntime(ctx, "bench-scale-real", func(c *rtcontainerd.Config) {
-		c.Slots, c.WarmSlots, c.RefillConcurrency = max(scaleRealBurst, scaleRealMax), 16, 2
+		c.Slots, c.WarmSlots, c.RefillConcurrency = slots, warmSlots, 2
 	})
 	if err != nil {
 		return nil, err
 	}
 	defer stop()
-	if err := waitCount(ctx, rt, runtime.StateWarm, 16); err != nil {
+	if err := waitCount(ctx, rt, runtime.StateWarm, warmSlots); err != nil {
 		return nil, err
 	}
 	fmt.Fprintf(os.Stderr, "scale: burst of %d real sandboxes\n", scaleRealBurst)
@@ -489,7 +527,7 @@ func (b *vkBench) realScale(ctx context.Context, image string) ([]row, error) {
 		note: fmt.Sprintf("%.1f pods/s to all Ready (%.1f s); sandman-vk %.1f CPU-s", float64(res.n)/res.total.Seconds(), res.total.Seconds(), res.vkCPU.Seconds())}}
 
 	fmt.Fprintf(os.Stderr, "scale: idle real sandboxes, up to %d\n", scaleRealMax)
-	if err := waitCount(ctx, rt, runtime.StateWarm, 16); err != nil {
+	if err := waitCount(ctx, rt, runtime.StateWarm, warmSlots); err != nil {
 		return nil, err
 	}
 	before := memAvailable()
@@ -512,13 +550,15 @@ func (b *vkBench) realScale(ctx context.Context, image string) ([]row, error) {
 		return nil, err
 	}
 	used := before - memAvailable()
+	pss, _, _ := sandboxPSS(benchNamespace)
 	took := time.Since(start)
 	for i := range held {
 		_ = rt.Release(ctx, fmt.Sprintf("idle-%05d", i), 0)
 	}
 	rows = append(rows, row{name: "idle real sandboxes held at once (busybox, daemon as PID 1)", n: held,
 		p50: fmt.Sprintf("%.1f MiB/sandbox", float64(used)/float64(max(held, 1))/(1<<20)), p99: "-", baseline: "-", ratio: "-",
-		note: fmt.Sprintf("%d held, stopped by %s; host MemAvailable fell by %.2f GiB; bound one after another in %.0f s", held, why, float64(used)/(1<<30), took.Seconds())})
+		note: fmt.Sprintf("%d held, stopped by %s; host MemAvailable fell by %.2f GiB (kernel memory included); PSS of their shims and processes %.1f MiB per sandbox; bound one after another in %.0f s",
+			held, why, float64(used)/(1<<30), pss/float64(max(held, 1))/(1<<20), took.Seconds())})
 	return rows, nil
 }
 
@@ -535,4 +575,25 @@ func memAvailable() int64 {
 		}
 	}
 	return 0
+}
+
+// removeLeftovers deletes what an interrupted run left: bench nodes and
+// their leases, scale namespaces.
+func (b *vkBench) removeLeftovers(ctx context.Context) {
+	if l, err := b.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); err == nil {
+		for _, n := range l.Items {
+			if strings.HasPrefix(n.Name, "sandman-bench-") {
+				_ = b.kube.CoreV1().Nodes().Delete(ctx, n.Name, metav1.DeleteOptions{})
+				_ = b.kube.CoordinationV1().Leases("kube-node-lease").Delete(ctx, n.Name, metav1.DeleteOptions{})
+			}
+		}
+	}
+	if l, err := b.kube.CoreV1().Namespaces().List(ctx, metav1.ListOptions{}); err == nil {
+		for _, ns := range l.Items {
+			if strings.HasPrefix(ns.Name, "scale-") && ns.Name != b.ns {
+				_ = b.kube.CoreV1().Pods(ns.Name).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}, metav1.ListOptions{})
+				_ = b.kube.CoreV1().Namespaces().Delete(ctx, ns.Name, metav1.DeleteOptions{})
+			}
+		}
+	}
 }

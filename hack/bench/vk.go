@@ -467,10 +467,11 @@ type burstResult struct {
 	allWarm           bool
 	// Filled by the scale suite: all created (last create call returned),
 	// etcd and scheduler, apiserver requests by resource.
-	created               time.Duration
-	etcdCPU, schedCPU     time.Duration
-	etcdRSS, apiPeakRSS   int64
-	requests              map[string]float64
+	created             time.Duration
+	etcdCPU, schedCPU   time.Duration
+	kcmCPU, selfCPU     time.Duration
+	etcdRSS, apiPeakRSS int64
+	requests            map[string]float64
 }
 
 func (r burstResult) rows(name string) []row {
@@ -514,6 +515,8 @@ func (b *vkBench) burst(ctx context.Context, pool string, agents map[string]runt
 	etcdPID, schedPID := pidOf(b.env["SANDMAN_STATE"], "etcd"), pidOf(b.env["SANDMAN_STATE"], "kube-scheduler")
 	vkCPU0, apiCPU0 := cpuTime(vk.cmd.Process.Pid), cpuTime(apiPID)
 	etcdCPU0, schedCPU0 := cpuTime(etcdPID), cpuTime(schedPID)
+	kcmPID := pidOf(b.env["SANDMAN_STATE"], "kube-controller-manager")
+	kcmCPU0, selfCPU0 := cpuTime(kcmPID), cpuTime(os.Getpid())
 	req0 := vkRequests(vk.metrics)
 
 	names := make([]string, n)
@@ -554,6 +557,7 @@ func (b *vkBench) burst(ctx context.Context, pool string, agents map[string]runt
 	res.vkCPU, res.apiCPU = cpuTime(vk.cmd.Process.Pid)-vkCPU0, cpuTime(apiPID)-apiCPU0
 	res.vkPeakRSS, res.apiRSS = statusKB(vk.cmd.Process.Pid, "VmHWM")<<10, statusKB(apiPID, "VmRSS")<<10
 	res.etcdCPU, res.schedCPU = cpuTime(etcdPID)-etcdCPU0, cpuTime(schedPID)-schedCPU0
+	res.kcmCPU, res.selfCPU = cpuTime(kcmPID)-kcmCPU0, cpuTime(os.Getpid())-selfCPU0
 	res.etcdRSS, res.apiPeakRSS = statusKB(etcdPID, "VmRSS")<<10, statusKB(apiPID, "VmHWM")<<10
 	res.requests = map[string]float64{}
 	for k, v := range vkRequests(vk.metrics) {
