@@ -34,6 +34,15 @@ type node struct {
 	reported []string
 	inflight int
 	binds    bindRing
+	// free counts warm and hot slots, used the resources of binding, bound
+	// and releasing slots (both kept by recountLocked); unseen and
+	// unseenRes are the placements on this node its inventory does not
+	// show yet (kept by the pool's placement helpers). Placement reads
+	// these instead of walking every slot and placement for every pod.
+	free      int
+	used      runtime.Resources
+	unseen    int
+	unseenRes runtime.Resources
 }
 
 func (n *node) stop() {
@@ -68,9 +77,16 @@ func (n *node) recountLocked() {
 	for _, img := range n.reported {
 		n.images[imageKey(img)] = true
 	}
+	n.free, n.used = 0, runtime.Resources{}
 	slots := make([]runtime.Slot, 0, len(n.slots))
 	for _, s := range n.slots {
 		slots = append(slots, s)
+		switch s.State {
+		case runtime.StateWarm, runtime.StateHot:
+			n.free++
+		case runtime.StateBinding, runtime.StateBound, runtime.StateReleasing:
+			n.used = n.used.Add(s.Resources)
+		}
 		if s.Image == "" {
 			continue
 		}
@@ -101,38 +117,13 @@ func imageKey(ref string) string {
 
 // freeSlotsLocked: warm and hot slots not yet taken by a reservation the
 // node's inventory does not show yet.
-func (n *node) freeSlotsLocked(placed map[string]*placement) int {
-	free := 0
-	for _, s := range n.slots {
-		if s.State == runtime.StateWarm || s.State == runtime.StateHot {
-			free++
-		}
-	}
-	for _, pl := range placed {
-		if pl.node == n.name && !pl.seen {
-			free--
-		}
-	}
-	return free
-}
+func (n *node) freeSlotsLocked() int { return n.free - n.unseen }
 
 // fitsLocked: the node's resources hold want on top of what its slots and
 // unseen reservations hold.
-func (n *node) fitsLocked(want runtime.Resources, placed map[string]*placement) bool {
+func (n *node) fitsLocked(want runtime.Resources) bool {
 	capa := n.inv.Capacity.Resources
-	var used runtime.Resources
-	for _, s := range n.slots {
-		switch s.State {
-		case runtime.StateBinding, runtime.StateBound, runtime.StateReleasing:
-			used = used.Add(s.Resources)
-		}
-	}
-	for _, pl := range placed {
-		if pl.node == n.name && !pl.seen {
-			used = used.Add(pl.req.Bind.Requests())
-		}
-	}
-	total := used.Add(want)
+	total := n.used.Add(n.unseenRes).Add(want)
 	return (capa.MilliCPU == 0 || total.MilliCPU <= capa.MilliCPU) &&
 		(capa.MemoryBytes == 0 || total.MemoryBytes <= capa.MemoryBytes)
 }
@@ -256,13 +247,13 @@ func (p *Pool) resync(n *node, inv runtime.Inventory) {
 			continue
 		}
 		if s, ok := held[uid]; ok {
-			pl.seen = true
+			pl.markSeenLocked()
 			if s.Ready {
 				updates = append(updates, Update{Kind: Ready, UID: uid, Node: n.name, Slot: s.Clone(), Time: now})
 			}
 			continue
 		}
-		delete(p.placed, uid)
+		p.unplaceLocked(uid)
 		updates = append(updates, Update{Kind: Lost, UID: uid, Node: n.name, Time: now, Reason: "SandboxLost",
 			Message: "node agent " + n.name + " no longer holds the sandbox (it restarted without it)"})
 	}
@@ -287,7 +278,7 @@ func (p *Pool) apply(n *node, ev runtime.Event) {
 			if pl, ok := p.placed[s.Pod.UID]; ok && pl.node == n.name {
 				switch s.State {
 				case runtime.StateBinding, runtime.StateBound:
-					pl.seen = true
+					pl.markSeenLocked()
 				}
 			}
 		}
@@ -331,7 +322,7 @@ func (p *Pool) checkLost() {
 	p.mu.Lock()
 	for uid, pl := range p.placed {
 		if _, ok := p.nodes[pl.node]; !ok && !pl.binding {
-			delete(p.placed, uid)
+			p.unplaceLocked(uid)
 			updates = append(updates, Update{Kind: Lost, UID: uid, Node: pl.node, Time: now, Reason: "NodeLost",
 				Message: "node agent " + pl.node + " left the pool"})
 		}
@@ -344,7 +335,7 @@ func (p *Pool) checkLost() {
 			if pl.node != n.name || pl.binding {
 				continue
 			}
-			delete(p.placed, uid)
+			p.unplaceLocked(uid)
 			msg := "node agent " + n.name + " has been unreachable since " + n.since.UTC().Format(time.RFC3339)
 			if n.err != nil {
 				msg += ": " + n.err.Error()

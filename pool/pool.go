@@ -115,6 +115,42 @@ type placement struct {
 	// seen: the node's inventory shows the pod (so its slot is no longer
 	// counted as free through the reservation).
 	seen bool
+	// on is the node an unseen placement counts against, res what it
+	// holds there.
+	on  *node
+	res runtime.Resources
+}
+
+// placeLockedOn records a placement; until the node's inventory shows it,
+// it holds a slot and its requests on n.
+func (p *Pool) placeOnLocked(uid string, pl *placement, n *node) {
+	p.placed[uid] = pl
+	if !pl.seen && n != nil {
+		pl.on, pl.res = n, pl.req.Bind.Requests()
+		n.unseen++
+		n.unseenRes = n.unseenRes.Add(pl.res)
+	}
+}
+
+// markSeenLocked: the node's inventory shows the pod now.
+func (pl *placement) markSeenLocked() {
+	if pl.seen {
+		return
+	}
+	pl.seen = true
+	if n := pl.on; n != nil {
+		n.unseen--
+		n.unseenRes = runtime.Resources{MilliCPU: n.unseenRes.MilliCPU - pl.res.MilliCPU, MemoryBytes: n.unseenRes.MemoryBytes - pl.res.MemoryBytes}
+		pl.on = nil
+	}
+}
+
+// unplaceLocked forgets a placement.
+func (p *Pool) unplaceLocked(uid string) {
+	if pl, ok := p.placed[uid]; ok {
+		pl.markSeenLocked()
+		delete(p.placed, uid)
+	}
 }
 
 // New returns a pool with no nodes.
@@ -216,7 +252,7 @@ func (p *Pool) ReleaseOn(ctx context.Context, nodeName, uid string, grace time.D
 
 func (p *Pool) forget(uid string) {
 	p.mu.Lock()
-	delete(p.placed, uid)
+	p.unplaceLocked(uid)
 	p.mu.Unlock()
 	p.nudge()
 }
@@ -226,7 +262,7 @@ func (p *Pool) forget(uid string) {
 func (p *Pool) Adopt(req Request, nodeName string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.placed[req.Bind.Pod.UID] = &placement{req: req, node: nodeName, seen: true}
+	p.placeOnLocked(req.Bind.Pod.UID, &placement{req: req, node: nodeName, seen: true}, nil)
 }
 
 // Queued reports whether a pod waits in the admission queue, and its
@@ -278,7 +314,7 @@ func (p *Pool) dispatch(ctx context.Context) {
 			metricAdmissionWait.Observe(now.Sub(at).Seconds())
 			delete(p.queuedAt, uid)
 		}
-		p.placed[uid] = &placement{req: req, node: n.name, binding: true}
+		p.placeOnLocked(uid, &placement{req: req, node: n.name, binding: true}, n)
 		n.inflight++
 		go p.bind(ctx, n, req)
 		return true
@@ -325,7 +361,7 @@ func (p *Pool) bind(ctx context.Context, n *node, req Request) {
 		p.cfg.OnUpdate(Update{Kind: Bound, UID: uid, Node: n.name, Slot: slot, Time: p.cfg.Now()})
 		return
 	}
-	delete(p.placed, uid)
+	p.unplaceLocked(uid)
 	retry := stillWanted && retryElsewhere(err)
 	if retry {
 		// Another node may take it; it keeps its place at the front.
@@ -397,8 +433,8 @@ func (p *Pool) placeLocked(req Request) (*node, string) {
 		if !n.healthy || n.inflight >= p.cfg.BindsPerNode {
 			continue
 		}
-		free := n.freeSlotsLocked(p.placed)
-		if free <= 0 || !n.fitsLocked(want, p.placed) {
+		free := n.freeSlotsLocked()
+		if free <= 0 || !n.fitsLocked(want) {
 			continue
 		}
 		score := float64(free) / float64(max(1, n.inv.Capacity.Slots)) // spread

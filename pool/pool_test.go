@@ -5,8 +5,11 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/containerd/errdefs"
 
 	"github.com/sandman-dev/sandman/runtime"
 	"github.com/sandman-dev/sandman/runtime/fake"
@@ -309,4 +312,52 @@ func TestPrePullReportsAndSteersPlacement(t *testing.T) {
 			t.Fatalf("pre-pull on %s: %v", n.Node, n.Err)
 		}
 	}
+}
+
+// TestReservationCountersBalance: the per-node counters placement reads
+// (unseen reservations and their requests) return to zero once every pod
+// is bound and seen, and once every pod is released, through binds that
+// fail and are placed again too.
+func TestReservationCountersBalance(t *testing.T) {
+	var flaky atomic.Int64
+	a := fakeNode(t, "a", 8, func(c *fake.Config) {
+		c.FailBind = func(req runtime.BindRequest) error {
+			if flaky.Add(1)%3 == 0 {
+				return fmt.Errorf("flaky: %w", errdefs.ErrUnavailable)
+			}
+			return nil
+		}
+	})
+	b := fakeNode(t, "b", 8)
+	p, rec := newPool(t, Config{Name: "t"}, a, b)
+	balanced := func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for _, n := range p.nodes {
+			if n.unseen != 0 || n.unseenRes != (runtime.Resources{}) {
+				return false
+			}
+		}
+		return true
+	}
+	for i := range 12 {
+		if err := p.Submit(request(fmt.Sprintf("p%d", i), "j", "img", 100)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "all bound", func() bool {
+		for i := range 12 {
+			if _, ok := rec.last(fmt.Sprintf("p%d", i), Bound); !ok {
+				return false
+			}
+		}
+		return true
+	})
+	eventually(t, "reservations all seen", balanced)
+	for i := range 12 {
+		if err := p.Release(t.Context(), fmt.Sprintf("p%d", i), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "released and balanced", func() bool { return balanced() && len(p.Slots()) == 0 })
 }

@@ -560,3 +560,12 @@ func lostWhileRunning(pod *corev1.Pod) bool {
 	}
 	return false
 }
+
+// TrimPod drops what the virtual node never reads from pods it caches
+// (managedFields), for the pod informer's SetTransform.
+func TrimPod(obj any) (any, error) {
+	if pod, ok := obj.(*corev1.Pod); ok {
+		pod.ManagedFields = nil
+	}
+	return obj, nil
+}

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"strings"
@@ -42,7 +43,7 @@ type options struct {
 	agents, agentNamespace, agentSelector  string
 	agentPort                              int
 	tokenFile, poolSecretFile              string
-	allowUnauthenticated                   bool
+	allowUnauthenticated, pprof            bool
 	qps                                    float64
 	burst, workers, bindsPerNode           int
 	maxQueued                              int
@@ -74,6 +75,7 @@ func run(args []string) error {
 	fs.IntVar(&o.agentPort, "node-agent-port", 9651, "node API port of discovered node agents")
 	fs.StringVar(&o.tokenFile, "token-file", "", "file with the pool token node agents accept (or env SANDMAN_POOL_TOKEN)")
 	fs.StringVar(&o.poolSecretFile, "pool-secret-file", "", "file with the secret that derives the control plane's per-sandbox daemon tokens (default: the pool token)")
+	fs.BoolVar(&o.pprof, "debug-pprof", false, "serve Go's /debug/pprof/ on --metrics-listen (profiles for benchmarks; keep the listener private)")
 	fs.BoolVar(&o.allowUnauthenticated, "allow-unauthenticated", false, "let pods without a sandman.io/token-sha256 annotation run daemons without auth (local experiments only)")
 	fs.Float64Var(&o.qps, "kube-api-qps", 500, "apiserver requests per second (client-go's default of 5 throttles bursts)")
 	fs.IntVar(&o.burst, "kube-api-burst", 1000, "apiserver request burst")
@@ -179,6 +181,11 @@ func run(args []string) error {
 		},
 		nodeutil.AttachProviderRoutes(mux),
 		nodeutil.WithPodControllerConfigOverrides(func(c *node.PodControllerConfig) error {
+			// Tens of thousands of pods are cached: without their
+			// managedFields (which nothing here reads) each takes far less.
+			if err := c.PodInformer.Informer().SetTransform(vk.TrimPod); err != nil {
+				return err
+			}
 			// Bursts: no token-bucket throttling, per-item back-off only;
 			// pods that wait for capacity wait in the pool, not here.
 			c.SyncPodsFromKubernetesRateLimiter = workqueue.NewTypedItemExponentialFailureRateLimiter[any](5*time.Millisecond, 10*time.Second)
@@ -228,6 +235,12 @@ func run(args []string) error {
 	metrics := http.NewServeMux()
 	metrics.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	provider.AttachCapacity(metrics)
+	if o.pprof {
+		metrics.HandleFunc("/debug/pprof/", pprof.Index)
+		metrics.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		metrics.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		metrics.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	metrics.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	ml, err := net.Listen("tcp", o.metricsListen)
 	if err != nil {

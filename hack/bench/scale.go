@@ -49,6 +49,13 @@ var (
 	scaleRealMax   = envInt("BENCH_SCALE_REAL_MAX", 500)
 )
 
+// scalePart: BENCH_SCALE_ONLY (comma-separated: hold, bursts, sched, real)
+// runs only those parts; empty runs all.
+func scalePart(name string) bool {
+	only := os.Getenv("BENCH_SCALE_ONLY")
+	return only == "" || slices.Contains(strings.Split(only, ","), name)
+}
+
 func envInt(name string, def int) int {
 	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
 		return v
@@ -122,24 +129,29 @@ func benchScale(cfg config) ([]row, error) {
 	plots := map[string]durations{}
 
 	// Hold 20,000.
-	fmt.Fprintf(os.Stderr, "scale: holding %d sandboxes on %d fake nodes × %d slots\n", scaleHold, scaleNodes, scaleSlots)
-	hold, err := b.burst(ctx, "hold", agents, image, scaleHold, false)
-	if err != nil {
-		return nil, fmt.Errorf("hold %d: %w", scaleHold, err)
+	if scalePart("hold") {
+		fmt.Fprintf(os.Stderr, "scale: holding %d sandboxes on %d fake nodes × %d slots\n", scaleHold, scaleNodes, scaleSlots)
+		hold, err := b.burst(ctx, "hold", agents, image, scaleHold, false)
+		if err != nil {
+			return nil, fmt.Errorf("hold %d: %w", scaleHold, err)
+		}
+		warm := "every slot warm again"
+		if !hold.allWarm {
+			warm = "NOT every slot warm again"
+		}
+		rows = append(rows, row{name: fmt.Sprintf("hold %d concurrent sandboxes (%d fake nodes × %d slots, node selector): create → Ready", scaleHold, scaleNodes, scaleSlots),
+			n: scaleHold, p50: ms(hold.ready.p50()), p99: ms(hold.ready.p99()), baseline: "create call " + ms(hold.create.p50()), ratio: ratio(hold.ready.p50(), hold.create.p50()),
+			note: fmt.Sprintf("all created in %.1f s, all Ready in %.1f s (%.0f pods/s); sandman-vk %.1f CPU-s, peak RSS %d MiB (target ≤ 1024); apiserver peak RSS %d MiB; etcd RSS %d MiB; %s; %s; delete all %.1f s, %s",
+				hold.created.Seconds(), hold.total.Seconds(), float64(scaleHold)/hold.total.Seconds(), hold.vkCPU.Seconds(), hold.vkPeakRSS>>20,
+				hold.apiPeakRSS>>20, hold.etcdRSS>>20, cpuProfile(hold), requestsPerPod(hold), hold.deleteAll.Seconds(), warm)})
+		plots[fmt.Sprintf("hold %d", scaleHold)] = hold.ready
 	}
-	warm := "every slot warm again"
-	if !hold.allWarm {
-		warm = "NOT every slot warm again"
-	}
-	rows = append(rows, row{name: fmt.Sprintf("hold %d concurrent sandboxes (%d fake nodes × %d slots, node selector): create → Ready", scaleHold, scaleNodes, scaleSlots),
-		n: scaleHold, p50: ms(hold.ready.p50()), p99: ms(hold.ready.p99()), baseline: "create call " + ms(hold.create.p50()), ratio: ratio(hold.ready.p50(), hold.create.p50()),
-		note: fmt.Sprintf("all created in %.1f s, all Ready in %.1f s (%.0f pods/s); sandman-vk %.1f CPU-s, peak RSS %d MiB (target ≤ 1024); apiserver peak RSS %d MiB; etcd RSS %d MiB; %s; %s; delete all %.1f s, %s",
-			hold.created.Seconds(), hold.total.Seconds(), float64(scaleHold)/hold.total.Seconds(), hold.vkCPU.Seconds(), hold.vkPeakRSS>>20,
-			hold.apiPeakRSS>>20, hold.etcdRSS>>20, cpuProfile(hold), requestsPerPod(hold), hold.deleteAll.Seconds(), warm)})
-	plots[fmt.Sprintf("hold %d", scaleHold)] = hold.ready
 
 	// Bursts of 1,000, repeated; medians.
 	for _, preset := range []bool{false, true} {
+		if !scalePart("bursts") {
+			break
+		}
 		name := fmt.Sprintf("burst of %d (fake nodes), node selector", scaleBurst)
 		if preset {
 			name = fmt.Sprintf("burst of %d (fake nodes), spec.nodeName preset", scaleBurst)
@@ -162,18 +174,22 @@ func benchScale(cfg config) ([]row, error) {
 	}
 
 	// kube-scheduler: the virtual node beside 200 ordinary nodes.
-	r, err := b.schedulerLoad(ctx, agents, image)
-	if err != nil {
-		return nil, fmt.Errorf("scheduler load: %w", err)
+	if scalePart("sched") {
+		r, err := b.schedulerLoad(ctx, agents, image)
+		if err != nil {
+			return nil, fmt.Errorf("scheduler load: %w", err)
+		}
+		rows = append(rows, r...)
 	}
-	rows = append(rows, r...)
 
 	// Real containers.
-	r, err = b.realScale(ctx, image)
-	if err != nil {
-		return nil, fmt.Errorf("real sandboxes: %w", err)
+	if scalePart("real") {
+		r, err := b.realScale(ctx, image)
+		if err != nil {
+			return nil, fmt.Errorf("real sandboxes: %w", err)
+		}
+		rows = append(rows, r...)
 	}
-	rows = append(rows, r...)
 
 	svg := filepath.Join(cfg.root, "docs", "scale-create-to-ready.svg")
 	if err := os.WriteFile(svg, []byte(cdfSVG("create → Ready, cumulative (fake nodes, real control plane)", plots)), 0o644); err != nil {

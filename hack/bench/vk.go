@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -21,6 +22,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/rand"
@@ -232,7 +234,7 @@ func (b *vkBench) startVK(ctx context.Context, pool, agents string, extra ...str
 	}
 	p.cmd = exec.Command(b.vkBin, append([]string{"--kubeconfig", b.env["KUBECONFIG"], "--pool", pool, "--node-name", p.node,
 		"--node-ip", b.env["BRIDGE_IP"], "--kubelet-listen", kubelet, "--node-agents", agents,
-		"--metrics-listen", metrics, "--log-level", "warn"}, extra...)...)
+		"--metrics-listen", metrics, "--log-level", "warn", "--debug-pprof"}, extra...)...)
 	p.cmd.Env = append(os.Environ(), "SANDMAN_POOL_TOKEN="+benchToken)
 	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
 	if err := p.cmd.Start(); err != nil {
@@ -440,7 +442,12 @@ func (b *vkBench) single(ctx context.Context, pool string, rt *rtcontainerd.Runt
 }
 
 func (b *vkBench) waitGone(ctx context.Context, names []string) error {
-	deadline := time.Now().Add(2 * time.Minute)
+	return b.waitGoneFor(ctx, 2*time.Minute)
+}
+
+// waitGoneFor waits until the namespace has no pods.
+func (b *vkBench) waitGoneFor(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
 	for {
 		l, err := b.kube.CoreV1().Pods(b.ns).List(ctx, metav1.ListOptions{})
 		if err != nil {
@@ -452,7 +459,7 @@ func (b *vkBench) waitGone(ctx context.Context, names []string) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%d pods not gone", len(l.Items))
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(min(time.Second, time.Duration(len(l.Items))*time.Millisecond))
 	}
 }
 
@@ -522,6 +529,12 @@ func (b *vkBench) burst(ctx context.Context, pool string, agents map[string]runt
 	names := make([]string, n)
 	starts := make([]time.Time, n)
 	res.create = make(durations, n)
+	profiling := n >= 5000
+	var cpuProfile sync.WaitGroup
+	if profiling {
+		// sandman-vk's CPU over the first 30 s of a big burst.
+		cpuProfile.Go(func() { saveProfile(vk.metrics, "profile?seconds=30", poolName+"-cpu") })
+	}
 	var g errgroup.Group
 	g.SetLimit(64)
 	begin := time.Now()
@@ -554,6 +567,10 @@ func (b *vkBench) burst(ctx context.Context, pool string, agents map[string]runt
 		}
 	}
 	res.total = last.Sub(begin)
+	if profiling {
+		saveProfile(vk.metrics, "heap", poolName+"-heap")
+		cpuProfile.Wait()
+	}
 	res.vkCPU, res.apiCPU = cpuTime(vk.cmd.Process.Pid)-vkCPU0, cpuTime(apiPID)-apiCPU0
 	res.vkPeakRSS, res.apiRSS = statusKB(vk.cmd.Process.Pid, "VmHWM")<<10, statusKB(apiPID, "VmRSS")<<10
 	res.etcdCPU, res.schedCPU = cpuTime(etcdPID)-etcdCPU0, cpuTime(schedPID)-schedCPU0
@@ -564,11 +581,24 @@ func (b *vkBench) burst(ctx context.Context, pool string, agents map[string]runt
 		res.requests[k] = v - req0[k]
 	}
 
+	// Each pod deleted on its own, as trainers release sandboxes (the
+	// apiserver's DeleteCollection deletes one pod at a time).
 	start := time.Now()
-	if err := b.kube.CoreV1().Pods(b.ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+	var dg errgroup.Group
+	dg.SetLimit(64)
+	for _, name := range names {
+		dg.Go(func() error {
+			err := b.kube.CoreV1().Pods(b.ns).Delete(ctx, name, metav1.DeleteOptions{})
+			if apierrors.IsNotFound(err) {
+				return nil
+			}
+			return err
+		})
+	}
+	if err := dg.Wait(); err != nil {
 		return res, err
 	}
-	if err := b.waitGone(ctx, names); err != nil {
+	if err := b.waitGoneFor(ctx, max(2*time.Minute, time.Duration(n)*20*time.Millisecond)); err != nil {
 		return res, err
 	}
 	res.deleteAll = time.Since(start)
@@ -597,6 +627,25 @@ func (b *vkBench) burst(ctx context.Context, pool string, agents map[string]runt
 		time.Sleep(20 * time.Millisecond)
 	}
 	return res, nil
+}
+
+// saveProfile fetches a pprof profile from sandman-vk into the temp dir.
+func saveProfile(addr, what, name string) {
+	resp, err := http.Get("http://" + addr + "/debug/pprof/" + what)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "profile %s: %v\n", name, err)
+		return
+	}
+	defer resp.Body.Close()
+	path := filepath.Join(os.TempDir(), "sandman-bench-"+name+".pprof")
+	f, err := os.Create(path)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	if _, err := io.Copy(f, resp.Body); err == nil {
+		fmt.Fprintf(os.Stderr, "profile: %s (go tool pprof -top %s)\n", path, path)
+	}
 }
 
 func tail(s string, n int) string {
