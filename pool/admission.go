@@ -128,22 +128,25 @@ func (a *admission) position(uid string) (int, bool) {
 // each offers the head of each job's queue in round-robin order. take
 // returns true when it took the pod (it leaves the queue) and false when it
 // could not be placed: that job is skipped for this round (its order is
-// kept), and when no job's head can be placed the round ends.
+// kept), and when no job's head can be placed the round ends. The turn
+// moves only past jobs that placed a pod: rounds that place nothing (a full
+// pool) do not change whose turn is next.
 func (a *admission) each(take func(Request) bool) {
 	blocked := map[string]bool{}
+	c := a.next
 	for a.n > 0 && len(blocked) < len(a.order) {
-		if a.next >= len(a.order) {
-			a.next = 0
+		if c >= len(a.order) {
+			c = 0
 		}
-		job := a.order[a.next]
+		job := a.order[c]
 		if blocked[job] {
-			a.next++
+			c++
 			continue
 		}
 		req := a.jobs[job][0]
 		if !take(req) {
 			blocked[job] = true
-			a.next++
+			c++
 			continue
 		}
 		uid := req.Bind.Pod.UID
@@ -152,10 +155,12 @@ func (a *admission) each(take func(Request) bool) {
 		a.n--
 		q := a.jobs[job][1:]
 		if len(q) == 0 {
-			a.setJob(job, q) // removes job; next now points at the following one
+			a.setJob(job, q) // removes job: c now points at the following one
+			a.next = c
 			continue
 		}
 		a.jobs[job] = q
-		a.next++
+		c++
+		a.next = c
 	}
 }

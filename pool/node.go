@@ -34,6 +34,8 @@ type node struct {
 	reported []string
 	inflight int
 	binds    bindRing
+	// rewatch ends the current watch stream (guarded by Pool.mu).
+	rewatch context.CancelFunc
 	// free counts warm and hot slots, used the resources of binding, bound
 	// and releasing slots (both kept by recountLocked); unseen and
 	// unseenRes are the placements on this node its inventory does not
@@ -55,6 +57,18 @@ func (n *node) markUnhealthyLocked(now time.Time, err error) {
 		n.since = now
 	}
 	n.healthy, n.err = false, err
+}
+
+// suspectLocked: a call to the node failed as if the agent were gone. The
+// node takes no pods until a fresh watch proves it answers: the current
+// stream is ended, so an agent that is fine is healthy again after one
+// reconnect, and one that is gone stays unhealthy (and its pods are lost
+// after LostAfter).
+func (n *node) suspectLocked(now time.Time, err error) {
+	n.markUnhealthyLocked(now, err)
+	if n.rewatch != nil {
+		n.rewatch()
+	}
 }
 
 // applyInventoryLocked replaces what the pool knows of the node.
@@ -197,8 +211,13 @@ func (p *Pool) follow(ctx context.Context, n *node) {
 	defer close(n.done)
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
-		inv, events, err := n.rt.Watch(ctx)
+		wctx, cancel := context.WithCancel(ctx)
+		p.mu.Lock()
+		n.rewatch = cancel
+		p.mu.Unlock()
+		inv, events, err := n.rt.Watch(wctx)
 		if err != nil {
+			cancel()
 			p.mu.Lock()
 			n.markUnhealthyLocked(p.cfg.Now(), err)
 			p.mu.Unlock()
@@ -216,6 +235,7 @@ func (p *Pool) follow(ctx context.Context, n *node) {
 		for ev := range events {
 			p.apply(n, ev)
 		}
+		cancel()
 		p.mu.Lock()
 		n.markUnhealthyLocked(p.cfg.Now(), errWatchEnded)
 		p.mu.Unlock()

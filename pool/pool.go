@@ -367,7 +367,7 @@ func (p *Pool) bind(ctx context.Context, n *node, req Request) {
 		// Another node may take it; it keeps its place at the front.
 		p.queue.pushFront(req)
 		if errdefs.IsUnavailable(err) || errors.Is(err, context.DeadlineExceeded) {
-			n.markUnhealthyLocked(p.cfg.Now(), err)
+			n.suspectLocked(p.cfg.Now(), err)
 		}
 	}
 	p.mu.Unlock()

@@ -317,7 +317,9 @@ func TestPrePullReportsAndSteersPlacement(t *testing.T) {
 // TestReservationCountersBalance: the per-node counters placement reads
 // (unseen reservations and their requests) return to zero once every pod
 // is bound and seen, and once every pod is released, through binds that
-// fail and are placed again too.
+// fail and are placed again too. The failures are Unavailable: the node is
+// suspected, re-watched, and takes pods again (it used to stay unhealthy
+// for as long as its watch stream stayed up).
 func TestReservationCountersBalance(t *testing.T) {
 	var flaky atomic.Int64
 	a := fakeNode(t, "a", 8, func(c *fake.Config) {
