@@ -203,15 +203,18 @@ const boundPushDelay = 100 * time.Millisecond
 // CreatePod implements node.PodLifecycleHandler: it reserves a place in the
 // pool and returns at once; the bind runs asynchronously.
 func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
+	// virtual-kubelet hands providers a copy of their own (podForProvider),
+	// so the sandbox keeps it without copying again: at 20,000 pods every
+	// copy counts.
 	uid := string(pod.UID)
 	p.mu.Lock()
 	if sb, ok := p.byUID[uid]; ok {
-		sb.pod = pod.DeepCopy()
+		sb.pod = pod
 		p.mu.Unlock()
 		p.push(uid)
 		return nil
 	}
-	sb := newSandbox(pod.DeepCopy(), p.cfg.Now())
+	sb := newSandbox(pod, p.cfg.Now())
 	p.byUID[uid] = sb
 	p.byKey[podKey(pod.Namespace, pod.Name)] = uid
 	// A pod that ran before (its status says so) but has no slot now was
@@ -270,7 +273,7 @@ func (p *Provider) UpdatePod(ctx context.Context, pod *corev1.Pod) error {
 	p.mu.Lock()
 	sb, ok := p.byUID[string(pod.UID)]
 	if ok {
-		sb.pod = pod.DeepCopy()
+		sb.pod = pod // a copy of its own, as in CreatePod
 	}
 	p.mu.Unlock()
 	if !ok {
