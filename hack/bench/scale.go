@@ -139,7 +139,11 @@ func benchScale(cfg config) ([]row, error) {
 		if !hold.allWarm {
 			warm = "NOT every slot warm again"
 		}
-		rows = append(rows, row{name: fmt.Sprintf("hold %d concurrent sandboxes (%d fake nodes × %d slots, node selector): create → Ready", scaleHold, scaleNodes, scaleSlots),
+		name := fmt.Sprintf("hold %d concurrent sandboxes (%d fake nodes × %d slots, node selector): create → Ready", scaleHold, scaleNodes, scaleSlots)
+		if limit := os.Getenv("BENCH_VK_GOMEMLIMIT"); limit != "" {
+			name += ", sandman-vk with GOMEMLIMIT=" + limit
+		}
+		rows = append(rows, row{name: name,
 			n: scaleHold, p50: ms(hold.ready.p50()), p99: ms(hold.ready.p99()), baseline: "create call " + ms(hold.create.p50()), ratio: ratio(hold.ready.p50(), hold.create.p50()),
 			note: fmt.Sprintf("all created in %.1f s, all Ready in %.1f s (%.0f pods/s); sandman-vk %.1f CPU-s, peak RSS %d MiB (target ≤ 1024); apiserver peak RSS %d MiB; etcd RSS %d MiB; %s; %s; delete all %.1f s, %s",
 				hold.created.Seconds(), hold.total.Seconds(), float64(scaleHold)/hold.total.Seconds(), hold.vkCPU.Seconds(), hold.vkPeakRSS>>20,

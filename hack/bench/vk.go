@@ -236,6 +236,11 @@ func (b *vkBench) startVK(ctx context.Context, pool, agents string, extra ...str
 		"--node-ip", b.env["BRIDGE_IP"], "--kubelet-listen", kubelet, "--node-agents", agents,
 		"--metrics-listen", metrics, "--log-level", "warn", "--debug-pprof"}, extra...)...)
 	p.cmd.Env = append(os.Environ(), "SANDMAN_POOL_TOKEN="+benchToken)
+	if limit := os.Getenv("BENCH_VK_GOMEMLIMIT"); limit != "" {
+		// Go's soft memory limit for sandman-vk (e.g. 900MiB): the GC works
+		// harder near it instead of letting the heap grow to twice the live set.
+		p.cmd.Env = append(p.cmd.Env, "GOMEMLIMIT="+limit)
+	}
 	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
 	if err := p.cmd.Start(); err != nil {
 		return nil, err
