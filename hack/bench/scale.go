@@ -24,7 +24,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
@@ -127,6 +129,12 @@ func benchScale(cfg config) ([]row, error) {
 	}
 	var rows []row
 	plots := map[string]durations{}
+	// Each part's rows are printed as soon as it ends, so a later failure
+	// does not lose them.
+	emit := func(r ...row) {
+		rows = append(rows, r...)
+		fmt.Fprint(os.Stderr, render(r))
+	}
 
 	// Hold 20,000.
 	if scalePart("hold") {
@@ -143,7 +151,7 @@ func benchScale(cfg config) ([]row, error) {
 		if limit := os.Getenv("BENCH_VK_GOMEMLIMIT"); limit != "" {
 			name += ", sandman-vk with GOMEMLIMIT=" + limit
 		}
-		rows = append(rows, row{name: name,
+		emit(row{name: name,
 			n: scaleHold, p50: ms(hold.ready.p50()), p99: ms(hold.ready.p99()), baseline: "create call " + ms(hold.create.p50()), ratio: ratio(hold.ready.p50(), hold.create.p50()),
 			note: fmt.Sprintf("all created in %.1f s, all Ready in %.1f s (%.0f pods/s); sandman-vk %.1f CPU-s, peak RSS %d MiB (target ≤ 1024); apiserver peak RSS %d MiB; etcd RSS %d MiB; %s; %s; delete all %.1f s, %s",
 				hold.created.Seconds(), hold.total.Seconds(), float64(scaleHold)/hold.total.Seconds(), hold.vkCPU.Seconds(), hold.vkPeakRSS>>20,
@@ -169,7 +177,7 @@ func benchScale(cfg config) ([]row, error) {
 			}
 			runs = append(runs, res)
 		}
-		rows = append(rows, burstMedianRow(name, runs))
+		emit(burstMedianRow(name, runs))
 		all := durations{}
 		for _, r := range runs {
 			all = append(all, r.ready...)
@@ -183,7 +191,7 @@ func benchScale(cfg config) ([]row, error) {
 		if err != nil {
 			return nil, fmt.Errorf("scheduler load: %w", err)
 		}
-		rows = append(rows, r...)
+		emit(r...)
 	}
 
 	// Real containers.
@@ -192,7 +200,7 @@ func benchScale(cfg config) ([]row, error) {
 		if err != nil {
 			return nil, fmt.Errorf("real sandboxes: %w", err)
 		}
-		rows = append(rows, r...)
+		emit(r...)
 	}
 
 	svg := filepath.Join(cfg.root, "docs", "scale-create-to-ready.svg")
@@ -476,32 +484,51 @@ func (b *vkBench) fakeKubelets(ctx context.Context, label string, count, pods in
 	return names, stop, nil
 }
 
-// standInKubelet marks pods bound to the label's nodes Running and Ready.
+// standInKubelet marks pods bound to the label's nodes Running and Ready,
+// through an informer (a plain watch may be closed by the apiserver when a
+// burst outruns its reader; the informer resumes it).
 func (b *vkBench) standInKubelet(ctx context.Context, label string) {
-	w, err := b.kube.CoreV1().Pods(b.ns).Watch(ctx, metav1.ListOptions{})
-	if err != nil {
-		return
-	}
-	defer w.Stop()
 	prefix := label + "-"
 	sem := make(chan struct{}, 32)
-	for ev := range w.ResultChan() {
-		pod, ok := ev.Object.(*corev1.Pod)
+	var mu sync.Mutex
+	done := map[string]bool{}
+	factory := informers.NewSharedInformerFactoryWithOptions(b.kube, 0, informers.WithNamespace(b.ns))
+	inf := factory.Core().V1().Pods().Informer()
+	see := func(obj any) {
+		pod, ok := obj.(*corev1.Pod)
 		if !ok || !strings.HasPrefix(pod.Spec.NodeName, prefix) || pod.Status.Phase == corev1.PodRunning || pod.DeletionTimestamp != nil {
-			continue
+			return
 		}
-		sem <- struct{}{}
+		mu.Lock()
+		if done[pod.Name] {
+			mu.Unlock()
+			return
+		}
+		done[pod.Name] = true
+		mu.Unlock()
 		go func() {
+			sem <- struct{}{}
 			defer func() { <-sem }()
-			_ = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			err := retry.OnError(retry.DefaultBackoff, func(error) bool { return ctx.Err() == nil }, func() error {
 				cur, err := b.kube.CoreV1().Pods(b.ns).Get(ctx, pod.Name, metav1.GetOptions{})
 				if err != nil || cur.Status.Phase == corev1.PodRunning {
 					return err
 				}
 				return b.markRunning(ctx, cur)
 			})
+			if err != nil {
+				mu.Lock()
+				delete(done, pod.Name) // the next update tries again
+				mu.Unlock()
+			}
 		}()
 	}
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: see, UpdateFunc: func(_, cur any) { see(cur) }}); err != nil {
+		return
+	}
+	factory.Start(ctx.Done())
+	<-ctx.Done()
+	factory.Shutdown()
 }
 
 // markRunning reports pod Running and Ready, as its kubelet would.
