@@ -16,7 +16,6 @@ import (
 	"github.com/containerd/containerd/v2/core/remotes/docker/config"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
-	"github.com/distribution/reference"
 
 	"github.com/sandman-dev/sandman/runtime"
 )
@@ -183,11 +182,11 @@ func (m *Manager) ns(ctx context.Context) context.Context {
 // Normalize returns the full name of an image reference
 // (busybox → docker.io/library/busybox:latest).
 func Normalize(ref string) (string, error) {
-	named, err := reference.ParseDockerRef(ref)
+	name, err := runtime.NormalizeImage(ref)
 	if err != nil {
 		return "", &Error{Image: ref, Kind: KindInvalid, Err: err}
 	}
-	return named.String(), nil
+	return name, nil
 }
 
 // load reads the images containerd holds unpacked; an image that is there

@@ -55,7 +55,6 @@ var (
 	descNodeImages  = prometheus.NewDesc("sandman_pool_node_images_ready", "Images ready on the node.", nodeLabels, nil)
 	descNodeFlight  = prometheus.NewDesc("sandman_pool_node_binds_in_flight", "Bind calls to the node not yet returned.", nodeLabels, nil)
 	descNodeBindQ   = prometheus.NewDesc("sandman_pool_node_bind_recent_seconds", "Bind call latency to the node over the last 5 minutes (successful binds), by quantile, in seconds.", []string{"node", "quantile"}, nil)
-	allStates       = []runtime.SlotState{runtime.StateWarm, runtime.StateHot, runtime.StateBinding, runtime.StateBound, runtime.StateReleasing, runtime.StateBroken}
 )
 
 func (c poolCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -78,7 +77,7 @@ func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 			capa = runtime.Capacity{}
 		}
 		gauge(descNodeHealthy, healthy, v.Name)
-		for _, st := range allStates {
+		for _, st := range runtime.SlotStates {
 			gauge(descNodeSlots, float64(v.Slots[st]), v.Name, string(st))
 		}
 		gauge(descNodeCapSl, float64(capa.Slots), v.Name)

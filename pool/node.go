@@ -5,8 +5,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/distribution/reference"
-
 	"github.com/sandman-dev/sandman/runtime"
 )
 
@@ -121,9 +119,9 @@ func imageKey(ref string) string {
 	if v, ok := imageKeys.Load(ref); ok {
 		return v.(string)
 	}
-	key := ref
-	if named, err := reference.ParseDockerRef(ref); err == nil {
-		key = named.String()
+	key, err := runtime.NormalizeImage(ref)
+	if err != nil {
+		key = ref
 	}
 	imageKeys.Store(ref, key)
 	return key

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/distribution/reference"
 )
 
 // ErrImagePull marks a bind that failed because an image could not be
@@ -62,6 +64,19 @@ const (
 	// StateBroken: the slot could not be recycled (Slot.Reason says why).
 	StateBroken SlotState = "broken"
 )
+
+// SlotStates are all the states, in the order dashboards list them.
+var SlotStates = []SlotState{StateWarm, StateHot, StateBinding, StateBound, StateReleasing, StateBroken}
+
+// NormalizeImage is an image reference's full name, as node agents report
+// images (busybox → docker.io/library/busybox:latest).
+func NormalizeImage(ref string) (string, error) {
+	named, err := reference.ParseDockerRef(ref)
+	if err != nil {
+		return "", err
+	}
+	return named.String(), nil
+}
 
 // PodRef names the pod a slot holds.
 type PodRef struct {

@@ -7,8 +7,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/distribution/reference"
-
 	"github.com/sandman-dev/sandman/pool"
 	"github.com/sandman-dev/sandman/runtime"
 )
@@ -92,7 +90,7 @@ func (p *Provider) servePrePull(w http.ResponseWriter, r *http.Request) {
 	timeout := durationParam(r, "timeout", 30*time.Minute)
 	names := map[string]bool{}
 	for _, ref := range req.Images {
-		name, err := normalizeImage(ref)
+		name, err := runtime.NormalizeImage(ref)
 		if err != nil {
 			apiError(w, http.StatusBadRequest, "image %q: %v", ref, err)
 			return
@@ -162,15 +160,6 @@ func prePullDone(nodes []NodeImage, names map[string]bool) (done, ready bool) {
 		}
 	}
 	return true, ready && len(seen) > 0
-}
-
-// normalizeImage is ref's full name, as node agents report images.
-func normalizeImage(ref string) (string, error) {
-	named, err := reference.ParseDockerRef(ref)
-	if err != nil {
-		return "", err
-	}
-	return named.String(), nil
 }
 
 func durationParam(r *http.Request, name string, def time.Duration) time.Duration {

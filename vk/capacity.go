@@ -105,7 +105,7 @@ func (p *Provider) Capacity() Capacity {
 		if n.Images == nil {
 			n.Images = []string{}
 		}
-		for _, st := range allSlotStates {
+		for _, st := range runtime.SlotStates {
 			n.Slots[st] = v.Slots[st]
 		}
 		c.Nodes = append(c.Nodes, n)
@@ -124,14 +124,12 @@ func (p *Provider) Capacity() Capacity {
 		c.Totals.Memory.Capacity += n.Memory.Capacity
 		c.Totals.Inflight += n.Inflight
 	}
-	for _, st := range allSlotStates {
+	for _, st := range runtime.SlotStates {
 		c.Totals.Slots[st] += 0
 	}
 	c.CreateToReady = p.recentReady.histogram(now)
 	return c
 }
-
-var allSlotStates = []runtime.SlotState{runtime.StateWarm, runtime.StateHot, runtime.StateBinding, runtime.StateBound, runtime.StateReleasing, runtime.StateBroken}
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 

@@ -59,13 +59,12 @@ func (r *Runtime) Collector() prometheus.Collector { return &collector{r: r} }
 type collector struct{ r *Runtime }
 
 var (
-	slotsDesc     = prometheus.NewDesc("sandman_node_slots", "Slots by state (warm, hot, binding, bound, releasing, broken).", []string{"node", "state"}, nil)
-	capSlotsDesc  = prometheus.NewDesc("sandman_node_capacity_slots", "Slot capacity of the node.", []string{"node"}, nil)
-	capCPUDesc    = prometheus.NewDesc("sandman_node_capacity_cpu_cores", "CPU the node offers sandboxes (cores).", []string{"node"}, nil)
-	capMemDesc    = prometheus.NewDesc("sandman_node_capacity_memory_bytes", "Memory the node offers sandboxes (bytes).", []string{"node"}, nil)
-	allocCPUDesc  = prometheus.NewDesc("sandman_node_allocated_cpu_cores", "CPU requested by bound and binding pods (cores).", []string{"node"}, nil)
-	allocMemDesc  = prometheus.NewDesc("sandman_node_allocated_memory_bytes", "Memory requested by bound and binding pods (bytes).", []string{"node"}, nil)
-	allSlotStates = []runtime.SlotState{runtime.StateWarm, runtime.StateHot, runtime.StateBinding, runtime.StateBound, runtime.StateReleasing, runtime.StateBroken}
+	slotsDesc    = prometheus.NewDesc("sandman_node_slots", "Slots by state (warm, hot, binding, bound, releasing, broken).", []string{"node", "state"}, nil)
+	capSlotsDesc = prometheus.NewDesc("sandman_node_capacity_slots", "Slot capacity of the node.", []string{"node"}, nil)
+	capCPUDesc   = prometheus.NewDesc("sandman_node_capacity_cpu_cores", "CPU the node offers sandboxes (cores).", []string{"node"}, nil)
+	capMemDesc   = prometheus.NewDesc("sandman_node_capacity_memory_bytes", "Memory the node offers sandboxes (bytes).", []string{"node"}, nil)
+	allocCPUDesc = prometheus.NewDesc("sandman_node_allocated_cpu_cores", "CPU requested by bound and binding pods (cores).", []string{"node"}, nil)
+	allocMemDesc = prometheus.NewDesc("sandman_node_allocated_memory_bytes", "Memory requested by bound and binding pods (bytes).", []string{"node"}, nil)
 )
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
@@ -89,7 +88,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 				alloc = alloc.Add(s.Resources)
 			}
 		}
-		for _, st := range allSlotStates {
+		for _, st := range runtime.SlotStates {
 			ch <- prometheus.MustNewConstMetric(slotsDesc, prometheus.GaugeValue, float64(counts[st]), node, string(st))
 		}
 		ch <- prometheus.MustNewConstMetric(capSlotsDesc, prometheus.GaugeValue, float64(inv.Capacity.Slots), node)
