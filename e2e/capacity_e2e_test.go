@@ -120,7 +120,7 @@ func getJSON(ctx context.Context, u string, v any) error {
 // a 1-minute rate window, a 1-hour range.
 func dashboardExprs(t *testing.T, root string) map[string]string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(root, "deploy", "grafana", "sandman-capacity.json"))
+	b, err := os.ReadFile(filepath.Join(root, "deploy", "base", "grafana", "sandman-capacity.json"))
 	if err != nil {
 		t.Fatal(err)
 	}

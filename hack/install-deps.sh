@@ -9,6 +9,7 @@ PACKAGES=(
 	runc                          # OCI runtime under containerd's shim
 	containernetworking-plugins   # bridge, host-local, loopback, portmap for slot networks
 	iptables iproute2             # CNI bridge masquerade, netns and veth
+	conntrack ethtool socat       # what the kubelet and kube-proxy expect on a worker
 	busybox-static                # the tiny task image
 	debootstrap                   # the Debian task image
 	openssl                       # certificates for the control plane

@@ -38,6 +38,24 @@ CONTAINERD_ADDRESS=$SANDMAN_STATE/containerd/containerd.sock
 CNI_CONF_DIR=$SANDMAN_STATE/cni/net.d
 CNI_BIN_DIR=${CNI_BIN_DIR:-/usr/lib/cni}
 
+# The real kubelet worker: the host itself, registered as node $WORKER_NAME at
+# the bridge address. Its pods get addresses from the node's pod CIDR (given by
+# kube-controller-manager out of $CLUSTER_CIDR) through a CNI config that
+# containerd's CRI plugin writes from a template into $WORKER_CNI_CONF_DIR.
+# The paths are the standard ones a worker has, so deploy/overlays/local
+# mounts what an operator's workers would have.
+WORKER_NAME=${WORKER_NAME:-sandman-worker}
+CLUSTER_CIDR=${CLUSTER_CIDR:-10.216.0.0/16}
+WORKER_BRIDGE=sandmanw0
+WORKER_CNI_CONF_DIR=/etc/cni/net.d
+WORKER_CNI_NETWORK=sandman-worker
+KUBELET_PORT=11250
+KUBELET_HEALTHZ_PORT=11248
+KUBE_PROXY_METRICS_PORT=11249
+KUBE_PROXY_HEALTHZ_PORT=11256
+# The deployed node agent's host state (deploy/overlays/local).
+NODE_AGENT_STATE=/var/lib/sandman-node
+
 # Test task images, as pushed to the local registry.
 BUSYBOX_REPO=sandman/busybox:1.35
 NOSHELL_REPO=sandman/noshell:1

@@ -41,11 +41,25 @@ for f in "$SANDMAN_STATE"/pids/sandman-*.pid; do
 done
 [ ${#agents[@]} -eq 0 ] || stop "${agents[@]}"
 
+# The worker: the kubelet and kube-proxy stop first, so nothing restarts the
+# pods whose containers go next. The network namespaces of its pods (made by
+# containerd's CRI plugin) are read from their sandbox containers' specs now,
+# while containerd can still say which are ours.
+stop kube-proxy kubelet metrics-server
+cri_netns=()
+if [ -S "$CONTAINERD_ADDRESS" ] && [ -x "$CONTAINERD_BIN/ctr" ]; then
+	for c in $("$CONTAINERD_BIN/ctr" --address "$CONTAINERD_ADDRESS" --timeout 10s -n k8s.io containers ls -q 2>/dev/null); do
+		p=$("$CONTAINERD_BIN/ctr" --address "$CONTAINERD_ADDRESS" --timeout 10s -n k8s.io containers info "$c" 2>/dev/null |
+			jq -r '.Spec.linux.namespaces[]? | select(.type == "network") | .path // empty' 2>/dev/null)
+		[ -n "$p" ] && cri_netns+=("$p")
+	done
+fi
+
 # Containers: kill every task runc knows under our state dir, then let
 # containerd forget them, then stop containerd and its shims.
 # The runc shim keeps runc state in /run/containerd/runc/<namespace>; sandman's
 # containerd namespaces all start with "sandman".
-for root in /run/containerd/runc/sandman*; do
+for root in /run/containerd/runc/sandman* /run/containerd/runc/k8s.io; do
 	[ -d "$root" ] || continue
 	for id in $(runc --root "$root" list -q 2>/dev/null); do
 		runc --root "$root" kill "$id" KILL 2>/dev/null
@@ -80,6 +94,41 @@ rmdir /run/containerd/runc/sandman* 2>/dev/null
 for ns in $(ip netns list 2>/dev/null | awk '/^sandman-/{print $1}'); do
 	ip netns delete "$ns" 2>/dev/null || warn "netns $ns not deleted"
 done
+for p in "${cri_netns[@]}"; do
+	[ -e "$p" ] || continue
+	umount "$p" 2>/dev/null || umount -l "$p" 2>/dev/null
+	rm -f "$p" || warn "netns $p not removed"
+done
+# The worker's pod network: its bridge, the addresses host-local handed out
+# (to kubelet pods and to deployed slots alike), the masquerade rules of its
+# pods, kube-proxy's chains, the node agent's guard rules, the conf containerd
+# wrote from its template.
+if ip link show "$WORKER_BRIDGE" >/dev/null 2>&1; then
+	ip link delete "$WORKER_BRIDGE" || warn "bridge $WORKER_BRIDGE not deleted"
+fi
+rm -rf "/var/lib/cni/networks/$WORKER_CNI_NETWORK" "$WORKER_CNI_CONF_DIR/10-containerd-net.conflist"
+if command -v iptables >/dev/null; then
+	iptables -t nat -S POSTROUTING 2>/dev/null | grep -F "name: \"$WORKER_CNI_NETWORK\"" | while read -r rule; do
+		chain=$(sed -n 's/.* -j \(CNI-[0-9a-f]*\).*/\1/p' <<<"$rule")
+		eval "iptables -t nat ${rule/-A /-D }" 2>/dev/null
+		[ -n "$chain" ] && { iptables -t nat -F "$chain"; iptables -t nat -X "$chain"; } 2>/dev/null
+	done
+	iptables -S INPUT 2>/dev/null | grep -F 'sandman-node: sandboxes may not reach' | while read -r rule; do
+		eval "iptables ${rule/-A /-D }" 2>/dev/null
+	done
+	[ -x "$KUBE_BIN/kube-proxy" ] && "$KUBE_BIN/kube-proxy" --cleanup >/dev/null 2>&1
+fi
+if [ -d "$NODE_AGENT_STATE" ]; then
+	for m in $(awk -v s="$NODE_AGENT_STATE" 'index($5, s) == 1 {print $5}' /proc/self/mountinfo | sort -r); do
+		umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || warn "umount $m failed"
+	done
+	rm -rf "$NODE_AGENT_STATE" || warn "could not remove $NODE_AGENT_STATE"
+fi
+# The kubelet's pod cgroups.
+for d in $(find /sys/fs/cgroup -mindepth 1 -maxdepth 2 -type d -name kubepods 2>/dev/null); do
+	find "$d" -depth -type d -exec rmdir {} \; 2>/dev/null || warn "cgroup $d not removed"
+done
+
 if ip link show "$BRIDGE" >/dev/null 2>&1; then
 	log "bridge $BRIDGE: deleting"
 	ip link delete "$BRIDGE" || warn "bridge $BRIDGE not deleted"

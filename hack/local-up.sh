@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # Starts the real local stack: etcd, kube-apiserver (TLS, RBAC), kube-scheduler,
-# kube-controller-manager, containerd (own root/state/socket, CRI disabled,
-# overlayfs), a CNI bridge for slot networks, and a registry with the test task
-# images. Everything listens on loopback or on the bridge this script creates.
+# kube-controller-manager, containerd (own root/state/socket, CRI enabled for
+# the worker, overlayfs), a CNI bridge for the host-process slot networks, a
+# registry with the test task images and sandman's component images, and a
+# real worker node: the host itself as kubelet node $WORKER_NAME (its pods on
+# the node's pod CIDR through containerd's CRI plugin) with kube-proxy.
+# Everything listens on loopback or on the bridges this script creates (the
+# apiserver also on the bridge address, where pods reach it through the
+# `kubernetes` Service).
 # PIDs, logs, certificates and data live in $SANDMAN_STATE; `hack/local-down.sh`
 # removes all of it. Running it again while the stack is up changes nothing.
 set -o errexit -o nounset -o pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 [ "$(id -u)" = 0 ] || die "run as root: containerd, network namespaces and the bridge need it"
-for b in etcd kube-apiserver kube-scheduler kube-controller-manager kubectl; do
+for b in etcd kube-apiserver kube-scheduler kube-controller-manager kubectl kubelet kube-proxy; do
 	need "$KUBE_BIN/$b" "hack/build-tools.sh (builds the pinned Kubernetes binaries)"
 done
 need "$CONTAINERD_BIN/containerd" "hack/build-tools.sh (builds containerd $CONTAINERD_VERSION)"
@@ -43,8 +48,7 @@ start etcd "curl -fsS http://127.0.0.1:$ETCD_PORT/health" \
 start kube-apiserver "${KCURL[*]} https://127.0.0.1:$APISERVER_PORT/readyz" \
 	"$KUBE_BIN/kube-apiserver" \
 	--etcd-servers "http://127.0.0.1:$ETCD_PORT" \
-	--bind-address 127.0.0.1 --advertise-address "$BRIDGE_IP" --secure-port "$APISERVER_PORT" \
-	--endpoint-reconciler-type none \
+	--bind-address 0.0.0.0 --advertise-address "$BRIDGE_IP" --secure-port "$APISERVER_PORT" \
 	--tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
 	--client-ca-file "$PKI/ca.crt" \
 	--kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" \
@@ -71,6 +75,7 @@ start kube-controller-manager "curl -fsSk https://127.0.0.1:$CONTROLLER_MANAGER_
 	--service-account-private-key-file "$PKI/sa.key" --root-ca-file "$PKI/ca.crt" \
 	--cluster-signing-cert-file "$PKI/ca.crt" --cluster-signing-key-file "$PKI/ca.key" \
 	--use-service-account-credentials --service-cluster-ip-range "$SERVICE_CIDR" \
+	--allocate-node-cidrs --cluster-cidr "$CLUSTER_CIDR" --node-cidr-mask-size 24 \
 	--kube-api-qps 200 --kube-api-burst 400 --v 1
 
 mkdir -p "$CNI_CONF_DIR" "$SANDMAN_STATE/cni/ipam"
@@ -101,12 +106,7 @@ cat >"$SANDMAN_STATE/containerd/config.toml" <<TOML
 version = 3
 root = "$SANDMAN_STATE/containerd/root"
 state = "$SANDMAN_STATE/containerd/state"
-disabled_plugins = [
-  "io.containerd.grpc.v1.cri",
-  "io.containerd.cri.v1.images",
-  "io.containerd.cri.v1.runtime",
-  "io.containerd.nri.v1.nri",
-]
+disabled_plugins = ["io.containerd.nri.v1.nri"]
 
 [grpc]
   address = "$CONTAINERD_ADDRESS"
@@ -119,7 +119,49 @@ disabled_plugins = [
 
 [plugins."io.containerd.internal.v1.opt"]
   path = "$SANDMAN_STATE/containerd/opt"
+
+# The worker's CRI: the kubelet's pods live in containerd namespace k8s.io.
+# Their network comes from a template that containerd fills with the node's
+# pod CIDR (given by the kubelet) and writes into the worker's CNI conf dir.
+[plugins."io.containerd.cri.v1.runtime".cni]
+  bin_dirs = ["$CNI_BIN_DIR"]
+  conf_dir = "$WORKER_CNI_CONF_DIR"
+  conf_template = "$SANDMAN_STATE/containerd/cni.template"
+
+[plugins."io.containerd.cri.v1.images".pinned_images]
+  sandbox = "127.0.0.1:$REGISTRY_PORT/sandman/pause:dev"
+
+[plugins."io.containerd.cri.v1.images".registry]
+  config_path = "$SANDMAN_STATE/containerd/certs.d"
 TOML
+cat >"$SANDMAN_STATE/containerd/cni.template" <<'TPL'
+{
+  "cniVersion": "1.0.0",
+  "name": "WORKER_CNI_NETWORK",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "WORKER_BRIDGE",
+      "isGateway": true,
+      "ipMasq": true,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "ranges": [{{range $i, $r := .PodCIDRRanges}}{{if $i}}, {{end}}[{"subnet": "{{$r}}"}]{{end}}],
+        "routes": [{"dst": "0.0.0.0/0"}]
+      }
+    },
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+TPL
+sed -i "s/WORKER_CNI_NETWORK/$WORKER_CNI_NETWORK/; s/WORKER_BRIDGE/$WORKER_BRIDGE/" "$SANDMAN_STATE/containerd/cni.template"
+mkdir -p "$SANDMAN_STATE/containerd/certs.d/127.0.0.1:$REGISTRY_PORT" "$WORKER_CNI_CONF_DIR"
+cat >"$SANDMAN_STATE/containerd/certs.d/127.0.0.1:$REGISTRY_PORT/hosts.toml" <<HOSTS
+server = "http://127.0.0.1:$REGISTRY_PORT"
+[host."http://127.0.0.1:$REGISTRY_PORT"]
+  capabilities = ["pull", "resolve"]
+HOSTS
 start containerd "$CONTAINERD_BIN/ctr --address $CONTAINERD_ADDRESS version" \
 	env PATH="$CONTAINERD_BIN:$PATH" "$CONTAINERD_BIN/containerd" --config "$SANDMAN_STATE/containerd/config.toml" --log-level warn
 
@@ -142,6 +184,78 @@ start registry "curl -fsS http://127.0.0.1:$REGISTRY_PORT/v2/" \
 	env OTEL_TRACES_EXPORTER=none "$REGISTRY_BIN/registry" serve "$SANDMAN_STATE/registry/config.yml"
 
 bash "$SANDMAN_ROOT/hack/images.sh" push
+bash "$SANDMAN_ROOT/hack/component-images.sh"
+
+# The real worker. Mount propagation: the kubelet's root dir and the deployed
+# node agent's state dir are shared mounts, as on a systemd host, so the agent's
+# network namespace mounts (Bidirectional) reach containerd.
+shared_dir() {
+	mkdir -p "$1"
+	if ! findmnt -n -o TARGET --target "$1" | grep -qx "$1"; then mount --bind "$1" "$1"; fi
+	mount --make-rshared "$1"
+}
+shared_dir "$SANDMAN_STATE/kubelet"
+shared_dir "$NODE_AGENT_STATE"
+CGROUP_V2=false
+[ "$(stat -fc %T /sys/fs/cgroup)" = cgroup2fs ] && CGROUP_V2=true
+mkdir -p "$SANDMAN_STATE/kubelet"
+cat >"$SANDMAN_STATE/kubelet-config.yaml" <<KCFG
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+# cgroupfs on either cgroup version; on a v1 host the kubelet must be told
+# that v1 is fine (it is deprecated upstream).
+cgroupDriver: cgroupfs
+failCgroupV1: $([ $CGROUP_V2 = true ] && echo true || echo false)
+failSwapOn: false
+containerRuntimeEndpoint: unix://$CONTAINERD_ADDRESS
+port: $KUBELET_PORT
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: $KUBELET_HEALTHZ_PORT
+tlsCertFile: $PKI/kubelet-worker-serving.crt
+tlsPrivateKeyFile: $PKI/kubelet-worker-serving.key
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $PKI/ca.crt}
+authorization: {mode: Webhook}
+clusterDomain: cluster.local
+resolvConf: /etc/resolv.conf
+serializeImagePulls: false
+# A shared test machine: evict only when really short.
+evictionHard: {memory.available: 200Mi, nodefs.available: 2%, imagefs.available: 2%}
+imageGCHighThresholdPercent: 95
+imageGCLowThresholdPercent: 90
+KCFG
+start kubelet "curl -fsS http://127.0.0.1:$KUBELET_HEALTHZ_PORT/healthz" \
+	"$KUBE_BIN/kubelet" --config "$SANDMAN_STATE/kubelet-config.yaml" \
+	--kubeconfig "$PKI/kubelet.kubeconfig" --root-dir "$SANDMAN_STATE/kubelet" \
+	--hostname-override "$WORKER_NAME" --node-ip "$BRIDGE_IP" \
+	--node-labels "sandman.io/worker=true" --v 1
+KUBECTL=("$KUBE_BIN/kubectl" --kubeconfig "$PKI/admin.kubeconfig")
+log "worker $WORKER_NAME: waiting for Ready"
+deadline=$((SECONDS + 120))
+until [ "$("${KUBECTL[@]}" get node "$WORKER_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]; do
+	[ $SECONDS -lt $deadline ] || die "worker $WORKER_NAME not Ready after 120 s; log: $SANDMAN_STATE/logs/kubelet.log"
+	alive kubelet || die "kubelet exited; log: $SANDMAN_STATE/logs/kubelet.log"
+	sleep 0.5
+done
+log "worker $WORKER_NAME: Ready, pod CIDR $("${KUBECTL[@]}" get node "$WORKER_NAME" -o jsonpath='{.spec.podCIDR}')"
+
+cat >"$SANDMAN_STATE/kube-proxy-config.yaml" <<KPCFG
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: iptables
+clusterCIDR: $CLUSTER_CIDR
+hostnameOverride: $WORKER_NAME
+bindAddress: $BRIDGE_IP
+metricsBindAddress: 127.0.0.1:$KUBE_PROXY_METRICS_PORT
+healthzBindAddress: 127.0.0.1:$KUBE_PROXY_HEALTHZ_PORT
+clientConnection: {kubeconfig: $PKI/kube-proxy.kubeconfig}
+conntrack: {maxPerCore: 0}
+KPCFG
+start kube-proxy "curl -fsS http://127.0.0.1:$KUBE_PROXY_HEALTHZ_PORT/healthz" \
+	"$KUBE_BIN/kube-proxy" --config "$SANDMAN_STATE/kube-proxy-config.yaml" --v 1
 
 cat >"$SANDMAN_STATE/stack.env" <<ENV
 SANDMAN_STATE=$SANDMAN_STATE
@@ -160,6 +274,8 @@ BUSYBOX_IMAGE=127.0.0.1:$REGISTRY_PORT/$BUSYBOX_REPO
 NOSHELL_IMAGE=127.0.0.1:$REGISTRY_PORT/$NOSHELL_REPO
 DEBIAN_IMAGE=127.0.0.1:$REGISTRY_PORT/$DEBIAN_REPO
 PKI=$PKI
+WORKER_NAME=$WORKER_NAME
+CLUSTER_CIDR=$CLUSTER_CIDR
 ENV
 
 cat >&2 <<MSG

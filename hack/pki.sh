@@ -35,13 +35,20 @@ cert() {
 }
 
 cert apiserver "/CN=kube-apiserver" \
-	"IP:127.0.0.1,IP:$SERVICE_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+	"IP:127.0.0.1,IP:$SERVICE_IP,IP:$BRIDGE_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
 cert admin "/O=system:masters/CN=sandman-admin"
 cert scheduler "/CN=system:kube-scheduler"
 cert controller-manager "/CN=system:kube-controller-manager"
 cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
 # The virtual node's kubelet API (sandman-vk on the bridge address).
 cert kubelet-serving "/CN=sandman-virtual-kubelet" "IP:$BRIDGE_IP,IP:127.0.0.1,DNS:localhost"
+
+# The real worker: its kubelet's identity (Node authorizer, NodeRestriction),
+# its serving certificate at the node's InternalIP (the apiserver verifies it
+# against the CA), and kube-proxy's identity (bound to system:node-proxier).
+cert kubelet "/O=system:nodes/CN=system:node:$WORKER_NAME"
+cert kubelet-worker-serving "/O=system:nodes/CN=system:node:$WORKER_NAME" "IP:$BRIDGE_IP,DNS:$WORKER_NAME"
+cert kube-proxy "/CN=system:kube-proxy"
 
 if [ ! -f sa.key ]; then
 	openssl genrsa -out sa.key 2048 2>/dev/null
@@ -74,4 +81,6 @@ KC
 kubeconfig admin
 kubeconfig scheduler
 kubeconfig controller-manager
+kubeconfig kubelet
+kubeconfig kube-proxy
 chmod 600 ./*.key

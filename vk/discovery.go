@@ -42,8 +42,11 @@ func ParseAgents(s string) ([]Agent, error) {
 }
 
 // DiscoverAgents follows the sandman-node DaemonSet's pods (namespace and
-// label selector) and keeps the pool's node agents in step: a running,
-// ready agent pod on worker W at address A is node agent W at A:port.
+// label selector) and keeps the pool's node agents in step: a running agent
+// pod on worker W at address A is node agent W at A:port. A running pod that
+// is not Ready is followed too: its watch fails with the agent's own reason
+// (say, containerd unreachable), so the worker shows unhealthy with that
+// message instead of vanishing from the pool.
 func DiscoverAgents(ctx context.Context, client kubernetes.Interface, namespace, selector string, port int, p *pool.Pool, connect func(Agent)) error {
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
@@ -53,7 +56,7 @@ func DiscoverAgents(ctx context.Context, client kubernetes.Interface, namespace,
 		if !ok || pod.Spec.NodeName == "" {
 			return
 		}
-		if agentReady(pod) {
+		if agentRunning(pod) {
 			connect(Agent{Name: pod.Spec.NodeName, Addr: net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(port))})
 		}
 	}
@@ -62,11 +65,11 @@ func DiscoverAgents(ctx context.Context, client kubernetes.Interface, namespace,
 		UpdateFunc: func(old, cur any) {
 			o, _ := old.(*corev1.Pod)
 			c, _ := cur.(*corev1.Pod)
-			if o != nil && c != nil && agentReady(o) && !agentReady(c) {
+			if o != nil && c != nil && agentRunning(o) && !agentRunning(c) {
 				p.RemoveNode(c.Spec.NodeName)
 				return
 			}
-			if o == nil || c == nil || !agentReady(o) || o.Status.PodIP != c.Status.PodIP {
+			if o == nil || c == nil || !agentRunning(o) || o.Status.PodIP != c.Status.PodIP {
 				sync(cur)
 			}
 		},
@@ -89,14 +92,6 @@ func DiscoverAgents(ctx context.Context, client kubernetes.Interface, namespace,
 	return nil
 }
 
-func agentReady(pod *corev1.Pod) bool {
-	if pod.DeletionTimestamp != nil || pod.Status.Phase != corev1.PodRunning || pod.Status.PodIP == "" {
-		return false
-	}
-	for _, c := range pod.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
+func agentRunning(pod *corev1.Pod) bool {
+	return pod.DeletionTimestamp == nil && pod.Status.Phase == corev1.PodRunning && pod.Status.PodIP != ""
 }

@@ -5,15 +5,19 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -26,6 +30,7 @@ import (
 
 	"github.com/sandman-dev/sandman/runtime"
 	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
+	"github.com/sandman-dev/sandman/runtime/hostexec"
 	"github.com/sandman-dev/sandman/runtime/nodeapi"
 )
 
@@ -35,12 +40,20 @@ type options struct {
 	stateDir, daemonPath, cniConfDir, cniBinDir string
 	listen, tokenFile, cpu, memory, logLevel    string
 	guardCIDR, imageCache, hostsDir             string
+	hostRoot, daemonSource, uninstallWhenGone   string
+	statusFile                                  string
 	prePull                                     []string
 	prePullConcurrency                          int
 	pidsLimit                                   int64
 }
 
 func main() {
+	// Through a shim, this binary stands for one of the host's CNI plugins
+	// or its iptables (pod mode, --host-root): that runs here and never returns.
+	hostexec.Main()
+	if len(os.Args) == 3 && os.Args[1] == "probe" {
+		os.Exit(probe(os.Args[2]))
+	}
 	if err := run(os.Args[1:]); err != nil {
 		fmt.Fprintf(os.Stderr, "sandman-node: %v\n", err)
 		os.Exit(1)
@@ -57,11 +70,13 @@ func run(args []string) error {
 	fs.IntVar(&o.slots, "slots", 16, "slot capacity")
 	fs.IntVar(&o.warmSlots, "warm-slots", 4, "slots kept warm ahead of binds")
 	fs.StringVar(&o.stateDir, "state-dir", "/var/lib/sandman-node", "slot state and network namespaces")
-	fs.StringVar(&o.daemonPath, "daemon-path", "/usr/local/lib/sandman/sandman-daemon", "host path of the static sandman-daemon")
+	fs.StringVar(&o.daemonPath, "daemon-path", "/usr/local/lib/sandman/sandman-daemon", "host path of the static sandman-daemon that sandboxes mount")
+	fs.StringVar(&o.daemonSource, "daemon-source", "", "copy this sandman-daemon (the one in the agent's image) to --daemon-path at start (pod mode)")
+	fs.StringVar(&o.hostRoot, "host-root", "", "where the host's root is mounted when the agent runs in a pod: CNI plugins (--cni-bin-dir, a host path) and iptables run from there")
 	fs.StringVar(&o.cniConfDir, "cni-conf-dir", "/etc/cni/net.d", "CNI configuration directory")
 	fs.StringVar(&o.cniBinDir, "cni-bin-dir", "/opt/cni/bin", "CNI plugin directory")
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:9651", "node API and /metrics address (keep it unreachable from sandboxes)")
-	fs.StringVar(&o.guardCIDR, "guard-from", "", "slot network CIDR whose addresses are rejected at the node API port (iptables); needed when --listen is reachable from sandboxes")
+	fs.StringVar(&o.guardCIDR, "guard-from", "", "comma-separated CIDRs (the slot or cluster pod networks) whose addresses are rejected at the node API port (iptables); needed when --listen is reachable from sandboxes")
 	fs.StringVar(&o.tokenFile, "token-file", "", "file with the pool secret callers must present (or env SANDMAN_POOL_TOKEN)")
 	fs.StringVar(&o.cpu, "cpu", "", "CPU sandboxes may request in total, e.g. 8 (default: all cores)")
 	fs.StringVar(&o.memory, "memory", "", "memory sandboxes may request in total, e.g. 16Gi (default: all memory)")
@@ -77,6 +92,8 @@ func run(args []string) error {
 		return nil
 	})
 	fs.IntVar(&o.prePullConcurrency, "prepull-concurrency", 1, "pre-pulls in flight at once (binds never wait behind them)")
+	fs.StringVar(&o.uninstallWhenGone, "uninstall-when-gone", "", "NAMESPACE/DAEMONSET: on SIGTERM, if that DaemonSet or its namespace is gone or being deleted (an uninstall, not a rolling update), release every sandbox and remove everything of sandman's from this worker (needs in-cluster credentials)")
+	fs.StringVar(&o.statusFile, "status-file", "", "write why the agent is not serving (or \"ok\") here; `sandman-node probe FILE` reads it (an exec readiness probe whose message lands in the pod's events)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -129,35 +146,40 @@ func run(args []string) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	client, err := ctrd.New(o.containerdAddress, ctrd.WithDefaultNamespace(o.namespace), ctrd.WithTimeout(10*time.Second))
-	if err != nil {
-		return fmt.Errorf("connect to containerd at %s: %w", o.containerdAddress, err)
+
+	cniBinDir := o.cniBinDir
+	if o.hostRoot != "" {
+		dir, err := hostexec.Setup(hostexec.Config{HostRoot: o.hostRoot, CNIBinDir: o.cniBinDir, ShimDir: filepath.Join(os.TempDir(), "sandman-hostexec")})
+		if err != nil {
+			return err
+		}
+		cniBinDir = dir
 	}
-	defer client.Close()
-	rt, err := rtcontainerd.New(ctx, rtcontainerd.Config{
-		Client: client, Namespace: o.namespace, Node: o.node, Slots: o.slots, WarmSlots: o.warmSlots,
-		Resources: res, StateDir: o.stateDir, DaemonPath: o.daemonPath,
-		CNIConfDir: o.cniConfDir, CNIBinDir: o.cniBinDir, PidsLimit: o.pidsLimit, Logger: log,
-		RegistryHostsDir: o.hostsDir, ImageCacheBytes: cacheBytes, PrePull: o.prePull, PrePullConcurrency: o.prePullConcurrency,
-	})
-	if err != nil {
-		return err
+	if o.daemonSource != "" {
+		if err := installDaemon(o.daemonSource, o.daemonPath); err != nil {
+			return err
+		}
 	}
-	api, err := nodeapi.NewServer(nodeapi.ServerConfig{Runtime: rt, Token: token, Logger: log})
-	if err != nil {
-		return err
+	var uw *uninstallWatch
+	if o.uninstallWhenGone != "" {
+		var err error
+		if uw, err = watchUninstall(ctx, o.uninstallWhenGone, log); err != nil {
+			return err
+		}
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(rt.Collector(), rt.Images().Collector(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.Handle("/", api.Handler())
+
+	// The listener comes first, so a readiness probe and the virtual node
+	// hear why the agent is not serving (containerd unreachable, no CNI
+	// config yet) while it keeps trying.
 	l, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return err
 	}
-	if o.guardCIDR != "" {
-		unguard, err := rtcontainerd.GuardPort(o.guardCIDR, l.Addr().(*net.TCPAddr).Port)
+	for cidr := range strings.SplitSeq(o.guardCIDR, ",") {
+		if cidr = strings.TrimSpace(cidr); cidr == "" {
+			continue
+		}
+		unguard, err := rtcontainerd.GuardPort(cidr, l.Addr().(*net.TCPAddr).Port)
 		if err != nil {
 			return err
 		}
@@ -167,24 +189,169 @@ func run(args []string) error {
 			}
 		}()
 	}
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	var handler atomic.Pointer[http.Handler]
+	var notReady atomic.Value
+	setStatus := func(msg string) {
+		notReady.Store(msg)
+		if o.statusFile != "" {
+			if err := os.WriteFile(o.statusFile, []byte(msg+"\n"), 0o644); err != nil {
+				log.Error("status file", "err", err)
+			}
+		}
+	}
+	setStatus("starting")
+	waiting := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		msg := fmt.Sprintf("node agent %s not serving: %s", o.node, notReady.Load())
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"code": "unavailable", "message": msg}})
+	}))
+	handler.Store(&waiting)
+	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*handler.Load()).ServeHTTP(w, r) }), ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = hs.Shutdown(sctx)
 	}()
+	served := make(chan error, 1)
+	go func() { served <- hs.Serve(l) }()
+	log.Info("listening", "listen", o.listen, "node", o.node)
+
+	var client *ctrd.Client
+	var rt *rtcontainerd.Runtime
+	for delay := time.Second; ; delay = min(2*delay, 30*time.Second) {
+		client, rt, err = connect(ctx, o, res, cacheBytes, cniBinDir, log)
+		if err == nil {
+			break
+		}
+		setStatus(err.Error())
+		log.Error("not serving yet; retrying", "err", err, "retry_in", delay.String())
+		select {
+		case <-ctx.Done():
+			_ = hs.Close()
+			return fmt.Errorf("stopped before serving: %w", err)
+		case <-time.After(delay):
+		}
+	}
+	defer client.Close()
+	api, err := nodeapi.NewServer(nodeapi.ServerConfig{Runtime: rt, Token: token, Logger: log})
+	if err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(rt.Collector(), rt.Images().Collector(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.Handle("/", api.Handler())
+	var serving http.Handler = mux
+	handler.Store(&serving)
+	setStatus("ok")
 	go func() {
 		if err := rt.Run(ctx); err != nil {
 			log.Error("runtime", "err", err)
 		}
 	}()
 	log.Info("serving", "listen", o.listen, "node", o.node, "slots", o.slots, "warm", o.warmSlots)
-	if err := hs.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
-	// Bound sandboxes keep running for the next agent; warm slots go.
-	cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	cctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
 	defer cancel()
+	if uw != nil {
+		if gone, why := uw.Uninstalling(); gone {
+			log.Info("uninstall: releasing every sandbox and removing sandman from this worker", "why", why)
+			errs := []error{rt.Destroy(cctx), removeImages(cctx, client, o.namespace)}
+			if o.daemonSource != "" {
+				errs = append(errs, os.Remove(o.daemonPath))
+			}
+			return errors.Join(errs...)
+		}
+	}
+	// Bound sandboxes keep running for the next agent; warm slots go.
 	return rt.Close(cctx)
+}
+
+// probe is `sandman-node probe FILE`: exit 0 when the agent wrote "ok",
+// else print why it does not serve (the kubelet puts that in the event).
+func probe(file string) int {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		fmt.Println("no status yet:", err)
+		return 1
+	}
+	msg := strings.TrimSpace(string(b))
+	if msg == "ok" {
+		return 0
+	}
+	fmt.Println(msg)
+	return 1
+}
+
+// connect reaches containerd and builds the runtime (which loads the CNI
+// config and recovers what a previous agent left).
+func connect(ctx context.Context, o options, res runtime.Resources, cacheBytes int64, cniBinDir string, log *slog.Logger) (*ctrd.Client, *rtcontainerd.Runtime, error) {
+	if _, err := os.Stat(o.containerdAddress); err != nil {
+		return nil, nil, fmt.Errorf("containerd unreachable at %s: %w (is --containerd-address the worker's containerd socket, mounted into the pod?)", o.containerdAddress, err)
+	}
+	client, err := ctrd.New(o.containerdAddress, ctrd.WithDefaultNamespace(o.namespace), ctrd.WithTimeout(10*time.Second))
+	if err != nil {
+		return nil, nil, fmt.Errorf("containerd unreachable at %s: %w", o.containerdAddress, err)
+	}
+	vctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := client.Version(vctx); err != nil {
+		client.Close()
+		return nil, nil, fmt.Errorf("containerd unreachable at %s: %w", o.containerdAddress, err)
+	}
+	rt, err := rtcontainerd.New(ctx, rtcontainerd.Config{
+		Client: client, Namespace: o.namespace, Node: o.node, Slots: o.slots, WarmSlots: o.warmSlots,
+		Resources: res, StateDir: o.stateDir, DaemonPath: o.daemonPath,
+		CNIConfDir: o.cniConfDir, CNIBinDir: cniBinDir, PidsLimit: o.pidsLimit, Logger: log,
+		RegistryHostsDir: o.hostsDir, ImageCacheBytes: cacheBytes, PrePull: o.prePull, PrePullConcurrency: o.prePullConcurrency,
+	})
+	if err != nil {
+		client.Close()
+		return nil, nil, err
+	}
+	return client, rt, nil
+}
+
+// installDaemon copies the daemon from the agent's image to the host path
+// sandboxes mount it from. The new file replaces the old by rename, so
+// sandboxes that mounted the old one keep it.
+func installDaemon(src, dst string) (retErr error) {
+	in, err := os.Open(src)
+	if err != nil {
+		return fmt.Errorf("--daemon-source: %w", err)
+	}
+	defer in.Close()
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return fmt.Errorf("--daemon-path: %w", err)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(dst), ".sandman-daemon-*")
+	if err != nil {
+		return fmt.Errorf("--daemon-path: %w", err)
+	}
+	defer func() {
+		if retErr != nil {
+			_ = os.Remove(tmp.Name())
+		}
+	}()
+	if _, err := io.Copy(tmp, in); err != nil {
+		tmp.Close()
+		return fmt.Errorf("copy the daemon to %s: %w", dst, err)
+	}
+	if err := tmp.Chmod(0o755); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), dst)
 }

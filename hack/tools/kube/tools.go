@@ -1,6 +1,6 @@
 //go:build tools
 
-// Package kube pins the control-plane commands built by hack/build-tools.sh.
+// Package kube pins the control-plane and worker commands built by hack/build-tools.sh.
 package kube
 
 import (
@@ -8,4 +8,6 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
 )
