@@ -60,8 +60,13 @@ tools: ## build the pinned Kubernetes, containerd and registry binaries into the
 	bash hack/build-tools.sh
 
 .PHONY: images
-images: ## make the busybox, no-shell and Debian test images (cached)
+images: ## make the test images (cached) and, when the local registry answers (or REGISTRY=host[:port] is given), build and push the component images
 	bash hack/images.sh build
+	@if [ -n "$${REGISTRY:-}" ] || curl -fsS "http://127.0.0.1:$${REGISTRY_PORT:-15000}/v2/" >/dev/null 2>&1; then \
+	  bash hack/component-images.sh; \
+	else \
+	  echo "registry 127.0.0.1:$${REGISTRY_PORT:-15000} not up: component images not pushed (make local-up, then make images)"; \
+	fi
 
 .PHONY: local-up
 local-up: ## start the local stack (idempotent)

@@ -45,7 +45,7 @@ CNI_BIN_DIR=${CNI_BIN_DIR:-/usr/lib/cni}
 # The paths are the standard ones a worker has, so deploy/overlays/local
 # mounts what an operator's workers would have.
 WORKER_NAME=${WORKER_NAME:-sandman-worker}
-CLUSTER_CIDR=${CLUSTER_CIDR:-10.216.0.0/16}
+CLUSTER_CIDR=${CLUSTER_CIDR:-10.216.0.0/13}
 WORKER_BRIDGE=sandmanw0
 WORKER_CNI_CONF_DIR=/etc/cni/net.d
 WORKER_CNI_NETWORK=sandman-worker

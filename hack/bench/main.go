@@ -38,6 +38,8 @@ var suites = []suite{
 	{"node", benchNode},
 	{"vk", benchVK},
 	{"image", benchImage},
+	// deploy installs deploy/overlays/local: only when asked for (BENCH_SUITE=deploy).
+	{"deploy", benchDeploy},
 	// scale takes many minutes: only when asked for (BENCH_SUITE=scale).
 	{"scale", benchScale},
 }
@@ -55,7 +57,7 @@ func main() {
 	}
 	var rows []row
 	for _, s := range suites {
-		if *only == "all" && s.name == "scale" {
+		if *only == "all" && (s.name == "scale" || s.name == "deploy") {
 			continue
 		}
 		if *only != "all" && !slices.Contains(strings.Split(*only, ","), s.name) {

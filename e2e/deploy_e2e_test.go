@@ -1,0 +1,659 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/utils/ptr"
+
+	"github.com/sandman-dev/sandman/daemon/api"
+	"github.com/sandman-dev/sandman/daemon/client"
+	"github.com/sandman-dev/sandman/e2e/framework"
+	"github.com/sandman-dev/sandman/runtime"
+	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
+	"github.com/sandman-dev/sandman/vk"
+)
+
+// What deploy/overlays/local installs.
+const (
+	deployNS         = "sandman-system"
+	deployVNode      = "sandman-deployed"
+	deployPool       = "deployed"
+	deployCtrdNS     = "sandman-deployed"
+	deployStateDir   = "/var/lib/sandman-node"
+	deployPoolSlots  = 24
+	deployPoolMemory = "8Gi"
+)
+
+// deployed is sandman as an operator installs it on the stack.
+type deployed struct {
+	t      *testing.T
+	s      *framework.Stack
+	worker string
+	ns     string // the trainer's namespace
+}
+
+// TestDeployed installs sandman with `kubectl apply -k deploy/overlays/local`
+// on the stack's real kubelet worker and uses it as trainers and operators
+// do, then uninstalls it. The phases share the install, so they run in
+// order in one test.
+func TestDeployed(t *testing.T) {
+	s := framework.Get(t)
+	d := &deployed{t: t, s: s, worker: s.Env["WORKER_NAME"], ns: "trainer-" + rand.String(5)}
+	if d.worker == "" {
+		t.Fatal("stack.env has no WORKER_NAME: the stack has no kubelet worker (hack/local-up.sh)")
+	}
+	d.install()
+
+	var box *corev1.Pod
+	t.Run("TrainerJob", d.trainerJob)
+	t.Run("KubectlExecLogsTop", func(t *testing.T) { box = d.kubectlExecLogsTop(t) })
+	t.Run("PoolShareReserved", d.poolShareReserved)
+	t.Run("RollingUpdateKeepsSandboxes", func(t *testing.T) { d.rollingUpdate(t, box) })
+	t.Run("UnreachableContainerd", func(t *testing.T) { d.unreachableContainerd(t, box) })
+	t.Run("Uninstall", d.uninstall)
+}
+
+func (d *deployed) kubectl(t *testing.T, args ...string) string {
+	t.Helper()
+	out, errOut, code := kubectl(t, d.s, "", args...)
+	if code != 0 {
+		t.Fatalf("kubectl %s: exit %d: %s%s", strings.Join(args, " "), code, out, errOut)
+	}
+	return out
+}
+
+func (d *deployed) overlay() string { return filepath.Join(d.s.Root, "deploy", "overlays", "local") }
+
+// install applies the overlay on a stack with no sandman process and waits
+// for the DaemonSet pod and the virtual node with the worker's pool share.
+func (d *deployed) install() {
+	t, s := d.t, d.s
+	ctx := t.Context()
+	if _, err := s.Kube.CoreV1().Namespaces().Get(ctx, deployNS, metav1.GetOptions{}); err == nil {
+		t.Log("an earlier install is still there: deleting it first")
+		kubectl(t, s, "", "delete", "-k", d.overlay(), "--ignore-not-found", "--wait")
+	}
+	_ = s.Kube.CoreV1().Nodes().Delete(ctx, deployVNode, metav1.DeleteOptions{})
+	t.Cleanup(func() {
+		ctx := context.Background()
+		// Whatever a failed phase left: the install, the trainer's pods (on
+		// a virtual node whose kubelet may be gone) and the node object.
+		kubectl(t, s, "", "delete", "-k", d.overlay(), "--ignore-not-found", "--wait", "--timeout=2m")
+		pods, _ := s.Kube.CoreV1().Pods(d.ns).List(ctx, metav1.ListOptions{})
+		if pods != nil {
+			for _, p := range pods.Items {
+				_ = s.Kube.CoreV1().Pods(d.ns).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+			}
+		}
+		_ = s.Kube.CoreV1().Namespaces().Delete(ctx, d.ns, metav1.DeleteOptions{})
+		_ = s.Kube.CoreV1().Nodes().Delete(ctx, deployVNode, metav1.DeleteOptions{})
+	})
+
+	d.kubectl(t, "apply", "-k", d.overlay())
+	d.waitAgentReady(t, "", 3*time.Minute)
+	framework.Eventually(t, 2*time.Minute, "virtual node "+deployVNode+" Ready with the worker's pool share", func(ctx context.Context) (bool, error) {
+		n, err := s.Kube.CoreV1().Nodes().Get(ctx, deployVNode, metav1.GetOptions{})
+		if err != nil || !nodeReady(n) {
+			return false, nil
+		}
+		c := n.Status.Capacity
+		return c.Pods().Value() == deployPoolSlots && c.Cpu().MilliValue() == 1000 &&
+			c.Memory().Cmp(resource.MustParse(deployPoolMemory)) == 0, nil
+	})
+	if _, err := s.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: d.ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// agentPod returns the DaemonSet's pod on the worker (nil if none).
+func (d *deployed) agentPod(ctx context.Context) (*corev1.Pod, error) {
+	l, err := d.s.Kube.CoreV1().Pods(deployNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=sandman-node"})
+	if err != nil {
+		return nil, err
+	}
+	for i := range l.Items {
+		if p := &l.Items[i]; p.Spec.NodeName == d.worker && p.DeletionTimestamp == nil {
+			return p, nil
+		}
+	}
+	return nil, nil
+}
+
+// waitAgentReady waits for the worker's agent pod to be Ready (with image
+// when given) and the DaemonSet's rollout to be complete.
+func (d *deployed) waitAgentReady(t *testing.T, image string, timeout time.Duration) *corev1.Pod {
+	t.Helper()
+	var pod *corev1.Pod
+	framework.Eventually(t, timeout, "the sandman-node pod Ready on "+d.worker, func(ctx context.Context) (bool, error) {
+		ds, err := d.s.Kube.AppsV1().DaemonSets(deployNS).Get(ctx, "sandman-node", metav1.GetOptions{})
+		if err != nil || ds.Status.ObservedGeneration < ds.Generation || ds.Status.DesiredNumberScheduled != 1 ||
+			ds.Status.UpdatedNumberScheduled != 1 || ds.Status.NumberReady != 1 {
+			return false, nil
+		}
+		pod, err = d.agentPod(ctx)
+		if err != nil || pod == nil || !podReady(pod) {
+			return false, nil
+		}
+		return image == "" || pod.Spec.Containers[0].Image == image, nil
+	})
+	return pod
+}
+
+// capacity reads the virtual node's capacity snapshot through the
+// apiserver's node proxy.
+func (d *deployed) capacity(ctx context.Context) (*vk.Capacity, error) {
+	b, err := d.s.Kube.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes/" + deployVNode + "/proxy/sandman/v1/capacity").DoRaw(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var c vk.Capacity
+	return &c, json.Unmarshal(b, &c)
+}
+
+// waitSlotsFree waits until no slot on the worker holds a sandbox.
+func (d *deployed) waitSlotsFree(t *testing.T) {
+	t.Helper()
+	var last string
+	framework.Eventually(t, 2*time.Minute, "every slot on "+d.worker+" free again", func(ctx context.Context) (bool, error) {
+		c, err := d.capacity(ctx)
+		if err != nil || len(c.Nodes) != 1 {
+			return false, nil
+		}
+		sl := c.Nodes[0].Slots
+		last = fmt.Sprint(sl)
+		return c.Nodes[0].Healthy && sl[runtime.StateBound]+sl[runtime.StateBinding]+sl[runtime.StateReleasing]+sl[runtime.StateBroken] == 0, nil
+	})
+	ctr := d.s.Containerd(t, deployCtrdNS)
+	cs, err := ctr.Containers(t.Context(), "labels.\""+rtcontainerd.LabelPodUID+"\"")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cs) != 0 {
+		t.Fatalf("%d containers of pods left in containerd namespace %s (slots %s)", len(cs), deployCtrdNS, last)
+	}
+}
+
+// trainerJob: a trainer runs as a Job on the real worker, creates 20
+// sandboxes it owns, uses each at its pod IP; deleting the Job collects them.
+func (d *deployed) trainerJob(t *testing.T) {
+	s := d.s
+	ctx := t.Context()
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "trainer", Namespace: d.ns}}
+	if _, err := s.Kube.CoreV1().ServiceAccounts(d.ns).Create(ctx, sa, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	rb := &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "trainer", Namespace: d.ns},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "sandman-trainer"},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: "trainer", Namespace: d.ns}},
+	}
+	if _, err := s.Kube.RbacV1().RoleBindings(d.ns).Create(ctx, rb, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	fieldEnv := func(name, path string) corev1.EnvVar {
+		return corev1.EnvVar{Name: name, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: path}}}
+	}
+	job := &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Name: "trainer", Namespace: d.ns},
+		Spec: batchv1.JobSpec{
+			BackoffLimit: ptr.To[int32](0),
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "trainer"}},
+				Spec: corev1.PodSpec{
+					ServiceAccountName: "trainer",
+					RestartPolicy:      corev1.RestartPolicyNever,
+					Containers: []corev1.Container{{
+						Name:  "trainer",
+						Image: s.Registry + "/sandman/e2e-trainer:dev",
+						Args:  []string{"-n", "20", "-image", s.BusyboxImage, "-pool", deployPool, "-timeout", "3m", "-wait-after"},
+						Env:   []corev1.EnvVar{fieldEnv("POD_NAME", "metadata.name"), fieldEnv("POD_UID", "metadata.uid")},
+						Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+							corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("64Mi")}},
+					}},
+				},
+			},
+		},
+	}
+	if _, err := s.Kube.BatchV1().Jobs(d.ns).Create(ctx, job, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	// The trainer's summary line, read through the real kubelet.
+	var trainer *corev1.Pod
+	var summary struct {
+		Sandboxes int      `json:"sandboxes"`
+		OK        int      `json:"ok"`
+		Failed    []string `json:"failed"`
+	}
+	var logs string
+	framework.Eventually(t, 4*time.Minute, "the trainer's summary", func(ctx context.Context) (bool, error) {
+		l, err := s.Kube.CoreV1().Pods(d.ns).List(ctx, metav1.ListOptions{LabelSelector: "app=trainer"})
+		if err != nil || len(l.Items) != 1 {
+			return false, nil
+		}
+		trainer = &l.Items[0]
+		if trainer.Status.Phase == corev1.PodFailed {
+			b, _ := s.Kube.CoreV1().Pods(d.ns).GetLogs(trainer.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+			return false, fmt.Errorf("the trainer failed: %s", b)
+		}
+		b, err := s.Kube.CoreV1().Pods(d.ns).GetLogs(trainer.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+		if err != nil {
+			return false, nil
+		}
+		logs = string(b)
+		for line := range strings.SplitSeq(logs, "\n") {
+			if strings.HasPrefix(line, "{") && json.Unmarshal([]byte(line), &summary) == nil && summary.Sandboxes > 0 {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if trainer.Spec.NodeName != d.worker {
+		t.Fatalf("the trainer ran on %q, not on the worker %s", trainer.Spec.NodeName, d.worker)
+	}
+	if summary.Sandboxes != 20 || summary.OK != 20 {
+		t.Fatalf("trainer: %d sandboxes, %d ok, failed %v\n%s", summary.Sandboxes, summary.OK, summary.Failed, logs)
+	}
+	sel := "sandman.io/job=" + trainer.Name
+	l, err := s.Kube.CoreV1().Pods(d.ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l.Items) != 20 {
+		t.Fatalf("%d sandbox pods with %s, want 20", len(l.Items), sel)
+	}
+	for _, p := range l.Items {
+		if p.Spec.NodeName != deployVNode || p.Status.Phase != corev1.PodRunning || len(p.OwnerReferences) != 1 || p.OwnerReferences[0].UID != trainer.UID {
+			t.Fatalf("sandbox %s: node %s, phase %s, owners %v", p.Name, p.Spec.NodeName, p.Status.Phase, p.OwnerReferences)
+		}
+	}
+
+	// Deleting the Job deletes the trainer; the garbage collector deletes
+	// the sandboxes it owns; the virtual node releases their slots.
+	if err := s.Kube.BatchV1().Jobs(d.ns).Delete(ctx, "trainer", metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)}); err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, 2*time.Minute, "the trainer's sandboxes garbage-collected", func(ctx context.Context) (bool, error) {
+		l, err := s.Kube.CoreV1().Pods(d.ns).List(ctx, metav1.ListOptions{})
+		return err == nil && len(l.Items) == 0, nil
+	})
+	d.waitSlotsFree(t)
+}
+
+// sandbox creates a sandbox pod in the trainer's namespace and waits for it.
+func (d *deployed) sandbox(t *testing.T, name string, command ...string) *corev1.Pod {
+	t.Helper()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: d.ns, Annotations: map[string]string{"sandman.io/token-sha256": trainerHash()}},
+		Spec: corev1.PodSpec{
+			NodeSelector: map[string]string{"sandman.io/pool": deployPool},
+			Tolerations:  []corev1.Toleration{{Key: "sandman.io/pool", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
+			Containers: []corev1.Container{{Name: "task", Image: d.s.BusyboxImage, Command: command, Resources: corev1.ResourceRequirements{
+				Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("64Mi")}}}},
+		},
+	}
+	if _, err := d.s.Kube.CoreV1().Pods(d.ns).Create(t.Context(), pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var got *corev1.Pod
+	framework.Eventually(t, 2*time.Minute, "sandbox "+name+" Ready", func(ctx context.Context) (bool, error) {
+		p, err := d.s.Kube.CoreV1().Pods(d.ns).Get(ctx, name, metav1.GetOptions{})
+		got = p
+		return err == nil && podReady(p) && p.Status.PodIP != "", nil
+	})
+	return got
+}
+
+// answers checks a sandbox's daemon at its pod IP with the trainer's token.
+func answers(ctx context.Context, pod *corev1.Pod) error {
+	c, err := client.New(pod.Status.PodIP+":49983", client.WithToken(trainerToken), client.WithRetries(0))
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	res, err := c.Exec(ctx, api.ExecRequest{Cmd: []string{"hostname"}})
+	if err != nil {
+		return fmt.Errorf("sandbox %s at %s: %w", pod.Name, pod.Status.PodIP, err)
+	}
+	if res.ExitCode != 0 || strings.TrimSpace(string(res.Stdout)) != pod.Name {
+		return fmt.Errorf("sandbox %s: hostname exit %d, %q", pod.Name, res.ExitCode, res.Stdout)
+	}
+	return nil
+}
+
+// kubectlExecLogsTop: exec and logs through the deployed sandman-vk; top
+// through a real metrics-server for the sandbox, the virtual node and the
+// real worker.
+func (d *deployed) kubectlExecLogsTop(t *testing.T) *corev1.Pod {
+	box := d.sandbox(t, "box", "sh", "-c", "echo started; exec sleep 3600")
+	ns := []string{"-n", d.ns}
+	if out := d.kubectl(t, append(ns, "exec", "box", "--", "sh", "-c", "echo hi from $(hostname)")...); out != "hi from box\n" {
+		t.Fatalf("kubectl exec: %q", out)
+	}
+	if out := d.kubectl(t, append(ns, "logs", "box")...); out != "started\n" {
+		t.Fatalf("kubectl logs: %q", out)
+	}
+	top := func(args ...string) func(ctx context.Context) (bool, error) {
+		return func(ctx context.Context) (bool, error) {
+			out, _, code := kubectl(t, d.s, "", append([]string{"top"}, args...)...)
+			return code == 0 && strings.Contains(out, args[1]), nil
+		}
+	}
+	framework.Eventually(t, 2*time.Minute, "kubectl top pod box", top(append([]string{"pod", "box"}, ns...)...))
+	framework.Eventually(t, 2*time.Minute, "kubectl top node "+deployVNode, top("node", deployVNode))
+	framework.Eventually(t, 2*time.Minute, "kubectl top node "+d.worker, top("node", d.worker))
+	return box
+}
+
+// poolShareReserved: an ordinary pod that would fit the worker if the
+// sandbox pool's share were ignored stays Pending with the scheduler's
+// message.
+func (d *deployed) poolShareReserved(t *testing.T) {
+	ctx := t.Context()
+	w, err := d.s.Kube.CoreV1().Nodes().Get(ctx, d.worker, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	alloc := w.Status.Allocatable.Memory().DeepCopy()
+	share := resource.MustParse(deployPoolMemory)
+	want := alloc.DeepCopy()
+	want.Sub(share)
+	want.Add(resource.MustParse("1Gi"))
+	if want.Cmp(alloc) >= 0 {
+		t.Fatalf("the worker's allocatable memory %s is too small for this test", alloc.String())
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "big", Namespace: d.ns},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "big", Image: d.s.BusyboxImage, Command: []string{"sleep", "60"},
+			Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceMemory: want}}}}},
+	}
+	if _, err := d.s.Kube.CoreV1().Pods(d.ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = d.s.Kube.CoreV1().Pods(d.ns).Delete(context.Background(), "big", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+	}()
+	var msg string
+	framework.Eventually(t, time.Minute, "pod big Unschedulable", func(ctx context.Context) (bool, error) {
+		p, err := d.s.Kube.CoreV1().Pods(d.ns).Get(ctx, "big", metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		if p.Spec.NodeName != "" {
+			return false, fmt.Errorf("pod big (%s memory, allocatable %s, pool share %s) was scheduled to %s", want.String(), alloc.String(), share.String(), p.Spec.NodeName)
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+				msg = c.Message
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if !strings.Contains(msg, "Insufficient memory") {
+		t.Fatalf("scheduler's message: %q", msg)
+	}
+}
+
+// retag copies repo:from to repo:to in the stack's registry.
+func retag(t *testing.T, registry, repo, from, to string) {
+	t.Helper()
+	const accept = "application/vnd.oci.image.manifest.v1+json, application/vnd.oci.image.index.v1+json, application/vnd.docker.distribution.manifest.v2+json"
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://"+registry+"/v2/"+repo+"/manifests/"+from, nil)
+	req.Header.Set("Accept", accept)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("get %s:%s: %s", repo, from, resp.Status)
+	}
+	req, _ = http.NewRequestWithContext(t.Context(), http.MethodPut, "http://"+registry+"/v2/"+repo+"/manifests/"+to, bytes.NewReader(body))
+	req.Header.Set("Content-Type", resp.Header.Get("Content-Type"))
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("put %s:%s: %s", repo, to, resp.Status)
+	}
+}
+
+// patchAgent applies a JSON patch to the DaemonSet.
+func (d *deployed) patchAgent(t *testing.T, patch string) {
+	t.Helper()
+	if _, err := d.s.Kube.AppsV1().DaemonSets(deployNS).Patch(t.Context(), "sandman-node", types.JSONPatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatalf("patch the DaemonSet %s: %v", patch, err)
+	}
+}
+
+// rollingUpdate: the DaemonSet rolls to a new tag; every bound sandbox keeps
+// answering at the same address, and kubectl exec works through the new agent.
+func (d *deployed) rollingUpdate(t *testing.T, box *corev1.Pod) {
+	if box == nil {
+		t.Skip("no sandbox from the exec phase")
+	}
+	idle := d.sandbox(t, "idle")
+	boxes := []*corev1.Pod{box, idle}
+	old, err := d.agentPod(t.Context())
+	if err != nil || old == nil {
+		t.Fatalf("agent pod: %v", err)
+	}
+	tag := "roll-" + rand.String(5)
+	retag(t, d.s.Registry, "sandman/sandman-node", "dev", tag)
+	image := d.s.Registry + "/sandman/sandman-node:" + tag
+	d.patchAgent(t, `[{"op":"replace","path":"/spec/template/spec/containers/0/image","value":"`+image+`"}]`)
+	pod := d.waitAgentReady(t, image, 3*time.Minute)
+	if pod.UID == old.UID {
+		t.Fatal("the agent pod was not replaced")
+	}
+	for _, b := range boxes {
+		p, err := d.s.Kube.CoreV1().Pods(d.ns).Get(t.Context(), b.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Status.PodIP != b.Status.PodIP || p.Status.Phase != corev1.PodRunning ||
+			p.Status.ContainerStatuses[0].ContainerID != b.Status.ContainerStatuses[0].ContainerID {
+			t.Fatalf("sandbox %s changed across the roll: IP %s → %s, phase %s, container %s → %s", b.Name, b.Status.PodIP, p.Status.PodIP,
+				p.Status.Phase, b.Status.ContainerStatuses[0].ContainerID, p.Status.ContainerStatuses[0].ContainerID)
+		}
+		if err := answers(t.Context(), p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	framework.Eventually(t, time.Minute, "kubectl exec through the new agent", func(ctx context.Context) (bool, error) {
+		out, _, code := kubectl(t, d.s, "", "-n", d.ns, "exec", "idle", "--", "echo", "still here")
+		return code == 0 && out == "still here\n", nil
+	})
+	c, err := d.capacity(t.Context())
+	if err != nil || len(c.Nodes) != 1 || c.Nodes[0].Slots[runtime.StateBound] != 2 {
+		t.Fatalf("after the roll the pool holds %+v (%v), want 2 bound", c, err)
+	}
+}
+
+// unreachableContainerd: an agent given a wrong containerd socket is not
+// Ready and says why in its log and in its events; the virtual node shows
+// the worker unhealthy with that reason; the worker, the sandboxes and the
+// control plane are unaffected; the right socket brings it back.
+func (d *deployed) unreachableContainerd(t *testing.T, box *corev1.Pod) {
+	ctx := t.Context()
+	const bad = "/run/containerd/nope.sock"
+	ds, err := d.s.Kube.AppsV1().DaemonSets(deployNS).Get(ctx, "sandman-node", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := ds.Spec.Template.Spec.Containers[0].Args
+	idx := -1
+	for i, a := range args {
+		if strings.HasPrefix(a, "--containerd-address=") {
+			idx = i
+		}
+	}
+	if idx < 0 {
+		t.Fatalf("no --containerd-address in %v", args)
+	}
+	good := args[idx]
+	path := "/spec/template/spec/containers/0/args/" + strconv.Itoa(idx)
+	d.patchAgent(t, `[{"op":"replace","path":"`+path+`","value":"--containerd-address=`+bad+`"}]`)
+	restored := false
+	restore := func() {
+		if !restored {
+			restored = true
+			d.patchAgent(t, `[{"op":"replace","path":"`+path+`","value":"`+good+`"}]`)
+		}
+	}
+	defer restore()
+
+	var pod *corev1.Pod
+	framework.Eventually(t, 2*time.Minute, "the new agent pod Running and not Ready", func(ctx context.Context) (bool, error) {
+		p, err := d.agentPod(ctx)
+		if err != nil || p == nil {
+			return false, nil
+		}
+		pod = p
+		has := false
+		for _, a := range p.Spec.Containers[0].Args {
+			has = has || a == "--containerd-address="+bad
+		}
+		return has && p.Status.Phase == corev1.PodRunning && !podReady(p), nil
+	})
+	framework.Eventually(t, time.Minute, "the reason in the agent's log", func(ctx context.Context) (bool, error) {
+		b, err := d.s.Kube.CoreV1().Pods(deployNS).GetLogs(pod.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+		return err == nil && strings.Contains(string(b), "containerd unreachable at "+bad), nil
+	})
+	framework.Eventually(t, time.Minute, "the reason in the agent pod's events", func(ctx context.Context) (bool, error) {
+		evs, err := d.s.Kube.CoreV1().Events(deployNS).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + pod.Name})
+		if err != nil {
+			return false, nil
+		}
+		for _, e := range evs.Items {
+			if e.Reason == "Unhealthy" && strings.Contains(e.Message, "containerd unreachable at "+bad) {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	framework.Eventually(t, time.Minute, "the virtual node to show the worker unhealthy", func(ctx context.Context) (bool, error) {
+		c, err := d.capacity(ctx)
+		return err == nil && len(c.Nodes) == 1 && !c.Nodes[0].Healthy && strings.Contains(c.Nodes[0].Error, "containerd unreachable"), nil
+	})
+	// Nothing else broke: the worker is Ready, the virtual node is Ready,
+	// the sandbox answers, the apiserver serves.
+	w, err := d.s.Kube.CoreV1().Nodes().Get(ctx, d.worker, metav1.GetOptions{})
+	if err != nil || !nodeReady(w) {
+		t.Fatalf("worker %s: %v", d.worker, err)
+	}
+	vn, err := d.s.Kube.CoreV1().Nodes().Get(ctx, deployVNode, metav1.GetOptions{})
+	if err != nil || !nodeReady(vn) {
+		t.Fatalf("virtual node: %v", err)
+	}
+	if box != nil {
+		if err := answers(ctx, box); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	restore()
+	d.waitAgentReady(t, "", 2*time.Minute)
+	framework.Eventually(t, time.Minute, "the worker healthy again", func(ctx context.Context) (bool, error) {
+		c, err := d.capacity(ctx)
+		return err == nil && len(c.Nodes) == 1 && c.Nodes[0].Healthy && c.Nodes[0].Slots[runtime.StateBound] == 2, nil
+	})
+}
+
+// uninstall: `kubectl delete -k` with sandboxes still bound leaves nothing
+// of sandman's on the worker.
+func (d *deployed) uninstall(t *testing.T) {
+	ctx := t.Context()
+	d.kubectl(t, "delete", "-k", d.overlay(), "--wait", "--timeout=3m")
+	if _, err := d.s.Kube.CoreV1().Namespaces().Get(ctx, deployNS, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("namespace %s still there: %v", deployNS, err)
+	}
+	ctr := d.s.Containerd(t, deployCtrdNS)
+	cs, err := ctr.Containers(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cs) != 0 {
+		t.Fatalf("%d containers left in containerd namespace %s", len(cs), deployCtrdNS)
+	}
+	nss, err := ctr.NamespaceService().List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nss {
+		if n == deployCtrdNS {
+			t.Errorf("containerd namespace %s still there", n)
+		}
+	}
+	mounts, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.SplitSeq(string(mounts), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], deployStateDir+"/") {
+			t.Errorf("mount left under %s: %s", deployStateDir, f[4])
+		}
+	}
+	// Addresses: host-local holds only those of the kubelet's own pods.
+	held, _ := filepath.Glob("/var/lib/cni/networks/sandman-worker/[0-9]*")
+	pods, err := d.s.Kube.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + d.worker})
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := map[string]bool{}
+	for _, p := range pods.Items {
+		live[p.Status.PodIP] = true
+	}
+	for _, h := range held {
+		if ip := filepath.Base(h); !live[ip] {
+			t.Errorf("address %s still held in host-local", ip)
+		}
+	}
+	for _, ctl := range []string{"memory", "cpu", "pids"} {
+		if ents, err := os.ReadDir(filepath.Join("/sys/fs/cgroup", ctl, deployCtrdNS)); err == nil && len(ents) > 0 {
+			for _, e := range ents {
+				if e.IsDir() {
+					t.Errorf("cgroup left: /sys/fs/cgroup/%s/%s/%s", ctl, deployCtrdNS, e.Name())
+				}
+			}
+		}
+	}
+	if _, err := os.Stat(filepath.Join(deployStateDir, "bin", "sandman-daemon")); err == nil {
+		t.Error("the daemon binary is still on the worker")
+	}
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}

@@ -1,0 +1,226 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	ctrd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"golang.org/x/sync/errgroup"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/sandman-dev/sandman/runtime"
+	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
+)
+
+// benchDeploy: create → Ready of a burst of real sandboxes through the
+// deployed path (deploy/overlays/local: sandman-node as a DaemonSet pod on
+// the kubelet worker, sandman-vk as a Deployment) beside the host-process
+// path (sandman-vk and the node agent as processes), same run, same slots.
+func benchDeploy(cfg config) ([]row, error) {
+	env, err := stackEnv()
+	if err != nil {
+		return nil, err
+	}
+	rc, err := clientcmd.BuildConfigFromFlags("", env["KUBECONFIG"])
+	if err != nil {
+		return nil, err
+	}
+	rc.QPS, rc.Burst = 2000, 4000
+	kube, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	tmp, err := os.MkdirTemp("", "sandman-bench-deploy")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	daemonBin, err := buildDaemon(cfg.root, tmp)
+	if err != nil {
+		return nil, err
+	}
+	vkBin := filepath.Join(tmp, "sandman-vk")
+	build := exec.Command("go", "build", "-o", vkBin, "./cmd/sandman-vk")
+	build.Dir = cfg.root
+	if out, err := build.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("build sandman-vk: %v\n%s", err, out)
+	}
+	client, err := ctrd.New(env["CONTAINERD_ADDRESS"], ctrd.WithDefaultNamespace(benchNamespace))
+	if err != nil {
+		return nil, err
+	}
+	defer client.Close()
+	b := &vkBench{env: env, kube: kube, vkBin: vkBin, tmp: tmp, ns: "bench-" + rand.String(5), client: client,
+		be: benchEnv{client: client, env: env, daemonBin: daemonBin}}
+	ctx := namespaces.WithNamespace(context.Background(), benchNamespace)
+	if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: b.ns}}, metav1.CreateOptions{}); err != nil {
+		return nil, err
+	}
+	defer func() { _ = kube.CoreV1().Namespaces().Delete(context.Background(), b.ns, metav1.DeleteOptions{}) }()
+	image := env["BUSYBOX_IMAGE"]
+	const n, slots, warm = 100, 104, 16
+
+	// The host-process path.
+	rt, stop, err := b.be.startRuntime(ctx, "bench-deploy-host", func(c *rtcontainerd.Config) { c.Slots, c.WarmSlots = slots, warm })
+	if err != nil {
+		return nil, err
+	}
+	if err := waitCount(ctx, rt, runtime.StateWarm, warm); err != nil {
+		stop()
+		return nil, err
+	}
+	host, err := b.burst(ctx, "host", map[string]runtime.Runtime{"bench-deploy-host": rt}, image, n, false)
+	stop()
+	if err != nil {
+		return nil, fmt.Errorf("host-process burst: %w", err)
+	}
+
+	// The deployed path: the overlay, with as many slots.
+	kubectl := func(args ...string) error {
+		cmd := exec.Command(env["KUBECTL"], args...)
+		cmd.Env = append(os.Environ(), "KUBECONFIG="+env["KUBECONFIG"])
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("kubectl %v: %v\n%s", args, err, out)
+		}
+		return nil
+	}
+	overlay := filepath.Join(cfg.root, "deploy", "overlays", "local")
+	if err := kubectl("apply", "-k", overlay); err != nil {
+		return nil, err
+	}
+	defer func() {
+		_ = kubectl("delete", "-k", overlay, "--wait", "--timeout=3m")
+		_ = kube.CoreV1().Nodes().Delete(context.Background(), "sandman-deployed", metav1.DeleteOptions{})
+	}()
+	ds, err := kube.AppsV1().DaemonSets("sandman-system").Get(ctx, "sandman-node", metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	args := ds.Spec.Template.Spec.Containers[0].Args
+	for i, a := range args {
+		switch {
+		case len(a) > 8 && a[:8] == "--slots=":
+			args[i] = fmt.Sprintf("--slots=%d", slots)
+		case len(a) > 13 && a[:13] == "--warm-slots=":
+			args[i] = fmt.Sprintf("--warm-slots=%d", warm)
+		}
+	}
+	patch, _ := json.Marshal([]map[string]any{{"op": "replace", "path": "/spec/template/spec/containers/0/args", "value": args}})
+	if _, err := kube.AppsV1().DaemonSets("sandman-system").Patch(ctx, "sandman-node", types.JSONPatchType, patch, metav1.PatchOptions{}); err != nil {
+		return nil, err
+	}
+	if err := waitFor(5*time.Minute, "the deployed virtual node with its warm slots", func() bool {
+		n, err := kube.CoreV1().Nodes().Get(ctx, "sandman-deployed", metav1.GetOptions{})
+		if err != nil || n.Status.Capacity.Pods().Value() != slots {
+			return false
+		}
+		c := deployedCapacity(ctx, kube)
+		return c != nil && c[runtime.StateWarm] >= warm
+	}); err != nil {
+		return nil, err
+	}
+	dep, err := b.burstOn(ctx, "deployed", image, n)
+	if err != nil {
+		return nil, fmt.Errorf("deployed burst: %w", err)
+	}
+	return []row{
+		{name: "burst of 100, host-process path: create → Ready (baseline)", n: n, p50: ms(host.ready.p50()), p99: ms(host.ready.p99()), baseline: "-", ratio: "1.00×",
+			note: fmt.Sprintf("%.0f pods/s to all Ready", float64(n)/host.total.Seconds())},
+		{name: "burst of 100, deployed path: create → Ready", n: n, p50: ms(dep.ready.p50()), p99: ms(dep.ready.p99()), baseline: "host-process path", ratio: ratio(dep.ready.p50(), host.ready.p50()),
+			note: fmt.Sprintf("%.0f pods/s to all Ready; sandman-vk and sandman-node as pods, %d slots, %d warm", float64(n)/dep.total.Seconds(), slots, warm)},
+	}, nil
+}
+
+// deployedCapacity reads the deployed virtual node's slot counts.
+func deployedCapacity(ctx context.Context, kube kubernetes.Interface) map[runtime.SlotState]int {
+	raw, err := kube.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes/sandman-deployed/proxy/sandman/v1/capacity").DoRaw(ctx)
+	if err != nil {
+		return nil
+	}
+	var c struct {
+		Totals struct {
+			Slots map[runtime.SlotState]int `json:"slots"`
+		} `json:"totals"`
+	}
+	if json.Unmarshal(raw, &c) != nil {
+		return nil
+	}
+	return c.Totals.Slots
+}
+
+// burstOn creates n pods at once on a pool whose virtual node runs
+// elsewhere, measures them to Ready and deletes them.
+func (b *vkBench) burstOn(ctx context.Context, pool, image string, n int) (burstResult, error) {
+	res := burstResult{n: n}
+	rw, err := b.watchReady(ctx)
+	if err != nil {
+		return res, err
+	}
+	defer rw.stop()
+	names := make([]string, n)
+	starts := make([]time.Time, n)
+	var g errgroup.Group
+	g.SetLimit(64)
+	begin := time.Now()
+	for i := range n {
+		names[i] = fmt.Sprintf("%s-%04d", pool, i)
+		g.Go(func() error {
+			starts[i] = time.Now()
+			_, err := b.kube.CoreV1().Pods(b.ns).Create(ctx, b.pod(names[i], pool, image, ""), metav1.CreateOptions{})
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return res, err
+	}
+	at, err := rw.wait(names, 5*time.Minute)
+	if err != nil {
+		return res, fmt.Errorf("%w (%s)", err, b.podSummary(ctx))
+	}
+	last := begin
+	for i, name := range names {
+		res.ready = append(res.ready, at[name].Sub(starts[i]))
+		if at[name].After(last) {
+			last = at[name]
+		}
+	}
+	res.total = last.Sub(begin)
+	var dg errgroup.Group
+	dg.SetLimit(64)
+	for _, name := range names {
+		dg.Go(func() error {
+			if err := b.kube.CoreV1().Pods(b.ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+				return err
+			}
+			return nil
+		})
+	}
+	if err := dg.Wait(); err != nil {
+		return res, err
+	}
+	return res, b.waitGoneFor(ctx, 2*time.Minute)
+}
+
+// waitFor polls cond every 200 ms.
+func waitFor(timeout time.Duration, what string, cond func() bool) error {
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("waiting %v for %s", timeout, what)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return nil
+}

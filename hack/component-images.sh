@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Builds sandman's component images (sandman-vk, sandman-node, sandmanctl,
+# pause, e2e-trainer) with hack/imagebuild, no container engine involved, and
+# pushes them tagged `dev` and the git short SHA. Prints one
+# <registry>/sandman/<image>@sha256:... line per image on stdout.
+#   REGISTRY=host[:port]      push there (default: the local stack's registry,
+#                             127.0.0.1:$REGISTRY_PORT; credentials from the
+#                             Docker config)
+#   IMAGES=sandman-vk,pause   only these images (default all)
+#   TAGS=dev,extra            these tags instead of dev and the short SHA
+# Extra arguments go to imagebuild (e.g. -layout DIR).
+set -o errexit -o nounset -o pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+REGISTRY=${REGISTRY:-127.0.0.1:$REGISTRY_PORT}
+if [ "$REGISTRY" = "127.0.0.1:$REGISTRY_PORT" ]; then
+	curl -fsS "http://$REGISTRY/v2/" >/dev/null || die "registry at $REGISTRY is not up: run hack/local-up.sh"
+fi
+
+tags=${TAGS:-dev}
+if [ -z "${TAGS:-}" ] && sha=$(git -C "$SANDMAN_ROOT" rev-parse --short HEAD 2>/dev/null); then
+	tags+=,$sha
+fi
+log "component images: building and pushing to $REGISTRY (tags $tags)"
+cd "$SANDMAN_ROOT"
+go run ./hack/imagebuild -registry "$REGISTRY" -tag "$tags" -images "${IMAGES:-all}" -print-digests "$@"
