@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -83,6 +84,17 @@ func (d *deployed) kubectl(t *testing.T, args ...string) string {
 	return out
 }
 
+// kubectlBackground runs kubectl outside the test's context (cleanups run
+// after it ends), and returns its output and error.
+func (d *deployed) kubectlBackground(timeout time.Duration, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, d.s.Env["KUBECTL"], args...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+d.s.Env["KUBECONFIG"])
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
 func (d *deployed) overlay() string { return filepath.Join(d.s.Root, "deploy", "overlays", "local") }
 
 // install applies the overlay on a stack with no sandman process and waits
@@ -92,14 +104,18 @@ func (d *deployed) install() {
 	ctx := t.Context()
 	if _, err := s.Kube.CoreV1().Namespaces().Get(ctx, deployNS, metav1.GetOptions{}); err == nil {
 		t.Log("an earlier install is still there: deleting it first")
-		kubectl(t, s, "", "delete", "-k", d.overlay(), "--ignore-not-found", "--wait")
+		if out, err := d.kubectlBackground(4*time.Minute, "delete", "-k", d.overlay(), "--ignore-not-found", "--wait", "--timeout=3m"); err != nil {
+			t.Fatalf("delete the earlier install: %v\n%s", err, out)
+		}
 	}
 	_ = s.Kube.CoreV1().Nodes().Delete(ctx, deployVNode, metav1.DeleteOptions{})
 	t.Cleanup(func() {
 		ctx := context.Background()
 		// Whatever a failed phase left: the install, the trainer's pods (on
 		// a virtual node whose kubelet may be gone) and the node object.
-		kubectl(t, s, "", "delete", "-k", d.overlay(), "--ignore-not-found", "--wait", "--timeout=2m")
+		if out, err := d.kubectlBackground(4*time.Minute, "delete", "-k", d.overlay(), "--ignore-not-found", "--wait", "--timeout=3m"); err != nil {
+			t.Logf("cleanup: delete the install: %v\n%s", err, out)
+		}
 		pods, _ := s.Kube.CoreV1().Pods(d.ns).List(ctx, metav1.ListOptions{})
 		if pods != nil {
 			for _, p := range pods.Items {
@@ -226,8 +242,10 @@ func (d *deployed) trainerJob(t *testing.T) {
 					Containers: []corev1.Container{{
 						Name:  "trainer",
 						Image: s.Registry + "/sandman/e2e-trainer:dev",
-						Args:  []string{"-n", "20", "-image", s.BusyboxImage, "-pool", deployPool, "-timeout", "3m", "-wait-after"},
-						Env:   []corev1.EnvVar{fieldEnv("POD_NAME", "metadata.name"), fieldEnv("POD_UID", "metadata.uid")},
+						// :dev is rebuilt in place by every `make images`.
+						ImagePullPolicy: corev1.PullAlways,
+						Args:            []string{"-n", "20", "-image", s.BusyboxImage, "-pool", deployPool, "-timeout", "3m", "-wait-after"},
+						Env:             []corev1.EnvVar{fieldEnv("POD_NAME", "metadata.name"), fieldEnv("POD_UID", "metadata.uid")},
 						Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
 							corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("64Mi")}},
 					}},

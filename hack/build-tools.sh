@@ -17,7 +17,7 @@ export GOFLAGS="${GOFLAGS:-} -trimpath"
 LDFLAGS="-s -w"
 
 build_kube() {
-	local want=(etcd kube-apiserver kube-scheduler kube-controller-manager kubectl) missing=()
+	local want=(etcd kube-apiserver kube-scheduler kube-controller-manager kubectl kubelet kube-proxy) missing=()
 	for b in "${want[@]}"; do [ -x "$KUBE_BIN/$b" ] || missing+=("$b"); done
 	if [ ${#missing[@]} -eq 0 ]; then log "kubernetes $KUBE_VERSION: cached in $KUBE_BIN"; return; fi
 	log "kubernetes $KUBE_VERSION: building ${missing[*]} into $KUBE_BIN (first build ~12 minutes)"
@@ -55,11 +55,29 @@ build_registry() {
 		"github.com/distribution/distribution/v3/cmd/registry@$REGISTRY_VERSION"
 }
 
+# metrics-server for `kubectl top` (hack/metrics-server.sh). Its own module
+# (hack/tools/metrics-server) with metrics-server's k8s.io versions, not the
+# stack's.
+build_metrics_server() {
+	if [ -x "$METRICS_SERVER_BIN/metrics-server" ]; then
+		log "metrics-server $METRICS_SERVER_VERSION: cached in $METRICS_SERVER_BIN"; return
+	fi
+	log "metrics-server $METRICS_SERVER_VERSION: building into $METRICS_SERVER_BIN"
+	mkdir -p "$METRICS_SERVER_BIN"
+	(
+		cd "$SANDMAN_ROOT/hack/tools/metrics-server"
+		CGO_ENABLED=0 go build -ldflags "$LDFLAGS -X k8s.io/client-go/pkg/version.gitVersion=$METRICS_SERVER_VERSION" \
+			-o "$METRICS_SERVER_BIN/metrics-server.tmp" sigs.k8s.io/metrics-server/cmd/metrics-server
+	)
+	mv "$METRICS_SERVER_BIN/metrics-server.tmp" "$METRICS_SERVER_BIN/metrics-server"
+}
+
 case "${1:-all}" in
-all) build_containerd; build_registry; build_kube ;;
+all) build_containerd; build_registry; build_kube; build_metrics_server ;;
 kube) build_kube ;;
 containerd) build_containerd ;;
 registry) build_registry ;;
-*) die "usage: $0 [all|kube|containerd|registry]" ;;
+metrics-server) build_metrics_server ;;
+*) die "usage: $0 [all|kube|containerd|registry|metrics-server]" ;;
 esac
 log "tools ready under $SANDMAN_CACHE"

@@ -108,7 +108,8 @@ if ip link show "$WORKER_BRIDGE" >/dev/null 2>&1; then
 fi
 rm -rf "/var/lib/cni/networks/$WORKER_CNI_NETWORK" "$WORKER_CNI_CONF_DIR/10-containerd-net.conflist"
 if command -v iptables >/dev/null; then
-	iptables -t nat -S POSTROUTING 2>/dev/null | grep -F "name: \"$WORKER_CNI_NETWORK\"" | while read -r rule; do
+	# iptables -S prints the comment's quotes escaped: name: \"sandman-worker\"
+	iptables -t nat -S POSTROUTING 2>/dev/null | grep -F "name: \\\"$WORKER_CNI_NETWORK\\\"" | while read -r rule; do
 		chain=$(sed -n 's/.* -j \(CNI-[0-9a-f]*\).*/\1/p' <<<"$rule")
 		eval "iptables -t nat ${rule/-A /-D }" 2>/dev/null
 		[ -n "$chain" ] && { iptables -t nat -F "$chain"; iptables -t nat -X "$chain"; } 2>/dev/null
@@ -117,6 +118,11 @@ if command -v iptables >/dev/null; then
 		eval "iptables ${rule/-A /-D }" 2>/dev/null
 	done
 	[ -x "$KUBE_BIN/kube-proxy" ] && "$KUBE_BIN/kube-proxy" --cleanup >/dev/null 2>&1
+	# The kubelet's own chains.
+	for t in filter nat mangle; do
+		for c in INPUT OUTPUT; do iptables -t $t -D $c -j KUBE-FIREWALL 2>/dev/null; done
+		for c in KUBE-FIREWALL KUBE-KUBELET-CANARY KUBE-IPTABLES-HINT; do iptables -t $t -F $c 2>/dev/null && iptables -t $t -X $c 2>/dev/null; done
+	done
 fi
 if [ -d "$NODE_AGENT_STATE" ]; then
 	for m in $(awk -v s="$NODE_AGENT_STATE" 'index($5, s) == 1 {print $5}' /proc/self/mountinfo | sort -r); do

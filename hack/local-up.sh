@@ -19,6 +19,7 @@ for b in etcd kube-apiserver kube-scheduler kube-controller-manager kubectl kube
 done
 need "$CONTAINERD_BIN/containerd" "hack/build-tools.sh (builds containerd $CONTAINERD_VERSION)"
 need "$REGISTRY_BIN/registry" "hack/build-tools.sh (builds the registry)"
+need "$METRICS_SERVER_BIN/metrics-server" "hack/build-tools.sh (builds metrics-server)"
 need runc "hack/install-deps.sh"
 need "$CNI_BIN_DIR/bridge" "hack/install-deps.sh (containernetworking-plugins)"
 need curl "hack/install-deps.sh"
@@ -26,6 +27,8 @@ need ip "hack/install-deps.sh"
 
 mkdir -p "$SANDMAN_STATE"/{pids,logs}
 bash "$SANDMAN_ROOT/hack/pki.sh"
+# The aggregation layer's certificates (metrics-server's API), before the apiserver.
+bash "$SANDMAN_ROOT/hack/metrics-server.sh" pki
 PKI=$SANDMAN_STATE/pki
 
 # The bridge that slot network namespaces attach to, and the CNI config for it.
@@ -58,6 +61,11 @@ start kube-apiserver "${KCURL[*]} https://127.0.0.1:$APISERVER_PORT/readyz" \
 	--service-account-issuer https://kubernetes.default.svc.cluster.local \
 	--service-cluster-ip-range "$SERVICE_CIDR" \
 	--authorization-mode Node,RBAC --allow-privileged \
+	--requestheader-client-ca-file "$PKI/front-proxy-ca.crt" --requestheader-allowed-names front-proxy-client \
+	--requestheader-extra-headers-prefix X-Remote-Extra- --requestheader-group-headers X-Remote-Group \
+	--requestheader-username-headers X-Remote-User \
+	--proxy-client-cert-file "$PKI/front-proxy-client.crt" --proxy-client-key-file "$PKI/front-proxy-client.key" \
+	--enable-aggregator-routing=true \
 	--max-requests-inflight 2000 --max-mutating-requests-inflight 1000 \
 	--profiling=false --v 1
 
@@ -123,6 +131,12 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
 # The worker's CRI: the kubelet's pods live in containerd namespace k8s.io.
 # Their network comes from a template that containerd fills with the node's
 # pod CIDR (given by the kubelet) and writes into the worker's CNI conf dir.
+[plugins."io.containerd.cri.v1.runtime"]
+  # Where root lacks CAP_SYS_RESOURCE (containers, some CI sandboxes), no
+  # process may lower its OOM score: keep the kubelet's negative scores
+  # (pod sandboxes, critical pods) at containerd's own instead of failing.
+  restrict_oom_score_adj = RESTRICT_OOM
+
 [plugins."io.containerd.cri.v1.runtime".cni]
   bin_dirs = ["$CNI_BIN_DIR"]
   conf_dir = "$WORKER_CNI_CONF_DIR"
@@ -134,6 +148,10 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
 [plugins."io.containerd.cri.v1.images".registry]
   config_path = "$SANDMAN_STATE/containerd/certs.d"
 TOML
+# Can this root lower an OOM score (CAP_SYS_RESOURCE)?
+restrict_oom=false
+(echo -1 >/proc/self/oom_score_adj) 2>/dev/null || restrict_oom=true
+sed -i "s/RESTRICT_OOM/$restrict_oom/" "$SANDMAN_STATE/containerd/config.toml"
 cat >"$SANDMAN_STATE/containerd/cni.template" <<'TPL'
 {
   "cniVersion": "1.0.0",
@@ -256,6 +274,9 @@ conntrack: {maxPerCore: 0}
 KPCFG
 start kube-proxy "curl -fsS http://127.0.0.1:$KUBE_PROXY_HEALTHZ_PORT/healthz" \
 	"$KUBE_BIN/kube-proxy" --config "$SANDMAN_STATE/kube-proxy-config.yaml" --v 1
+
+# metrics-server (kubectl top), scraping the worker's kubelet and virtual nodes.
+bash "$SANDMAN_ROOT/hack/metrics-server.sh" up
 
 cat >"$SANDMAN_STATE/stack.env" <<ENV
 SANDMAN_STATE=$SANDMAN_STATE

@@ -147,13 +147,18 @@ func (n *node) hasImageLocked(image string) bool {
 
 // AddNode starts following a node agent. Adding a name again replaces it.
 func (p *Pool) AddNode(ctx context.Context, name string, rt Binder) {
-	p.RemoveNode(name)
 	ctx, cancel := context.WithCancel(ctx)
 	n := &node{name: name, rt: rt, cancel: cancel, done: make(chan struct{}), since: p.cfg.Now(),
 		slots: map[string]runtime.Slot{}, hot: map[string]int{}, images: map[string]bool{}}
+	// Replaced in one step: the node's pods never see it absent (which
+	// would report them lost).
 	p.mu.Lock()
+	old := p.nodes[name]
 	p.nodes[name] = n
 	p.mu.Unlock()
+	if old != nil {
+		old.stop()
+	}
 	go p.follow(ctx, n)
 }
 

@@ -60,25 +60,19 @@ func DiscoverAgents(ctx context.Context, client kubernetes.Interface, namespace,
 			connect(Agent{Name: pod.Spec.NodeName, Addr: net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(port))})
 		}
 	}
+	// An agent pod that stops or goes (a rolling update, a crash, an
+	// uninstall) does not take its worker out of the pool: the worker's
+	// sandboxes keep running, the watch fails and the worker shows
+	// unhealthy, and the next agent pod on the worker is followed in its
+	// place. Only if none comes within the pool's LostAfter are the
+	// worker's pods reported lost.
 	_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: sync,
 		UpdateFunc: func(old, cur any) {
 			o, _ := old.(*corev1.Pod)
 			c, _ := cur.(*corev1.Pod)
-			if o != nil && c != nil && agentRunning(o) && !agentRunning(c) {
-				p.RemoveNode(c.Spec.NodeName)
-				return
-			}
 			if o == nil || c == nil || !agentRunning(o) || o.Status.PodIP != c.Status.PodIP {
 				sync(cur)
-			}
-		},
-		DeleteFunc: func(obj any) {
-			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-				obj = t.Obj
-			}
-			if pod, ok := obj.(*corev1.Pod); ok && pod.Spec.NodeName != "" {
-				p.RemoveNode(pod.Spec.NodeName)
 			}
 		},
 	})

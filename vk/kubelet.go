@@ -10,12 +10,9 @@ import (
 	"strconv"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
 	vkerrdefs "github.com/virtual-kubelet/virtual-kubelet/errdefs"
 	"github.com/virtual-kubelet/virtual-kubelet/node/api"
 	"github.com/virtual-kubelet/virtual-kubelet/node/nodeutil"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 	utilexec "k8s.io/utils/exec"
 
 	daemonapi "github.com/sandman-dev/sandman/daemon/api"
@@ -24,7 +21,7 @@ import (
 
 // The kubelet API of the virtual node: kubectl exec, attach and logs reach
 // the sandbox's daemon with the control plane's own per-sandbox token, never
-// a trainer's; stats come from the node agents.
+// a trainer's; stats come from the node agents (stats.go).
 
 var _ nodeutil.Provider = (*Provider)(nil)
 
@@ -259,70 +256,4 @@ func limit(r io.ReadCloser, n int) io.ReadCloser {
 		io.Reader
 		io.Closer
 	}{io.LimitReader(r, int64(n)), r}
-}
-
-// GetStatsSummary implements nodeutil.Provider: per-sandbox CPU and memory
-// from the node agents' cgroup figures, for kubectl top and metrics-server.
-func (p *Provider) GetStatsSummary(ctx context.Context) (*statsv1alpha1.Summary, error) {
-	now := metav1.Now()
-	s := &statsv1alpha1.Summary{Node: statsv1alpha1.NodeStats{NodeName: p.cfg.NodeName, StartTime: metav1.NewTime(p.started)}}
-	type item struct {
-		ref     statsv1alpha1.PodReference
-		start   metav1.Time
-		uid     string
-		running bool
-	}
-	var items []item
-	p.mu.Lock()
-	for uid, sb := range p.byUID {
-		items = append(items, item{
-			ref:   statsv1alpha1.PodReference{Name: sb.pod.Name, Namespace: sb.pod.Namespace, UID: uid},
-			start: metav1.NewTime(sb.startedAt), uid: uid, running: sb.started() && !sb.terminal(),
-		})
-	}
-	p.mu.Unlock()
-	var nodeCPU, nodeMem uint64
-	for _, it := range items {
-		ps := statsv1alpha1.PodStats{PodRef: it.ref, StartTime: it.start}
-		if it.running {
-			st, err := p.cfg.Pool.Stats(ctx, it.uid)
-			if err == nil {
-				cpu, mem := st.CPUUsageNanos, st.MemoryBytes
-				ps.CPU = &statsv1alpha1.CPUStats{Time: now, UsageCoreNanoSeconds: &cpu}
-				ps.Memory = &statsv1alpha1.MemoryStats{Time: now, WorkingSetBytes: &mem, UsageBytes: &mem}
-				ps.Containers = []statsv1alpha1.ContainerStats{{Name: "sandbox", StartTime: it.start, CPU: ps.CPU, Memory: ps.Memory}}
-				nodeCPU += cpu
-				nodeMem += mem
-			}
-		}
-		s.Pods = append(s.Pods, ps)
-	}
-	s.Node.CPU = &statsv1alpha1.CPUStats{Time: now, UsageCoreNanoSeconds: &nodeCPU}
-	s.Node.Memory = &statsv1alpha1.MemoryStats{Time: now, WorkingSetBytes: &nodeMem, UsageBytes: &nodeMem}
-	return s, nil
-}
-
-// GetMetricsResource implements nodeutil.Provider (/metrics/resource, what
-// metrics-server scrapes): the same figures in Prometheus form.
-func (p *Provider) GetMetricsResource(ctx context.Context) ([]*dto.MetricFamily, error) {
-	sum, err := p.GetStatsSummary(ctx)
-	if err != nil {
-		return nil, err
-	}
-	gauge, counter := dto.MetricType_GAUGE, dto.MetricType_COUNTER
-	str := func(s string) *string { return &s }
-	cpu := &dto.MetricFamily{Name: str("pod_cpu_usage_seconds_total"), Help: str("Cumulative cpu time consumed by the pod in core-seconds"), Type: &counter}
-	mem := &dto.MetricFamily{Name: str("pod_memory_working_set_bytes"), Help: str("Current working set of the pod in bytes"), Type: &gauge}
-	for _, ps := range sum.Pods {
-		if ps.CPU == nil || ps.Memory == nil {
-			continue
-		}
-		labels := []*dto.LabelPair{{Name: str("namespace"), Value: str(ps.PodRef.Namespace)}, {Name: str("pod"), Value: str(ps.PodRef.Name)}}
-		ts := ps.CPU.Time.UnixMilli()
-		c := float64(*ps.CPU.UsageCoreNanoSeconds) / 1e9
-		m := float64(*ps.Memory.WorkingSetBytes)
-		cpu.Metric = append(cpu.Metric, &dto.Metric{Label: labels, Counter: &dto.Counter{Value: &c}, TimestampMs: &ts})
-		mem.Metric = append(mem.Metric, &dto.Metric{Label: labels, Gauge: &dto.Gauge{Value: &m}, TimestampMs: &ts})
-	}
-	return []*dto.MetricFamily{cpu, mem}, nil
 }

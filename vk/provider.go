@@ -66,6 +66,11 @@ type Config struct {
 	StatusWorkers int
 	Logger        *slog.Logger
 	Now           func() time.Time
+	// SelfUsage, when set, is the virtual node's own CPU time and memory
+	// (sandman-vk's process): they count in the node's figures, as a
+	// kubelet's node figures count the kubelet, so a node with no sandbox
+	// does not read zero (metrics-server drops nodes that read zero).
+	SelfUsage func() (cpuNanos, memoryBytes uint64)
 }
 
 // Provider is the virtual-kubelet provider: pods in, pool placements and
@@ -90,6 +95,14 @@ type Provider struct {
 	started time.Time
 	// recentReady: create→Ready of recent sandboxes (the capacity page).
 	recentReady readyRing
+
+	// statsMu serialises stats collection and guards cpuSeen and
+	// cpuRetired: the node's CPU counter is the CPU time of the sandboxes
+	// that ended (as last seen) plus that of the running ones (by UID), so
+	// it never goes down when a sandbox ends.
+	statsMu    sync.Mutex
+	cpuSeen    map[string]uint64
+	cpuRetired uint64
 }
 
 var (
@@ -134,6 +147,7 @@ func New(cfg Config) (*Provider, error) {
 		byUID:   map[string]*sandbox{},
 		byKey:   map[string]string{},
 		orphans: map[string]time.Time{},
+		cpuSeen: map[string]uint64{},
 		started: cfg.Now(),
 	}, nil
 }

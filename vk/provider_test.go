@@ -35,6 +35,12 @@ type harness struct {
 
 func newHarness(t *testing.T, slots int, mutate ...func(*Config)) *harness {
 	t.Helper()
+	return newHarnessWith(t, slots, nil, mutate...)
+}
+
+// newHarnessWith is newHarness with the fake node agent seen through wrap.
+func newHarnessWith(t *testing.T, slots int, wrap func(*fake.Runtime) runtime.Runtime, mutate ...func(*Config)) *harness {
+	t.Helper()
 	h := &harness{client: kfake.NewClientset(), statuses: map[types.UID]*corev1.Pod{}}
 	var err error
 	h.node, err = fake.New(fake.Config{Node: "w1", Slots: slots, Images: []string{"img"}, IPBase: "10.9.0"})
@@ -62,7 +68,11 @@ func newHarness(t *testing.T, slots int, mutate ...func(*Config)) *harness {
 		h.mu.Unlock()
 	})
 	go func() { _ = h.pool.Run(ctx) }()
-	h.pool.AddNode(ctx, "w1", h.node)
+	var node runtime.Runtime = h.node
+	if wrap != nil {
+		node = wrap(h.node)
+	}
+	h.pool.AddNode(ctx, "w1", node)
 	if err := h.pool.WaitSynced(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -30,19 +31,24 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
 
 	"github.com/sandman-dev/sandman/pool"
 	"github.com/sandman-dev/sandman/runtime/nodeapi"
 	"github.com/sandman-dev/sandman/vk"
+	"github.com/sandman-dev/sandman/vk/kubeletcert"
 )
 
 type options struct {
 	kubeconfig, nodeName, poolName, nodeIP string
 	kubeletListen                          string
 	tlsCert, tlsKey, clientCA              string
+	servingCert                            string
+	servingCertTimeout                     time.Duration
 	agents, agentNamespace, agentSelector  string
 	agentPort                              int
 	tokenFile, poolSecretFile              string
+	poolSecretName                         string
 	allowUnauthenticated, pprof            bool
 	qps                                    float64
 	burst, workers, bindsPerNode           int
@@ -64,16 +70,24 @@ func run(args []string) error {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig (default: in-cluster)")
 	fs.StringVar(&o.poolName, "pool", "default", "pool name: the node's sandman.io/pool label and taint")
 	fs.StringVar(&o.nodeName, "node-name", "", "virtual node name (default sandman-<pool>)")
-	fs.StringVar(&o.nodeIP, "node-ip", "", "the virtual node's InternalIP: where the apiserver reaches --kubelet-listen")
-	fs.StringVar(&o.kubeletListen, "kubelet-listen", ":10250", "kubelet API address (TLS)")
-	fs.StringVar(&o.tlsCert, "tls-cert-file", "", "kubelet serving certificate (signed by the cluster CA)")
-	fs.StringVar(&o.tlsKey, "tls-key-file", "", "kubelet serving key")
-	fs.StringVar(&o.clientCA, "client-ca-file", "", "CA whose client certificates (the apiserver's) may call the kubelet API")
+	fs.StringVar(&o.nodeIP, "node-ip", "", "the virtual node's InternalIP: where the apiserver reaches --kubelet-listen (in a cluster with hostNetwork: the worker's status.hostIP); the IP in a --serving-cert=csr certificate")
+	fs.StringVar(&o.kubeletListen, "kubelet-listen", ":10250", "kubelet API address (TLS; in a cluster next to a real kubelet, which owns 10250, use :10260)")
+	fs.StringVar(&o.servingCert, "serving-cert", "", "where the kubelet serving certificate comes from: file (--tls-cert-file/--tls-key-file) or csr "+
+		"(a kubernetes.io/kubelet-serving CertificateSigningRequest for system:node:<node-name> with --node-ip, which sandman-vk approves itself "+
+		"and kube-controller-manager signs with the cluster CA; renewed before it expires; the kubelet API starts once it is issued). "+
+		"Default: csr when running in-cluster (no --kubeconfig) without --tls-cert-file, else file")
+	fs.DurationVar(&o.servingCertTimeout, "serving-cert-timeout", 2*time.Minute, "how long --serving-cert=csr waits for the first certificate before sandman-vk gives up")
+	fs.StringVar(&o.tlsCert, "tls-cert-file", "", "kubelet serving certificate file (signed by the cluster CA); implies --serving-cert=file")
+	fs.StringVar(&o.tlsKey, "tls-key-file", "", "kubelet serving key file")
+	fs.StringVar(&o.clientCA, "client-ca-file", "", "CA whose client certificates (the apiserver's kubelet client certificate) may call the kubelet API; "+
+		"others are refused. Default with --serving-cert=csr: the in-cluster CA ("+inClusterCA+"); otherwise none, and any client gets in")
 	fs.StringVar(&o.agents, "node-agents", "", "static node agents: name=host:port,… (instead of discovery)")
 	fs.StringVar(&o.agentNamespace, "node-agent-namespace", "sandman-system", "namespace of the sandman-node DaemonSet's pods")
 	fs.StringVar(&o.agentSelector, "node-agent-selector", "app.kubernetes.io/name=sandman-node", "label selector of the sandman-node pods")
 	fs.IntVar(&o.agentPort, "node-agent-port", 9651, "node API port of discovered node agents")
-	fs.StringVar(&o.tokenFile, "token-file", "", "file with the pool token node agents accept (or env SANDMAN_POOL_TOKEN)")
+	fs.StringVar(&o.tokenFile, "token-file", "", "file with the pool token node agents accept (or env SANDMAN_POOL_TOKEN, or --pool-secret-name)")
+	fs.StringVar(&o.poolSecretName, "pool-secret-name", "", "namespace/name of a Secret whose key \"token\" is the pool token, created with a random token when missing "+
+		"(the node agents mount the same Secret); instead of --token-file or SANDMAN_POOL_TOKEN")
 	fs.StringVar(&o.poolSecretFile, "pool-secret-file", "", "file with the secret that derives the control plane's per-sandbox daemon tokens (default: the pool token)")
 	fs.BoolVar(&o.pprof, "debug-pprof", false, "serve Go's /debug/pprof/ on --metrics-listen (profiles for benchmarks; keep the listener private)")
 	fs.BoolVar(&o.allowUnauthenticated, "allow-unauthenticated", false, "let pods without a sandman.io/token-sha256 annotation run daemons without auth (local experiments only)")
@@ -99,15 +113,27 @@ func run(args []string) error {
 		return fmt.Errorf("--log-level: %w", err)
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("component", "vk")
-	token, err := secret(o.tokenFile, "SANDMAN_POOL_TOKEN")
-	if err != nil || token == "" {
-		return fmt.Errorf("no pool token: give --token-file or SANDMAN_POOL_TOKEN (%v)", err)
+	// client-go (informers, the certificate manager) logs through klog.
+	klog.SetSlogLogger(log)
+	serving, err := servingMode(o)
+	if err != nil {
+		return err
 	}
-	poolSecret := token
-	if o.poolSecretFile != "" {
-		if poolSecret, err = secret(o.poolSecretFile, ""); err != nil {
-			return err
+	var nodeIPs []net.IP
+	if serving == servingCSR {
+		ip := net.ParseIP(o.nodeIP)
+		if ip == nil {
+			return fmt.Errorf("--serving-cert=csr needs --node-ip (the apiserver verifies the certificate against the address it dials), got %q", o.nodeIP)
 		}
+		nodeIPs = []net.IP{ip}
+		if o.clientCA == "" {
+			if _, err := os.Stat(inClusterCA); err == nil {
+				o.clientCA = inClusterCA
+			}
+		}
+	}
+	if o.poolSecretName != "" && (o.tokenFile != "" || os.Getenv("SANDMAN_POOL_TOKEN") != "") {
+		return errors.New("give one of --pool-secret-name, --token-file or SANDMAN_POOL_TOKEN")
 	}
 
 	restCfg, err := clientcmd.BuildConfigFromFlags("", o.kubeconfig)
@@ -124,6 +150,46 @@ func run(args []string) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+
+	var token string
+	if o.poolSecretName != "" {
+		ns, name, err := parseSecretName(o.poolSecretName)
+		if err != nil {
+			return fmt.Errorf("--pool-secret-name: %w", err)
+		}
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		token, err = ensurePoolSecret(sctx, client, ns, name)
+		cancel()
+		if err != nil {
+			return err
+		}
+	} else if token, err = secret(o.tokenFile, "SANDMAN_POOL_TOKEN"); err != nil || token == "" {
+		return fmt.Errorf("no pool token: give --token-file, SANDMAN_POOL_TOKEN or --pool-secret-name (%v)", err)
+	}
+	poolSecret := token
+	if o.poolSecretFile != "" {
+		if poolSecret, err = secret(o.poolSecretFile, ""); err != nil {
+			return err
+		}
+	}
+
+	// The kubelet serving certificate: asked for now, so the request runs
+	// while the node agents sync; the kubelet port waits for it below.
+	var certs *kubeletcert.Manager
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	certCtx, stopCerts := context.WithCancel(ctx)
+	defer stopCerts()
+	if serving == servingCSR {
+		if certs, err = kubeletcert.New(kubeletcert.Config{Client: client, NodeName: o.nodeName, NodeIPs: nodeIPs, Logger: log}); err != nil {
+			return err
+		}
+		wg.Go(func() {
+			if err := certs.Run(certCtx); err != nil && certCtx.Err() == nil {
+				log.Error("kubelet serving certificate", "err", err)
+			}
+		})
+	}
 
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
@@ -161,6 +227,15 @@ func run(args []string) error {
 		log.Warn("not every node agent answered in time; continuing with those that did", "err", err)
 	}
 	cancel()
+	if certs != nil {
+		wctx, cancel := context.WithTimeout(ctx, o.servingCertTimeout)
+		err := certs.Wait(wctx)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("--serving-cert=csr: waited %s: %w", o.servingCertTimeout, err)
+		}
+		log.Info("kubelet serving certificate issued", "vnode", o.nodeName, "expires", certs.Expiry())
+	}
 
 	nodeCfg := vk.NodeConfig{Name: o.nodeName, PoolName: o.poolName, IP: o.nodeIP, KubeletPort: kubeletPort(o.kubeletListen), Version: "v1.37.2-sandman"}
 	np := &vk.NodeProvider{Config: nodeCfg, Pool: pl}
@@ -197,23 +272,25 @@ func run(args []string) error {
 			return nil
 		}),
 	}
-	if o.tlsCert != "" {
-		tlsOpts := []func(*tls.Config) error{nodeutil.WithKeyPairFromPath(o.tlsCert, o.tlsKey)}
-		if o.clientCA != "" {
-			tlsOpts = append(tlsOpts, nodeutil.WithCAFromPath(o.clientCA), func(c *tls.Config) error {
-				c.ClientAuth = tls.RequireAndVerifyClientCert
-				return nil
-			})
-		}
-		opts = append(opts, nodeutil.WithTLSConfig(tlsOpts...))
-	} else {
-		log.Warn("no --tls-cert-file: the kubelet API (kubectl logs/exec) is not served")
+	switch {
+	case certs != nil:
+		opts = append(opts, nodeutil.WithTLSConfig(kubeletTLSOptions("", "", o.clientCA, certs.GetCertificate)...))
+	case o.tlsCert != "":
+		opts = append(opts, nodeutil.WithTLSConfig(kubeletTLSOptions(o.tlsCert, o.tlsKey, o.clientCA, nil)...))
+	default:
+		log.Warn("no --tls-cert-file and --serving-cert=file: the kubelet API (kubectl logs/exec) is not served")
+	}
+	switch {
+	case o.clientCA != "":
+		log.Info("kubelet API clients need a certificate from", "ca", o.clientCA)
+	case certs != nil || o.tlsCert != "":
+		log.Warn("no --client-ca-file: any client that reaches the kubelet API may exec into sandboxes", "listen", o.kubeletListen)
 	}
 	vnode, err := nodeutil.NewNode(o.nodeName, func(pc nodeutil.ProviderConfig) (nodeutil.Provider, node.NodeProvider, error) {
 		provider, err = vk.New(vk.Config{
 			NodeName: o.nodeName, Pool: pl, Client: client, Pods: pc.Pods, Secrets: pc.Secrets, Recorder: recorder,
 			NodeIP: o.nodeIP, AllowUnauthenticated: o.allowUnauthenticated, PoolSecret: []byte(poolSecret),
-			ReconcileInterval: o.reconcile, OrphanGrace: o.orphanGrace, Logger: log,
+			ReconcileInterval: o.reconcile, OrphanGrace: o.orphanGrace, Logger: log, SelfUsage: selfUsage,
 		})
 		return provider, np, err
 	}, opts...)
@@ -256,6 +333,58 @@ func run(args []string) error {
 		return nil
 	}
 	return err
+}
+
+// inClusterCA is the cluster CA as every pod sees it.
+const inClusterCA = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+
+// Where the kubelet serving certificate comes from.
+const (
+	servingFile = "file"
+	servingCSR  = "csr"
+)
+
+// servingMode resolves --serving-cert: csr in a cluster unless certificate
+// files are given, files otherwise (the local stack's host processes).
+func servingMode(o options) (string, error) {
+	switch o.servingCert {
+	case "":
+		if o.tlsCert == "" && o.kubeconfig == "" {
+			return servingCSR, nil
+		}
+		return servingFile, nil
+	case servingFile:
+		return servingFile, nil
+	case servingCSR:
+		if o.tlsCert != "" {
+			return "", errors.New("--serving-cert=csr and --tls-cert-file exclude each other")
+		}
+		return servingCSR, nil
+	}
+	return "", fmt.Errorf("--serving-cert: %q is neither file nor csr", o.servingCert)
+}
+
+// kubeletTLSOptions configures the kubelet port's TLS: the serving
+// certificate from getCert (asked at every handshake, so a renewed one is
+// used without a restart) or else from files, and, with a client CA, only
+// clients with a certificate from it.
+func kubeletTLSOptions(certFile, keyFile, clientCA string, getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error)) []func(*tls.Config) error {
+	var opts []func(*tls.Config) error
+	if getCert != nil {
+		opts = append(opts, func(c *tls.Config) error {
+			c.GetCertificate = getCert
+			return nil
+		})
+	} else {
+		opts = append(opts, nodeutil.WithKeyPairFromPath(certFile, keyFile))
+	}
+	if clientCA != "" {
+		opts = append(opts, nodeutil.WithCAFromPath(clientCA), func(c *tls.Config) error {
+			c.ClientAuth = tls.RequireAndVerifyClientCert
+			return nil
+		})
+	}
+	return opts
 }
 
 func retryAlways(ctx context.Context, key string, timesTried int, originallyAdded time.Time, err error) (*time.Duration, error) {

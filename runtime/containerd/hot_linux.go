@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"net/http"
@@ -20,6 +21,7 @@ import (
 	cgroups "github.com/containerd/cgroups/v3"
 	"github.com/containerd/cgroups/v3/cgroup2"
 	ctrd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/errdefs"
 	"github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
@@ -147,6 +149,9 @@ func (r *Runtime) startHotWork(ctx context.Context, s *slot, image string) error
 		}),
 	)
 	if err != nil {
+		if rerr := r.client.SnapshotService(r.cfg.Snapshotter).Remove(context.WithoutCancel(ctx), id); rerr != nil && !errdefs.IsNotFound(rerr) {
+			err = errors.Join(err, fmt.Errorf("remove its snapshot: %w", rerr))
+		}
 		return err
 	}
 	r.mu.Lock()

@@ -375,6 +375,11 @@ func (r *Runtime) start(ctx context.Context, s *slot, req runtime.BindRequest) e
 			ctrd.WithContainerLabels(labels),
 		)
 		if err != nil {
+			// The snapshot is made before the spec: a spec that fails leaves
+			// it, and the slot's next bind would meet it.
+			if rerr := r.client.SnapshotService(r.cfg.Snapshotter).Remove(context.WithoutCancel(ctx), id); rerr != nil && !errdefs.IsNotFound(rerr) {
+				err = errors.Join(err, fmt.Errorf("remove its snapshot: %w", rerr))
+			}
 			return fmt.Errorf("bind %s: create container %s: %w", req.Pod.UID, c.Name, err)
 		}
 		r.mu.Lock()
