@@ -64,6 +64,31 @@ BUSYBOX_REPO=sandman/busybox:1.35
 NOSHELL_REPO=sandman/noshell:1
 DEBIAN_REPO=sandman/debian:bookworm
 
+# kubeconfig NAME [CERT]: $SANDMAN_STATE/pki/NAME.kubeconfig for the client
+# certificate CERT (default NAME) in that directory; kept if present.
+kubeconfig() {
+	local name=$1 cert=${2:-$1} pki=$SANDMAN_STATE/pki
+	[ -f "$pki/$name.kubeconfig" ] && return
+	cat >"$pki/$name.kubeconfig" <<KC
+apiVersion: v1
+kind: Config
+clusters:
+- name: sandman-local
+  cluster:
+    server: https://127.0.0.1:$APISERVER_PORT
+    certificate-authority: $pki/ca.crt
+users:
+- name: $name
+  user:
+    client-certificate: $pki/$cert.crt
+    client-key: $pki/$cert.key
+contexts:
+- name: sandman-local
+  context: {cluster: sandman-local, user: $name}
+current-context: sandman-local
+KC
+}
+
 # alive NAME: the process recorded for NAME runs.
 alive() {
 	local f=$SANDMAN_STATE/pids/$1.pid

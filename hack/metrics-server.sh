@@ -70,26 +70,7 @@ pki() {
 			"subjectAltName=IP:$BRIDGE_IP,DNS:metrics-server.kube-system.svc,DNS:metrics-server.kube-system.svc.cluster.local,DNS:metrics-server.kube-system,DNS:metrics-server\nextendedKeyUsage=serverAuth"
 		# One identity towards the apiserver and the kubelets.
 		sign metrics-server-client "/CN=system:metrics-server" ca 'extendedKeyUsage=clientAuth'
-		if [ ! -f metrics-server.kubeconfig ]; then
-			cat >metrics-server.kubeconfig <<KC
-apiVersion: v1
-kind: Config
-clusters:
-- name: sandman-local
-  cluster:
-    server: https://127.0.0.1:$APISERVER_PORT
-    certificate-authority: $PKI/ca.crt
-users:
-- name: system:metrics-server
-  user:
-    client-certificate: $PKI/metrics-server-client.crt
-    client-key: $PKI/metrics-server-client.key
-contexts:
-- name: sandman-local
-  context: {cluster: sandman-local, user: "system:metrics-server"}
-current-context: sandman-local
-KC
-		fi
+		kubeconfig metrics-server metrics-server-client
 		chmod 600 front-proxy-ca.key front-proxy-client.key metrics-server.key metrics-server-client.key
 	)
 }

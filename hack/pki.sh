@@ -55,29 +55,6 @@ if [ ! -f sa.key ]; then
 	openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
 fi
 
-# kubeconfig NAME: a kubeconfig for the client certificate NAME.
-kubeconfig() {
-	local name=$1
-	[ -f "$name.kubeconfig" ] && return
-	cat >"$name.kubeconfig" <<KC
-apiVersion: v1
-kind: Config
-clusters:
-- name: sandman-local
-  cluster:
-    server: https://127.0.0.1:$APISERVER_PORT
-    certificate-authority: $PKI/ca.crt
-users:
-- name: $name
-  user:
-    client-certificate: $PKI/$name.crt
-    client-key: $PKI/$name.key
-contexts:
-- name: sandman-local
-  context: {cluster: sandman-local, user: $name}
-current-context: sandman-local
-KC
-}
 kubeconfig admin
 kubeconfig scheduler
 kubeconfig controller-manager

@@ -9,16 +9,11 @@ import (
 	"path/filepath"
 	"time"
 
-	ctrd "github.com/containerd/containerd/v2/client"
-	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"golang.org/x/sync/errgroup"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/sandman-dev/sandman/runtime"
 	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
@@ -29,46 +24,12 @@ import (
 // the kubelet worker, sandman-vk as a Deployment) beside the host-process
 // path (sandman-vk and the node agent as processes), same run, same slots.
 func benchDeploy(cfg config) ([]row, error) {
-	env, err := stackEnv()
+	b, ctx, done, err := newVKBench(cfg, "sandman-bench-deploy")
 	if err != nil {
 		return nil, err
 	}
-	rc, err := clientcmd.BuildConfigFromFlags("", env["KUBECONFIG"])
-	if err != nil {
-		return nil, err
-	}
-	rc.QPS, rc.Burst = 2000, 4000
-	kube, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, err
-	}
-	tmp, err := os.MkdirTemp("", "sandman-bench-deploy")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(tmp)
-	daemonBin, err := buildDaemon(cfg.root, tmp)
-	if err != nil {
-		return nil, err
-	}
-	vkBin := filepath.Join(tmp, "sandman-vk")
-	build := exec.Command("go", "build", "-o", vkBin, "./cmd/sandman-vk")
-	build.Dir = cfg.root
-	if out, err := build.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("build sandman-vk: %v\n%s", err, out)
-	}
-	client, err := ctrd.New(env["CONTAINERD_ADDRESS"], ctrd.WithDefaultNamespace(benchNamespace))
-	if err != nil {
-		return nil, err
-	}
-	defer client.Close()
-	b := &vkBench{env: env, kube: kube, vkBin: vkBin, tmp: tmp, ns: "bench-" + rand.String(5), client: client,
-		be: benchEnv{client: client, env: env, daemonBin: daemonBin}}
-	ctx := namespaces.WithNamespace(context.Background(), benchNamespace)
-	if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: b.ns}}, metav1.CreateOptions{}); err != nil {
-		return nil, err
-	}
-	defer func() { _ = kube.CoreV1().Namespaces().Delete(context.Background(), b.ns, metav1.DeleteOptions{}) }()
+	defer done()
+	env, kube := b.env, b.kube
 	image := env["BUSYBOX_IMAGE"]
 	const n, slots, warm = 100, 104, 16
 

@@ -57,46 +57,12 @@ type vkBench struct {
 
 // benchVK measures create→Ready through the whole path.
 func benchVK(cfg config) ([]row, error) {
-	env, err := stackEnv()
+	b, ctx, done, err := newVKBench(cfg, "sandman-bench-vk")
 	if err != nil {
 		return nil, err
 	}
-	rc, err := clientcmd.BuildConfigFromFlags("", env["KUBECONFIG"])
-	if err != nil {
-		return nil, err
-	}
-	rc.QPS, rc.Burst = 2000, 4000
-	kube, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, err
-	}
-	tmp, err := os.MkdirTemp("", "sandman-bench-vk")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(tmp)
-	daemonBin, err := buildDaemon(cfg.root, tmp)
-	if err != nil {
-		return nil, err
-	}
-	vkBin := filepath.Join(tmp, "sandman-vk")
-	build := exec.Command("go", "build", "-o", vkBin, "./cmd/sandman-vk")
-	build.Dir = cfg.root
-	if out, err := build.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("build sandman-vk: %v\n%s", err, out)
-	}
-	client, err := ctrd.New(env["CONTAINERD_ADDRESS"], ctrd.WithDefaultNamespace(benchNamespace))
-	if err != nil {
-		return nil, err
-	}
-	defer client.Close()
-	b := &vkBench{env: env, kube: kube, vkBin: vkBin, tmp: tmp, ns: "bench-" + rand.String(5), client: client,
-		be: benchEnv{client: client, env: env, daemonBin: daemonBin}}
-	ctx := namespaces.WithNamespace(context.Background(), benchNamespace)
-	if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: b.ns}}, metav1.CreateOptions{}); err != nil {
-		return nil, err
-	}
-	defer func() { _ = kube.CoreV1().Namespaces().Delete(context.Background(), b.ns, metav1.DeleteOptions{}) }()
+	defer done()
+	env := b.env
 	image := env["BUSYBOX_IMAGE"]
 	n := min(cfg.n, 40)
 	var rows []row
@@ -188,6 +154,63 @@ func benchVK(cfg config) ([]row, error) {
 		}
 	}
 	return rows, nil
+}
+
+// newVKBench connects to the stack, builds sandman-vk and the daemon into a
+// temp dir, and makes a namespace for the bench's pods; done undoes it.
+func newVKBench(cfg config, tmpPrefix string) (_ *vkBench, _ context.Context, done func(), retErr error) {
+	env, err := stackEnv()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	rc, err := clientcmd.BuildConfigFromFlags("", env["KUBECONFIG"])
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	rc.QPS, rc.Burst = 2000, 4000
+	kube, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	tmp, err := os.MkdirTemp("", tmpPrefix)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	var undo []func()
+	done = func() {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+	}
+	defer func() {
+		if retErr != nil {
+			done()
+		}
+	}()
+	undo = append(undo, func() { _ = os.RemoveAll(tmp) })
+	daemonBin, err := buildDaemon(cfg.root, tmp)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	vkBin := filepath.Join(tmp, "sandman-vk")
+	build := exec.Command("go", "build", "-o", vkBin, "./cmd/sandman-vk")
+	build.Dir = cfg.root
+	if out, err := build.CombinedOutput(); err != nil {
+		return nil, nil, nil, fmt.Errorf("build sandman-vk: %v\n%s", err, out)
+	}
+	client, err := ctrd.New(env["CONTAINERD_ADDRESS"], ctrd.WithDefaultNamespace(benchNamespace))
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	undo = append(undo, func() { _ = client.Close() })
+	b := &vkBench{env: env, kube: kube, vkBin: vkBin, tmp: tmp, ns: "bench-" + rand.String(5), client: client,
+		be: benchEnv{client: client, env: env, daemonBin: daemonBin}}
+	ctx := namespaces.WithNamespace(context.Background(), benchNamespace)
+	if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: b.ns}}, metav1.CreateOptions{}); err != nil {
+		return nil, nil, nil, err
+	}
+	undo = append(undo, func() { _ = kube.CoreV1().Namespaces().Delete(context.Background(), b.ns, metav1.DeleteOptions{}) })
+	return b, ctx, done, nil
 }
 
 // serveAgents serves runtimes over the node API on loopback ports.
