@@ -3,7 +3,9 @@
 # same run and prints one table (median and p99, ratio against the
 # baseline). BENCH_SUITE picks suites (default all: daemon, node, vk, image;
 # the scale suite takes many minutes and runs only when named:
-# BENCH_SUITE=scale, sized by BENCH_SCALE_* — see hack/bench/scale.go), BENCH_N the iterations,
+# BENCH_SUITE=scale, sized by BENCH_SCALE_* — see hack/bench/scale.go; so does
+# the deploy suite, which installs deploy/overlays/local: BENCH_SUITE=deploy),
+# BENCH_N the iterations,
 # BENCH_OUT where the markdown table is also written. Suites that need the
 # local stack get one: a running stack is reused, one started here is
 # stopped at the end. The figures belong in docs/benchmarks.md with this
