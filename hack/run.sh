@@ -88,7 +88,9 @@ Try:
   $KUBECTL delete pod sandbox-demo        # frees its slot
   $BIN/sandmanctl top nodes                # capacity per worker (--watch)
   open http://127.0.0.1:9652/capacity      # the live capacity page
-  curl -s http://127.0.0.1:9652/metrics    # Prometheus metrics (deploy/grafana: the dashboard)
+  curl -s http://127.0.0.1:9652/metrics    # Prometheus metrics (deploy/base/grafana: the dashboard)
 Logs: $SANDMAN_STATE/logs/{sandman-vk,sandman-node-worker-a,sandman-node-worker-b}.log
+The deployed path, beside it on the same stack (pool "deployed", docs/install.md):
+  $KUBECTL apply -k deploy/overlays/local
 Stop everything: make local-down
 MSG
