@@ -134,7 +134,8 @@ func (d *deployed) install() {
 			return false, nil
 		}
 		c := n.Status.Capacity
-		return c.Pods().Value() == deployPoolSlots && c.Cpu().MilliValue() == 1000 &&
+		owned := len(n.OwnerReferences) == 1 && n.OwnerReferences[0].Kind == "Namespace" && n.OwnerReferences[0].Name == deployNS
+		return owned && c.Pods().Value() == deployPoolSlots && c.Cpu().MilliValue() == 1000 &&
 			c.Memory().Cmp(resource.MustParse(deployPoolMemory)) == 0, nil
 	})
 	if _, err := s.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: d.ns}}, metav1.CreateOptions{}); err != nil {
@@ -665,6 +666,12 @@ func (d *deployed) uninstall(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(deployStateDir, "bin", "sandman-daemon")); err == nil {
 		t.Error("the daemon binary is still on the worker")
 	}
+	// The virtual node object is owned by the namespace: the garbage
+	// collector deletes it.
+	framework.Eventually(t, 2*time.Minute, "the virtual node object deleted", func(ctx context.Context) (bool, error) {
+		_, err := d.s.Kube.CoreV1().Nodes().Get(ctx, deployVNode, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
 }
 
 func nodeReady(n *corev1.Node) bool {

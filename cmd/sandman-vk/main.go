@@ -46,6 +46,7 @@ type options struct {
 	servingCert                            string
 	servingCertTimeout                     time.Duration
 	agents, agentNamespace, agentSelector  string
+	ownerNamespace                         string
 	agentPort                              int
 	tokenFile, poolSecretFile              string
 	poolSecretName                         string
@@ -83,6 +84,7 @@ func run(args []string) error {
 		"others are refused. Default with --serving-cert=csr: the in-cluster CA ("+inClusterCA+"); otherwise none, and any client gets in")
 	fs.StringVar(&o.agents, "node-agents", "", "static node agents: name=host:port,… (instead of discovery)")
 	fs.StringVar(&o.agentNamespace, "node-agent-namespace", "sandman-system", "namespace of the sandman-node DaemonSet's pods")
+	fs.StringVar(&o.ownerNamespace, "owner-namespace", "", "make this namespace (the install's) the owner of the virtual node object, so deleting the install deletes the node too")
 	fs.StringVar(&o.agentSelector, "node-agent-selector", "app.kubernetes.io/name=sandman-node", "label selector of the sandman-node pods")
 	fs.IntVar(&o.agentPort, "node-agent-port", 9651, "node API port of discovered node agents")
 	fs.StringVar(&o.tokenFile, "token-file", "", "file with the pool token node agents accept (or env SANDMAN_POOL_TOKEN, or --pool-secret-name)")
@@ -327,6 +329,9 @@ func run(args []string) error {
 	go func() { _ = msrv.Serve(ml) }()
 	defer msrv.Close()
 
+	if o.ownerNamespace != "" {
+		go ownNode(ctx, client, o.nodeName, o.ownerNamespace, log)
+	}
 	log.Info("virtual node starting", "node", o.nodeName, "pool", o.poolName, "agents", pl.NodeNames())
 	err = vnode.Run(ctx)
 	if errors.Is(err, context.Canceled) {
