@@ -166,14 +166,7 @@ func (b *vkBench) burstOn(ctx context.Context, pool, image string, n int) (burst
 	if err != nil {
 		return res, fmt.Errorf("%w (%s)", err, b.podSummary(ctx))
 	}
-	last := begin
-	for i, name := range names {
-		res.ready = append(res.ready, at[name].Sub(starts[i]))
-		if at[name].After(last) {
-			last = at[name]
-		}
-	}
-	res.total = last.Sub(begin)
+	res.ready, res.total = readyTimes(names, starts, at, begin)
 	var dg errgroup.Group
 	dg.SetLimit(64)
 	for _, name := range names {

@@ -587,14 +587,7 @@ func (b *vkBench) burst(ctx context.Context, pool string, agents map[string]runt
 	if err != nil {
 		return res, fmt.Errorf("%w (%s)\n%s", err, b.podSummary(ctx), tail(vk.out.String(), 2000))
 	}
-	last := begin
-	for i, name := range names {
-		res.ready = append(res.ready, at[name].Sub(starts[i]))
-		if at[name].After(last) {
-			last = at[name]
-		}
-	}
-	res.total = last.Sub(begin)
+	res.ready, res.total = readyTimes(names, starts, at, begin)
 	if profiling {
 		saveProfile(vk.metrics, "heap", poolName+"-heap")
 		cpuProfile.Wait()
@@ -655,6 +648,20 @@ func (b *vkBench) burst(ctx context.Context, pool string, agents map[string]runt
 		time.Sleep(20 * time.Millisecond)
 	}
 	return res, nil
+}
+
+// readyTimes: each pod's create → Ready, and the burst's start to its last
+// Ready.
+func readyTimes(names []string, starts []time.Time, at map[string]time.Time, begin time.Time) (durations, time.Duration) {
+	var ready durations
+	last := begin
+	for i, name := range names {
+		ready = append(ready, at[name].Sub(starts[i]))
+		if at[name].After(last) {
+			last = at[name]
+		}
+	}
+	return ready, last.Sub(begin)
 }
 
 // saveProfile fetches a pprof profile from sandman-vk into the temp dir.
