@@ -13,7 +13,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/sandman-dev/sandman/pool"
 )
 
 // Agent is a node agent's name and node API address.
@@ -47,7 +46,7 @@ func ParseAgents(s string) ([]Agent, error) {
 // is not Ready is followed too: its watch fails with the agent's own reason
 // (say, containerd unreachable), so the worker shows unhealthy with that
 // message instead of vanishing from the pool.
-func DiscoverAgents(ctx context.Context, client kubernetes.Interface, namespace, selector string, port int, p *pool.Pool, connect func(Agent)) error {
+func DiscoverAgents(ctx context.Context, client kubernetes.Interface, namespace, selector string, port int, connect func(Agent)) error {
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
 	inf := factory.Core().V1().Pods().Informer()

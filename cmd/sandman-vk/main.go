@@ -218,7 +218,7 @@ func run(args []string) error {
 		for _, a := range agents {
 			connect(a)
 		}
-	} else if err := vk.DiscoverAgents(ctx, client, o.agentNamespace, o.agentSelector, o.agentPort, pl, connect); err != nil {
+	} else if err := vk.DiscoverAgents(ctx, client, o.agentNamespace, o.agentSelector, o.agentPort, connect); err != nil {
 		return fmt.Errorf("discover node agents: %w", err)
 	}
 	go func() { _ = pl.Run(ctx) }()
