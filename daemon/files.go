@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"archive/tar"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sandman-dev/sandman/daemon/api"
+	"github.com/sandman-dev/sandman/daemon/archive"
 )
 
 // maxListEntries caps one listing.
@@ -76,7 +76,7 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
 		}
 		w.Header().Set("Content-Type", "application/x-tar")
 		w.WriteHeader(http.StatusOK)
-		if err := writeTar(w, p); err != nil {
+		if err := archive.Write(w, p); err != nil {
 			s.log.Warn("tar download ended early", "path", p, "err", err)
 			panic(http.ErrAbortHandler) // the client must not take a short tar for a whole one
 		}
@@ -95,55 +95,6 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
 	http.ServeContent(w, r, "", fi.ModTime(), f)
-}
-
-// writeTar streams the tree under dir as a tar archive, names relative to dir.
-func writeTar(w io.Writer, dir string) error {
-	tw := tar.NewWriter(w)
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(dir, p)
-		if err != nil || rel == "." {
-			return err
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		var link string
-		if fi.Mode()&fs.ModeSymlink != 0 {
-			if link, err = os.Readlink(p); err != nil {
-				return err
-			}
-		}
-		hdr, err := tar.FileInfoHeader(fi, link)
-		if err != nil {
-			return nil // sockets and the like: skip
-		}
-		hdr.Name = filepath.ToSlash(rel)
-		if fi.IsDir() {
-			hdr.Name += "/"
-		}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		if fi.Mode().IsRegular() {
-			f, err := os.Open(p)
-			if err != nil {
-				return err
-			}
-			_, err = io.CopyN(tw, f, hdr.Size)
-			f.Close()
-			return err
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	return tw.Close()
 }
 
 func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) {
@@ -222,68 +173,19 @@ func writeAtomic(p string, r io.Reader, mode fs.FileMode) (n int64, retErr error
 	return n, os.Rename(f.Name(), p)
 }
 
-// extractTar unpacks a tar stream into dir (created). Entries that would
-// land outside dir are refused.
+// extractTar unpacks a tar stream into dir (created), with the rules of
+// package archive; an unsafe entry or a broken archive is the caller's
+// mistake (400), an upload over the limit stays a *http.MaxBytesError.
 func extractTar(r io.Reader, dir string) (int, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return 0, err
+	n, err := archive.Extract(r, dir)
+	var mbe *http.MaxBytesError
+	switch {
+	case err == nil || errors.As(err, &mbe):
+		return n, err
+	case errors.Is(err, archive.ErrUnsafe), errors.Is(err, archive.ErrBadArchive):
+		return n, errf(http.StatusBadRequest, api.CodeBadRequest, "%v", err)
 	}
-	tr := tar.NewReader(r)
-	n := 0
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			return n, nil
-		}
-		if err != nil {
-			var mbe *http.MaxBytesError
-			if errors.As(err, &mbe) {
-				return n, err
-			}
-			return n, errf(http.StatusBadRequest, api.CodeBadRequest, "bad tar archive after %d entries: %v", n, err)
-		}
-		rel := path.Clean(strings.TrimLeft(hdr.Name, "/"))
-		if rel == ".." || strings.HasPrefix(rel, "../") {
-			return n, errf(http.StatusBadRequest, api.CodeBadRequest, "tar entry %q leaves the target directory", hdr.Name)
-		}
-		name := "/" + rel
-		if rel == "." {
-			continue
-		}
-		target := filepath.Join(dir, name)
-		mode := hdr.FileInfo().Mode()
-		switch hdr.Typeflag {
-		case tar.TypeDir:
-			if err := os.MkdirAll(target, 0o755); err != nil {
-				return n, err
-			}
-			_ = os.Chmod(target, mode.Perm())
-		case tar.TypeReg:
-			if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
-				return n, err
-			}
-			if _, err := writeAtomic(target, tr, mode.Perm()); err != nil {
-				return n, err
-			}
-		case tar.TypeSymlink:
-			if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
-				return n, err
-			}
-			_ = os.Remove(target)
-			if err := os.Symlink(hdr.Linkname, target); err != nil {
-				return n, err
-			}
-		case tar.TypeLink:
-			src := filepath.Join(dir, path.Clean("/"+hdr.Linkname))
-			_ = os.Remove(target)
-			if err := os.Link(src, target); err != nil {
-				return n, err
-			}
-		default:
-			continue // devices, FIFOs: not for sandboxes
-		}
-		n++
-	}
+	return n, err
 }
 
 func fileInfo(p string, fi fs.FileInfo) api.FileInfo {

@@ -221,6 +221,19 @@ func TestFilesTar(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(src, "escape")); !os.IsNotExist(err) {
 		t.Fatal("escaping entry was written")
 	}
+	// So is one written through a link the archive made to outside.
+	outside := t.TempDir()
+	buf.Reset()
+	tw = tar.NewWriter(&buf)
+	add(&tar.Header{Name: "esc", Typeflag: tar.TypeSymlink, Linkname: outside}, "")
+	add(&tar.Header{Name: "esc/pwned", Typeflag: tar.TypeReg, Mode: 0o644}, "x")
+	tw.Close()
+	if _, err := h.client.UploadTar(ctx, filepath.Join(src, "up4"), &buf); !client.IsCode(err, api.CodeBadRequest) {
+		t.Fatalf("entry through an escaping link: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(outside, "pwned")); !os.IsNotExist(err) {
+		t.Fatal("entry through an escaping link was written")
+	}
 	if _, err := h.client.UploadTar(ctx, filepath.Join(src, "up3"), strings.NewReader("not a tar")); !client.IsCode(err, api.CodeBadRequest) {
 		t.Fatalf("garbage tar: %v", err)
 	}

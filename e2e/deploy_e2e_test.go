@@ -32,7 +32,7 @@ import (
 	"github.com/sandman-dev/sandman/e2e/framework"
 	"github.com/sandman-dev/sandman/runtime"
 	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
-	"github.com/sandman-dev/sandman/vk"
+	vkapi "github.com/sandman-dev/sandman/vk/api"
 )
 
 // What deploy/overlays/local installs.
@@ -179,12 +179,12 @@ func (d *deployed) waitAgentReady(t *testing.T, image string, timeout time.Durat
 
 // capacity reads the virtual node's capacity snapshot through the
 // apiserver's node proxy.
-func (d *deployed) capacity(ctx context.Context) (*vk.Capacity, error) {
+func (d *deployed) capacity(ctx context.Context) (*vkapi.Capacity, error) {
 	b, err := d.s.Kube.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes/" + deployVNode + "/proxy/sandman/v1/capacity").DoRaw(ctx)
 	if err != nil {
 		return nil, err
 	}
-	var c vk.Capacity
+	var c vkapi.Capacity
 	return &c, json.Unmarshal(b, &c)
 }
 

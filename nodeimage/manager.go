@@ -16,6 +16,7 @@ import (
 	"github.com/containerd/containerd/v2/core/remotes/docker/config"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
+	"k8s.io/utils/clock"
 
 	"github.com/sandman-dev/sandman/runtime"
 )
@@ -62,7 +63,9 @@ type Config struct {
 	// OnChange is called when the set of ready images changed.
 	OnChange func()
 	Logger   *slog.Logger
-	Now      func() time.Time
+	// Clock tells the time and times the retry back-off (default
+	// clock.RealClock).
+	Clock clock.Clock
 }
 
 func (c *Config) setDefaults() error {
@@ -102,8 +105,8 @@ func (c *Config) setDefaults() error {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	if c.Now == nil {
-		c.Now = time.Now
+	if c.Clock == nil {
+		c.Clock = clock.RealClock{}
 	}
 	return nil
 }
@@ -123,8 +126,16 @@ type Progress struct {
 type Manager struct {
 	cfg     Config
 	metrics *metrics
+	// ctx ends when Run returns: pulls in flight stop. wg counts the
+	// pulls and Run's pre-pull loop; Run waits for them.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
 
 	mu sync.Mutex
+	// stopped is set when Run returns: no pull starts after it (guards
+	// the additions to wg).
+	stopped bool
 	// images are the ready ones, by normalized name.
 	images map[string]*entry
 	// pulls are in flight, by normalized name.
@@ -161,6 +172,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		images: map[string]*entry{}, pulls: map[string]*pull{}, failed: map[string]*Error{}, pinned: map[string]bool{},
 		wakePrePull: make(chan struct{}, 1), wakeGC: make(chan struct{}, 1),
 	}
+	m.ctx, m.cancel = context.WithCancel(context.Background())
 	for _, ref := range cfg.PrePull {
 		name, err := Normalize(ref)
 		if err != nil {
@@ -230,7 +242,7 @@ func (m *Manager) Ensure(ctx context.Context, ref string, secrets [][]byte) (ctr
 	ctx = m.ns(ctx)
 	m.mu.Lock()
 	if e, ok := m.images[name]; ok {
-		e.lastUsed = m.cfg.Now()
+		e.lastUsed = m.cfg.Clock.Now()
 		m.mu.Unlock()
 		img, err := m.cfg.Client.GetImage(ctx, name)
 		if err == nil {
@@ -245,9 +257,21 @@ func (m *Manager) Ensure(ctx context.Context, ref string, secrets [][]byte) (ctr
 	}
 	p, ok := m.pulls[name]
 	if !ok {
+		if m.stopped {
+			m.mu.Unlock()
+			return nil, &Error{Image: name, Kind: KindUnreachable, Err: fmt.Errorf("the node's image manager has stopped: %w", errdefs.ErrUnavailable)}
+		}
 		p = &pull{done: make(chan struct{}), progress: Progress{Image: name}}
 		m.pulls[name] = p
-		go m.run(context.WithoutCancel(ctx), name, p, secrets)
+		// The pull serves every waiter: it keeps ctx's values (the
+		// namespace) but ends only with the manager.
+		pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		stop := context.AfterFunc(m.ctx, cancel)
+		m.wg.Go(func() {
+			defer cancel()
+			defer stop()
+			m.run(pctx, name, p, secrets)
+		})
 	}
 	m.mu.Unlock()
 	select {
@@ -281,7 +305,9 @@ func (m *Manager) run(ctx context.Context, name string, p *pull, secrets [][]byt
 			break
 		}
 		m.cfg.Logger.Info("image pull failed, retrying", "image", name, "attempt", attempt, "err", err)
-		time.Sleep(m.cfg.RetryBackoff << (attempt - 1))
+		if !m.sleep(ctx, m.cfg.RetryBackoff<<(attempt-1)) {
+			break // the manager stopped: the last failure stands
+		}
 	}
 	elapsed := time.Since(begin)
 	m.mu.Lock()
@@ -296,7 +322,7 @@ func (m *Manager) run(ctx context.Context, name string, p *pull, secrets [][]byt
 		m.metrics.pulls.WithLabelValues(string(perr.Kind)).Inc()
 	} else {
 		delete(m.failed, name)
-		m.images[name] = &entry{lastUsed: m.cfg.Now()}
+		m.images[name] = &entry{lastUsed: m.cfg.Clock.Now()}
 		m.metrics.pulls.WithLabelValues("ok").Inc()
 		m.metrics.pullSeconds.Observe(elapsed.Seconds())
 		m.metrics.pullBytes.Add(float64(final.BytesTotal))
@@ -310,6 +336,18 @@ func (m *Manager) run(ctx context.Context, name string, p *pull, secrets [][]byt
 		m.kick(m.wakeGC)
 	} else {
 		m.cfg.Logger.Warn("image pull failed", "image", name, "kind", perr.Kind, "err", perr.Err)
+	}
+}
+
+// sleep waits d on the manager's clock; false when ctx ended first.
+func (m *Manager) sleep(ctx context.Context, d time.Duration) bool {
+	t := m.cfg.Clock.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C():
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
 
@@ -466,12 +504,20 @@ func (m *Manager) kick(c chan struct{}) {
 }
 
 // Run pre-pulls pinned images and keeps the cache within budget until ctx
-// ends.
+// ends. When it returns, no pull runs and none starts (Ensure fails with
+// Unavailable).
 func (m *Manager) Run(ctx context.Context) {
 	ctx = m.ns(ctx)
+	defer func() {
+		m.mu.Lock()
+		m.stopped = true
+		m.mu.Unlock()
+		m.cancel()
+		m.wg.Wait()
+	}()
 	m.kick(m.wakePrePull)
 	m.kick(m.wakeGC)
-	go m.prePullLoop(ctx)
+	m.wg.Go(func() { m.prePullLoop(ctx) })
 	t := time.NewTicker(m.cfg.GCInterval)
 	defer t.Stop()
 	for {
@@ -528,14 +574,14 @@ func (m *Manager) prePullLoop(ctx context.Context) {
 			case <-ctx.Done():
 				return
 			}
-			go func() {
+			m.wg.Go(func() {
 				defer func() { <-sem }()
 				_, _ = m.Ensure(ctx, name, nil)
 				mu.Lock()
 				delete(started, name)
 				mu.Unlock()
 				m.kick(m.wakePrePull)
-			}()
+			})
 		}
 	}
 }

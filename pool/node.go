@@ -145,14 +145,21 @@ func (n *node) hasImageLocked(image string) bool {
 	return image != "" && n.images[image]
 }
 
-// AddNode starts following a node agent. Adding a name again replaces it.
+// AddNode starts following a node agent until ctx ends or Run returns.
+// Adding a name again replaces it; adding one after Run returned does
+// nothing.
 func (p *Pool) AddNode(ctx context.Context, name string, rt Binder) {
 	ctx, cancel := context.WithCancel(ctx)
-	n := &node{name: name, rt: rt, cancel: cancel, done: make(chan struct{}), since: p.cfg.Now(),
+	n := &node{name: name, rt: rt, cancel: cancel, done: make(chan struct{}), since: p.cfg.Clock.Now(),
 		slots: map[string]runtime.Slot{}, hot: map[string]int{}, images: map[string]bool{}}
 	// Replaced in one step: the node's pods never see it absent (which
 	// would report them lost).
 	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		cancel()
+		return
+	}
 	old := p.nodes[name]
 	p.nodes[name] = n
 	p.mu.Unlock()
@@ -168,6 +175,7 @@ func (p *Pool) RemoveNode(name string) {
 	p.mu.Lock()
 	n := p.nodes[name]
 	delete(p.nodes, name)
+	p.changedLocked()
 	p.mu.Unlock()
 	if n != nil {
 		n.stop()
@@ -189,14 +197,13 @@ func (p *Pool) NodeNames() []string {
 // or ctx ends (a node agent that cannot be reached does not hold up the
 // others past ctx).
 func (p *Pool) WaitSynced(ctx context.Context) error {
-	t := time.NewTicker(20 * time.Millisecond)
-	defer t.Stop()
 	for {
 		p.mu.Lock()
 		all := true
 		for _, n := range p.nodes {
 			all = all && n.synced
 		}
+		changed := p.changed
 		p.mu.Unlock()
 		if all {
 			return nil
@@ -204,7 +211,7 @@ func (p *Pool) WaitSynced(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-t.C:
+		case <-changed:
 		}
 	}
 }
@@ -222,13 +229,15 @@ func (p *Pool) follow(ctx context.Context, n *node) {
 		if err != nil {
 			cancel()
 			p.mu.Lock()
-			n.markUnhealthyLocked(p.cfg.Now(), err)
+			n.markUnhealthyLocked(p.cfg.Clock.Now(), err)
 			p.mu.Unlock()
 			p.log.Warn("node agent unreachable", "node", n.name, "err", err)
+			t := p.cfg.Clock.NewTimer(backoff)
 			select {
 			case <-ctx.Done():
+				t.Stop()
 				return
-			case <-time.After(backoff):
+			case <-t.C():
 			}
 			backoff = min(2*backoff, 10*time.Second)
 			continue
@@ -240,7 +249,7 @@ func (p *Pool) follow(ctx context.Context, n *node) {
 		}
 		cancel()
 		p.mu.Lock()
-		n.markUnhealthyLocked(p.cfg.Now(), errWatchEnded)
+		n.markUnhealthyLocked(p.cfg.Clock.Now(), errWatchEnded)
 		p.mu.Unlock()
 	}
 }
@@ -254,10 +263,11 @@ func (e errorString) Error() string { return string(e) }
 // resync takes a fresh inventory: pods the pool placed on the node that it
 // no longer holds (and are not still binding) are lost.
 func (p *Pool) resync(n *node, inv runtime.Inventory) {
-	now := p.cfg.Now()
+	now := p.cfg.Clock.Now()
 	p.mu.Lock()
 	n.applyInventoryLocked(inv)
 	n.healthy, n.synced, n.err, n.since = true, true, nil, now
+	p.changedLocked()
 	held := map[string]runtime.Slot{}
 	for _, s := range n.slots {
 		if s.Pod != nil && (s.State == runtime.StateBinding || s.State == runtime.StateBound) {
@@ -340,7 +350,7 @@ func (p *Pool) apply(n *node, ev runtime.Event) {
 
 // checkLost reports the pods of node agents unreachable for LostAfter.
 func (p *Pool) checkLost() {
-	now := p.cfg.Now()
+	now := p.cfg.Clock.Now()
 	var updates []Update
 	p.mu.Lock()
 	for uid, pl := range p.placed {

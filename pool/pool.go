@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"k8s.io/utils/clock"
 
 	"github.com/sandman-dev/sandman/runtime"
 )
@@ -35,8 +36,9 @@ type Config struct {
 	OnUpdate func(Update)
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
-	// Now is the clock (default time.Now).
-	Now func() time.Time
+	// Clock tells the time and runs the pool's ticker and reconnect
+	// back-off (default clock.RealClock).
+	Clock clock.WithTicker
 }
 
 // Request asks for a slot for one pod.
@@ -102,8 +104,15 @@ type Pool struct {
 	placed map[string]*placement // pod UID → where it went
 	// queuedAt is when each queued pod was submitted (admission wait).
 	queuedAt map[string]time.Time
-	// closed is set when Run ends.
+	// changed is closed (and replaced) when a node agent's inventory
+	// arrives or a node agent is removed: WaitSynced looks again.
+	changed chan struct{}
+	// closed is set when Run ends: no node agent is followed after it.
 	closed bool
+
+	// bindWork counts the binds Run started and the releases they left
+	// behind; Run waits for them.
+	bindWork sync.WaitGroup
 }
 
 // placement is a pod the pool put (or is putting) on a node.
@@ -173,16 +182,23 @@ func New(cfg Config) (*Pool, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
 	}
 	return &Pool{
 		cfg: cfg, log: cfg.Logger.With("pool", cfg.Name),
-		wake:   make(chan struct{}, 1),
-		nodes:  map[string]*node{},
-		queue:  newAdmission(),
-		placed: map[string]*placement{}, queuedAt: map[string]time.Time{},
+		wake:    make(chan struct{}, 1),
+		changed: make(chan struct{}),
+		nodes:   map[string]*node{},
+		queue:   newAdmission(),
+		placed:  map[string]*placement{}, queuedAt: map[string]time.Time{},
 	}, nil
+}
+
+// changedLocked wakes WaitSynced.
+func (p *Pool) changedLocked() {
+	close(p.changed)
+	p.changed = make(chan struct{})
 }
 
 func (p *Pool) nudge() {
@@ -206,7 +222,7 @@ func (p *Pool) Submit(req Request) error {
 		return fmt.Errorf("submit %s: the admission queue of pool %s is full (%d pods): %w", uid, p.cfg.Name, p.queue.len(), errdefs.ErrResourceExhausted)
 	}
 	p.queue.push(req)
-	p.queuedAt[uid] = p.cfg.Now()
+	p.queuedAt[uid] = p.cfg.Clock.Now()
 	p.nudge()
 	return nil
 }
@@ -273,7 +289,8 @@ func (p *Pool) Queued(uid string) (int, bool) {
 	return p.queue.position(uid)
 }
 
-// Run places queued pods until ctx ends.
+// Run places queued pods until ctx ends. When it returns, the pool follows
+// no node agent and no bind it started runs.
 func (p *Pool) Run(ctx context.Context) error {
 	defer func() {
 		p.mu.Lock()
@@ -283,8 +300,9 @@ func (p *Pool) Run(ctx context.Context) error {
 		for _, n := range nodes {
 			n.stop()
 		}
+		p.bindWork.Wait()
 	}()
-	tick := time.NewTicker(time.Second)
+	tick := p.cfg.Clock.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
 		p.dispatch(ctx)
@@ -292,7 +310,7 @@ func (p *Pool) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-p.wake:
-		case <-tick.C:
+		case <-tick.C():
 			p.checkLost()
 		}
 	}
@@ -302,7 +320,7 @@ func (p *Pool) Run(ctx context.Context) error {
 func (p *Pool) dispatch(ctx context.Context) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	now := p.cfg.Now()
+	now := p.cfg.Clock.Now()
 	p.queue.each(func(req Request) bool {
 		n, how := p.placeLocked(req)
 		if n == nil {
@@ -316,14 +334,14 @@ func (p *Pool) dispatch(ctx context.Context) {
 		}
 		p.placeOnLocked(uid, &placement{req: req, node: n.name, binding: true}, n)
 		n.inflight++
-		go p.bind(ctx, n, req)
+		p.bindWork.Go(func() { p.bind(ctx, n, req) })
 		return true
 	})
 	// Pods that still wait learn why, once.
 	var queued []Update
 	for _, req := range p.queue.takeFresh() {
 		metricPlacements.WithLabelValues("waiting").Inc()
-		queued = append(queued, Update{Kind: Queued, UID: req.Bind.Pod.UID, Time: p.cfg.Now(),
+		queued = append(queued, Update{Kind: Queued, UID: req.Bind.Pod.UID, Time: p.cfg.Clock.Now(),
 			Reason: "WaitingForSlot", Message: p.noFitMessageLocked(req)})
 	}
 	for _, u := range queued {
@@ -334,17 +352,17 @@ func (p *Pool) dispatch(ctx context.Context) {
 // bind runs one bind on a node and reports how it went.
 func (p *Pool) bind(ctx context.Context, n *node, req Request) {
 	uid := req.Bind.Pod.UID
-	start := p.cfg.Now()
+	start := p.cfg.Clock.Now()
 	p.cfg.OnUpdate(Update{Kind: Placing, UID: uid, Node: n.name, Time: start})
 	bctx, cancel := context.WithTimeout(ctx, p.cfg.BindTimeout)
 	slot, err := n.rt.Bind(bctx, req.Bind)
 	cancel()
-	took := p.cfg.Now().Sub(start)
+	took := p.cfg.Clock.Now().Sub(start)
 	metricBindSeconds.WithLabelValues(n.name, outcome(err)).Observe(took.Seconds())
 
 	p.mu.Lock()
 	n.inflight--
-	n.binds.add(p.cfg.Now(), took, err == nil)
+	n.binds.add(p.cfg.Clock.Now(), took, err == nil)
 	pl := p.placed[uid]
 	stillWanted := pl != nil && pl.node == n.name
 	if err == nil {
@@ -355,10 +373,10 @@ func (p *Pool) bind(ctx context.Context, n *node, req Request) {
 		p.nudge()
 		if !stillWanted {
 			// Released while binding: do not leave the sandbox behind.
-			_ = n.rt.Release(context.WithoutCancel(ctx), uid, 0)
+			p.releaseLeftover(ctx, n, uid)
 			return
 		}
-		p.cfg.OnUpdate(Update{Kind: Bound, UID: uid, Node: n.name, Slot: slot, Time: p.cfg.Now()})
+		p.cfg.OnUpdate(Update{Kind: Bound, UID: uid, Node: n.name, Slot: slot, Time: p.cfg.Clock.Now()})
 		return
 	}
 	p.unplaceLocked(uid)
@@ -367,25 +385,37 @@ func (p *Pool) bind(ctx context.Context, n *node, req Request) {
 		// Another node may take it; it keeps its place at the front.
 		p.queue.pushFront(req)
 		if errdefs.IsUnavailable(err) || errors.Is(err, context.DeadlineExceeded) {
-			n.suspectLocked(p.cfg.Now(), err)
+			n.suspectLocked(p.cfg.Clock.Now(), err)
 		}
 	}
 	p.mu.Unlock()
 	p.nudge()
 	if errors.Is(err, context.DeadlineExceeded) || errdefs.IsUnavailable(err) {
 		// The node may have bound it after all: make sure it did not.
-		go func() { _ = n.rt.Release(context.WithoutCancel(ctx), uid, 0) }()
+		p.bindWork.Go(func() { p.releaseLeftover(ctx, n, uid) })
 	}
 	if retry {
-		p.log.Info("bind failed, placing again", "pod", uid, "node", n.name, "err", err)
+		p.log.Info("bind failed, placing again", "pod", podRefKey(req.Bind.Pod), "uid", uid, "node", n.name, "err", err)
 		return
 	}
 	if !stillWanted {
 		return
 	}
 	reason, permanent := failureReason(err)
-	p.cfg.OnUpdate(Update{Kind: Failed, UID: uid, Node: n.name, Time: p.cfg.Now(), Reason: reason, Message: err.Error(), Permanent: permanent})
+	p.cfg.OnUpdate(Update{Kind: Failed, UID: uid, Node: n.name, Time: p.cfg.Clock.Now(), Reason: reason, Message: err.Error(), Permanent: permanent})
 }
+
+// releaseLeftover releases a pod a bind may have left on n. It outlives
+// ctx (Run's), so a pool that stops still cleans up, for at most
+// BindTimeout.
+func (p *Pool) releaseLeftover(ctx context.Context, n *node, uid string) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.BindTimeout)
+	defer cancel()
+	_ = n.rt.Release(rctx, uid, 0)
+}
+
+// podRefKey is a pod's namespace/name, for logs.
+func podRefKey(ref runtime.PodRef) string { return ref.Namespace + "/" + ref.Name }
 
 func outcome(err error) string {
 	if err == nil {
@@ -502,7 +532,7 @@ func (p *Pool) Nodes() []NodeView {
 	var out []NodeView
 	for _, n := range p.sortedNodesLocked() {
 		v := NodeView{Name: n.name, Healthy: n.healthy, Capacity: n.inv.Capacity, Slots: n.inv.Count(), Inflight: n.inflight,
-			Images: slices.Sorted(maps.Keys(n.images)), Binds: n.binds.stats(p.cfg.Now())}
+			Images: slices.Sorted(maps.Keys(n.images)), Binds: n.binds.stats(p.cfg.Clock.Now())}
 		if n.err != nil {
 			v.Error = n.err.Error()
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/sandman-dev/sandman/runtime"
 	"github.com/sandman-dev/sandman/runtime/fake"
@@ -103,7 +104,7 @@ func fakeNode(t *testing.T, name string, slots int, mutate ...func(*fake.Config)
 func request(uid, job, image string, milliCPU int64) Request {
 	return Request{Job: job, Bind: runtime.BindRequest{
 		Pod:         runtime.PodRef{UID: uid, Namespace: "ns", Name: uid},
-		TokenHashes: []string{"00"},
+		TokenHashes: []string{"0000000000000000000000000000000000000000000000000000000000000000"},
 		Containers: []runtime.ContainerSpec{{Name: "task", Image: image,
 			Requests: runtime.Resources{MilliCPU: milliCPU}}},
 	}}
@@ -247,10 +248,13 @@ func TestPermanentAndImageFailures(t *testing.T) {
 	}
 }
 
+// TestLostNodeAgent moves the pool's clock past LostAfter instead of
+// waiting for it.
 func TestLostNodeAgent(t *testing.T) {
 	a := fakeNode(t, "a", 2)
 	b := fakeNode(t, "b", 2)
-	p, rec := newPool(t, Config{Name: "t", LostAfter: 100 * time.Millisecond}, a, b)
+	clk := clocktesting.NewFakeClock(time.Now())
+	p, rec := newPool(t, Config{Name: "t", LostAfter: time.Minute, Clock: clk}, a, b)
 	if err := p.Submit(request("x", "j", "img", 0)); err != nil {
 		t.Fatal(err)
 	}
@@ -258,7 +262,23 @@ func TestLostNodeAgent(t *testing.T) {
 	u, _ := rec.last("x", Bound)
 	dead := map[string]*fake.Runtime{"a": a, "b": b}[u.Node]
 	dead.Close()
-	eventually(t, "x lost", func() bool { _, ok := rec.last("x", Lost); return ok })
+	eventually(t, u.Node+" unhealthy", func() bool {
+		for _, v := range p.Nodes() {
+			if v.Name == u.Node {
+				return !v.Healthy
+			}
+		}
+		return false
+	})
+	// Each step ticks the pool's once-a-second check.
+	eventually(t, "x lost", func() bool {
+		clk.Step(time.Second)
+		_, ok := rec.last("x", Lost)
+		return ok
+	})
+	if l, _ := rec.last("x", Lost); l.Time.Sub(u.Time) < time.Minute {
+		t.Fatalf("x reported lost %v after it was bound, before LostAfter (1m)", l.Time.Sub(u.Time))
+	}
 	if l, _ := rec.last("x", Lost); l.Reason != "NodeLost" || l.Node != u.Node {
 		t.Fatalf("lost update %+v", l)
 	}

@@ -1,15 +1,19 @@
 package runtime
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/containerd/errdefs"
 )
 
 // Validate checks what a bind request needs before any work: a pod UID,
-// at least one container with a name and an image, unique names, and sane
-// resources. Errors are errdefs.ErrInvalidArgument with what to fix.
+// at least one container with a name and an image, unique names, sane
+// resources (whose sum does not wrap), and token hashes the daemon takes.
+// Errors are errdefs.ErrInvalidArgument with what to fix.
 func (r BindRequest) Validate() error {
 	if r.Pod.UID == "" {
 		return fmt.Errorf("bind: pod UID is required: %w", errdefs.ErrInvalidArgument)
@@ -18,6 +22,7 @@ func (r BindRequest) Validate() error {
 		return fmt.Errorf("bind %s: the pod has no containers: %w", r.Pod.UID, errdefs.ErrInvalidArgument)
 	}
 	seen := map[string]bool{}
+	var sum Resources
 	for i, c := range r.Containers {
 		switch {
 		case c.Name == "":
@@ -26,7 +31,7 @@ func (r BindRequest) Validate() error {
 			return fmt.Errorf("bind %s: container name %q used twice: %w", r.Pod.UID, c.Name, errdefs.ErrInvalidArgument)
 		case c.Image == "":
 			return fmt.Errorf("bind %s: container %q has no image: %w", r.Pod.UID, c.Name, errdefs.ErrInvalidArgument)
-		case c.Requests.MilliCPU < 0 || c.Requests.MemoryBytes < 0 || c.Limits.MilliCPU < 0 || c.Limits.MemoryBytes < 0:
+		case c.Requests.MilliCPU < 0 || c.Requests.MemoryBytes < 0 || c.Limits.MilliCPU < 0 || c.Limits.MemoryBytes < 0 || c.DiskBytes < 0:
 			return fmt.Errorf("bind %s: container %q has a negative resource value: %w", r.Pod.UID, c.Name, errdefs.ErrInvalidArgument)
 		case c.Limits.MemoryBytes > 0 && c.Limits.MemoryBytes < 4<<20:
 			return fmt.Errorf("bind %s: container %q memory limit %d bytes is below the 4 MiB a sandbox needs: %w", r.Pod.UID, c.Name, c.Limits.MemoryBytes, errdefs.ErrInvalidArgument)
@@ -36,11 +41,21 @@ func (r BindRequest) Validate() error {
 			return fmt.Errorf("bind %s: container %q asks for %d exclusive CPUs: %w", r.Pod.UID, c.Name, c.ExclusiveCPUs, errdefs.ErrInvalidArgument)
 		}
 		seen[c.Name] = true
+		// Non-negative values that wrap when added come out negative.
+		if sum = sum.Add(c.Requests); sum.MilliCPU < 0 || sum.MemoryBytes < 0 {
+			return fmt.Errorf("bind %s: the containers' requests add up to more than any node holds: %w", r.Pod.UID, errdefs.ErrInvalidArgument)
+		}
 	}
 	switch r.RestartPolicy {
 	case "", "Never", "OnFailure", "Always":
 	default:
 		return fmt.Errorf("bind %s: restart policy %q: want Never, OnFailure or Always: %w", r.Pod.UID, r.RestartPolicy, errdefs.ErrInvalidArgument)
+	}
+	for _, h := range r.TokenHashes {
+		// As the daemon's --token-sha256 reads it.
+		if b, err := hex.DecodeString(strings.TrimSpace(h)); err != nil || len(b) != sha256.Size {
+			return fmt.Errorf("bind %s: token hash %q: want 64 hex digits (the SHA-256 of a token): %w", r.Pod.UID, h, errdefs.ErrInvalidArgument)
+		}
 	}
 	if len(r.TokenHashes) == 0 && !r.AllowUnauthenticated {
 		return fmt.Errorf("bind %s: no token hash for the daemon and unauthenticated sandboxes are not allowed: %w", r.Pod.UID, errdefs.ErrInvalidArgument)

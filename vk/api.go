@@ -9,44 +9,16 @@ import (
 
 	"github.com/sandman-dev/sandman/pool"
 	"github.com/sandman-dev/sandman/runtime"
+	vkapi "github.com/sandman-dev/sandman/vk/api"
 )
-
-// APIPrefix is where the virtual node serves sandman's own routes beside
-// the kubelet API. Through the apiserver they are
-// /api/v1/nodes/<node>/proxy/sandman/v1/... (RBAC: nodes/proxy).
-const APIPrefix = "/sandman/v1/"
-
-// ImagesRequest names images to pre-pull.
-type ImagesRequest struct {
-	Images []string `json:"images"`
-}
-
-// NodeImage is one image on one worker node, as the pre-pull stream and
-// GET images report it.
-type NodeImage struct {
-	Node string `json:"node"`
-	runtime.ImageStatus
-	// NodeError: the node agent could not be asked.
-	NodeError string `json:"node_error,omitempty"`
-}
-
-// PrePullLine is one line of the pre-pull stream: every (node, image)
-// pair, and, on the last line, Done with Ready saying whether the images
-// are ready on every node.
-type PrePullLine struct {
-	Time  time.Time   `json:"time"`
-	Nodes []NodeImage `json:"nodes"`
-	Done  bool        `json:"done,omitempty"`
-	Ready bool        `json:"ready,omitempty"`
-}
 
 // AttachAPI adds sandman's routes to mux (the kubelet API's, so the
 // apiserver's client certificate guards them): images, pre-pull, capacity
-// (JSON), and the capacity page.
+// (JSON), and the capacity page. Their wire types are in package vk/api.
 func (p *Provider) AttachAPI(mux *http.ServeMux) {
-	mux.HandleFunc("GET "+APIPrefix+"images", p.serveImages)
-	mux.HandleFunc("POST "+APIPrefix+"prepull", p.servePrePull)
-	mux.HandleFunc("GET "+APIPrefix+"capacity", p.serveCapacity)
+	mux.HandleFunc("GET "+vkapi.APIPrefix+"images", p.serveImages)
+	mux.HandleFunc("POST "+vkapi.APIPrefix+"prepull", p.servePrePull)
+	mux.HandleFunc("GET "+vkapi.APIPrefix+"capacity", p.serveCapacity)
 	p.AttachCapacity(mux)
 }
 
@@ -56,16 +28,16 @@ func apiError(w http.ResponseWriter, status int, format string, args ...any) {
 	_ = json.NewEncoder(w).Encode(map[string]string{"error": fmt.Sprintf(format, args...)})
 }
 
-func flatten(all []pool.NodeImages, only map[string]bool) []NodeImage {
-	var out []NodeImage
+func flatten(all []pool.NodeImages, only map[string]bool) []vkapi.NodeImage {
+	var out []vkapi.NodeImage
 	for _, n := range all {
 		if n.Err != nil {
-			out = append(out, NodeImage{Node: n.Node, NodeError: n.Err.Error()})
+			out = append(out, vkapi.NodeImage{Node: n.Node, NodeError: n.Err.Error()})
 			continue
 		}
 		for _, st := range n.Images {
 			if only == nil || only[st.Image] {
-				out = append(out, NodeImage{Node: n.Node, ImageStatus: st})
+				out = append(out, vkapi.NodeImage{Node: n.Node, ImageStatus: st})
 			}
 		}
 	}
@@ -81,7 +53,7 @@ func (p *Provider) serveImages(w http.ResponseWriter, r *http.Request) {
 // (NDJSON, every ?interval= seconds, default 0.5) until each is ready or
 // failed on every node, or ?timeout= seconds (default 1800) pass.
 func (p *Provider) servePrePull(w http.ResponseWriter, r *http.Request) {
-	var req ImagesRequest
+	var req vkapi.ImagesRequest
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&req); err != nil || len(req.Images) == 0 {
 		apiError(w, http.StatusBadRequest, `want {"images": ["ref", ...]}`)
 		return
@@ -111,11 +83,11 @@ func (p *Provider) servePrePull(w http.ResponseWriter, r *http.Request) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		line := PrePullLine{Time: p.cfg.Now(), Nodes: flatten(p.cfg.Pool.ImageStatuses(ctx), names)}
+		line := vkapi.PrePullLine{Time: p.cfg.Now(), Nodes: flatten(p.cfg.Pool.ImageStatuses(ctx), names)}
 		// Nodes whose pre-pull request failed say so on every line.
 		for _, res := range results {
 			if res.Err != nil {
-				line.Nodes = append(line.Nodes, NodeImage{Node: res.Node, NodeError: res.Err.Error()})
+				line.Nodes = append(line.Nodes, vkapi.NodeImage{Node: res.Node, NodeError: res.Err.Error()})
 			}
 		}
 		line.Done, line.Ready = prePullDone(line.Nodes, names)
@@ -135,7 +107,7 @@ func (p *Provider) servePrePull(w http.ResponseWriter, r *http.Request) {
 
 // prePullDone: every node reports every image ready or failed (done), and
 // all of them ready (ready).
-func prePullDone(nodes []NodeImage, names map[string]bool) (done, ready bool) {
+func prePullDone(nodes []vkapi.NodeImage, names map[string]bool) (done, ready bool) {
 	seen := map[string]map[string]runtime.ImageState{}
 	ready = true
 	for _, n := range nodes {

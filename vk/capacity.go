@@ -13,94 +13,30 @@ import (
 
 	"github.com/sandman-dev/sandman/pool"
 	"github.com/sandman-dev/sandman/runtime"
+	vkapi "github.com/sandman-dev/sandman/vk/api"
 )
 
 //go:embed capacity.html
 var capacityPage []byte
 
-// Capacity is what the capacity page, `sandmanctl top nodes` and
-// GET /sandman/v1/capacity show: every worker node and the pool's totals.
-type Capacity struct {
-	Time        time.Time `json:"time"`
-	Pool        string    `json:"pool"`
-	VirtualNode string    `json:"virtual_node"`
-	// Totals count healthy nodes only: an unhealthy node's capacity leaves
-	// them.
-	Totals CapacityTotals `json:"totals"`
-	// Queue is the admission queue's depth.
-	Queue int `json:"queue"`
-	// Pods by phase on the virtual node.
-	Pods  map[corev1.PodPhase]int `json:"pods"`
-	Nodes []NodeCapacity          `json:"nodes"`
-	// CreateToReady covers sandboxes Ready within the last Window.
-	CreateToReady ReadyHistogram `json:"create_to_ready"`
-}
-
-// CapacityTotals sum the healthy nodes.
-type CapacityTotals struct {
-	Nodes         int                       `json:"nodes"`
-	HealthyNodes  int                       `json:"healthy_nodes"`
-	CapacitySlots int                       `json:"capacity_slots"`
-	Slots         map[runtime.SlotState]int `json:"slots"`
-	CPU           Amount                    `json:"cpu_cores"`
-	Memory        Amount                    `json:"memory_bytes"`
-	Inflight      int                       `json:"binds_in_flight"`
-}
-
-// Amount is allocated out of capacity.
-type Amount struct {
-	Allocated float64 `json:"allocated"`
-	Capacity  float64 `json:"capacity"`
-}
-
-// NodeCapacity is one worker node.
-type NodeCapacity struct {
-	Name          string                    `json:"name"`
-	Healthy       bool                      `json:"healthy"`
-	Error         string                    `json:"error,omitempty"`
-	CapacitySlots int                       `json:"capacity_slots"`
-	Slots         map[runtime.SlotState]int `json:"slots"`
-	CPU           Amount                    `json:"cpu_cores"`
-	Memory        Amount                    `json:"memory_bytes"`
-	Images        []string                  `json:"images"`
-	Inflight      int                       `json:"binds_in_flight"`
-	// Binds over the last pool.BindWindow: count, failures, latency of the
-	// successful ones.
-	Binds        int     `json:"binds"`
-	BindFailures int     `json:"bind_failures"`
-	BindP50MS    float64 `json:"bind_p50_ms"`
-	BindP99MS    float64 `json:"bind_p99_ms"`
-}
-
-// ReadyHistogram is a create→Ready distribution.
-type ReadyHistogram struct {
-	Window  string   `json:"window"`
-	Count   int      `json:"count"`
-	P50MS   float64  `json:"p50_ms"`
-	P99MS   float64  `json:"p99_ms"`
-	Buckets []Bucket `json:"buckets"`
-}
-
-// Bucket counts samples at most LeMS (and above the previous bucket); the
-// last bucket (LeMS 0) holds the rest.
-type Bucket struct {
-	LeMS  float64 `json:"le_ms"`
-	Count int     `json:"count"`
-}
-
 var readyBucketsMS = []float64{25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000}
 
 // Capacity returns the current snapshot.
-func (p *Provider) Capacity() Capacity {
+func (p *Provider) Capacity() vkapi.Capacity {
 	now := p.cfg.Now()
-	c := Capacity{Time: now, Pool: p.cfg.Pool.Name(), VirtualNode: p.cfg.NodeName, Queue: p.cfg.Pool.QueueLen(),
-		Pods: p.podsByPhase(), Totals: CapacityTotals{Slots: map[runtime.SlotState]int{}}}
+	c := vkapi.Capacity{Time: now, Pool: p.cfg.Pool.Name(), VirtualNode: p.cfg.NodeName, Queue: p.cfg.Pool.QueueLen(),
+		Pods: map[string]int{}, Totals: vkapi.CapacityTotals{Slots: map[runtime.SlotState]int{}}}
+	for ph, k := range p.podsByPhase() {
+		c.Pods[string(ph)] = k
+	}
 	for _, v := range p.cfg.Pool.Nodes() {
-		n := NodeCapacity{Name: v.Name, Healthy: v.Healthy, Error: v.Error, CapacitySlots: v.Capacity.Slots,
+		n := vkapi.NodeCapacity{Name: v.Name, Healthy: v.Healthy, Error: v.Error, CapacitySlots: v.Capacity.Slots,
 			Slots: map[runtime.SlotState]int{}, Images: v.Images, Inflight: v.Inflight,
-			CPU:    Amount{float64(v.Allocated.MilliCPU) / 1000, float64(v.Capacity.Resources.MilliCPU) / 1000},
-			Memory: Amount{float64(v.Allocated.MemoryBytes), float64(v.Capacity.Resources.MemoryBytes)},
-			Binds:  v.Binds.Count, BindFailures: v.Binds.Failed,
+			CPU: vkapi.Amount{Allocated: float64(v.Allocated.MilliCPU) / 1000,
+				Capacity: float64(v.Capacity.Resources.MilliCPU) / 1000},
+			Memory: vkapi.Amount{Allocated: float64(v.Allocated.MemoryBytes),
+				Capacity: float64(v.Capacity.Resources.MemoryBytes)},
+			Binds: v.Binds.Count, BindFailures: v.Binds.Failed,
 			BindP50MS: ms(v.Binds.P50), BindP99MS: ms(v.Binds.P99)}
 		if n.Images == nil {
 			n.Images = []string{}
@@ -183,7 +119,7 @@ func (r *readyRing) add(at time.Time, took time.Duration) {
 	r.next = (r.next + 1) % readyRingSize
 }
 
-func (r *readyRing) histogram(now time.Time) ReadyHistogram {
+func (r *readyRing) histogram(now time.Time) vkapi.ReadyHistogram {
 	r.mu.Lock()
 	var recent []time.Duration
 	for i, at := range r.at {
@@ -192,11 +128,11 @@ func (r *readyRing) histogram(now time.Time) ReadyHistogram {
 		}
 	}
 	r.mu.Unlock()
-	h := ReadyHistogram{Window: strings.TrimSuffix(pool.BindWindow.String(), "0s"), Count: len(recent)}
+	h := vkapi.ReadyHistogram{Window: strings.TrimSuffix(pool.BindWindow.String(), "0s"), Count: len(recent)}
 	for _, le := range readyBucketsMS {
-		h.Buckets = append(h.Buckets, Bucket{LeMS: le})
+		h.Buckets = append(h.Buckets, vkapi.Bucket{LeMS: le})
 	}
-	h.Buckets = append(h.Buckets, Bucket{})
+	h.Buckets = append(h.Buckets, vkapi.Bucket{})
 	if len(recent) == 0 {
 		return h
 	}

@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/sandman-dev/sandman/runtime"
+	vkapi "github.com/sandman-dev/sandman/vk/api"
 )
 
 // TestCapacityFollowsSandboxes: the capacity snapshot counts bound and warm
@@ -31,7 +32,7 @@ func TestCapacityFollowsSandboxes(t *testing.T) {
 	poll(t, "two sandboxes ready on the page", func() bool {
 		c = h.p.Capacity()
 		return c.Totals.Slots[runtime.StateBound] == 2 && c.Totals.Slots[runtime.StateWarm] == 1 &&
-			c.Pods[corev1.PodRunning] == 2 && c.CreateToReady.Count == 2
+			c.Pods[string(corev1.PodRunning)] == 2 && c.CreateToReady.Count == 2
 	})
 	n := c.Nodes[0]
 	if n.Name != "w1" || !n.Healthy || n.Slots[runtime.StateBound] != 2 || n.Binds != 2 || n.BindP99MS <= 0 {
@@ -57,7 +58,7 @@ func TestCapacityFollowsSandboxes(t *testing.T) {
 	h.p.AttachAPI(mux)
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
-	for path, want := range map[string]string{"/capacity": "text/html", "/capacity.json": "application/json", APIPrefix + "capacity": "application/json"} {
+	for path, want := range map[string]string{"/capacity": "text/html", "/capacity.json": "application/json", vkapi.APIPrefix + "capacity": "application/json"} {
 		resp, err := http.Get(srv.URL + path)
 		if err != nil {
 			t.Fatal(err)
@@ -66,7 +67,7 @@ func TestCapacityFollowsSandboxes(t *testing.T) {
 			t.Fatalf("%s: %s %s", path, resp.Status, resp.Header.Get("Content-Type"))
 		}
 		if want == "application/json" {
-			var got Capacity
+			var got vkapi.Capacity
 			if err := json.NewDecoder(resp.Body).Decode(&got); err != nil || got.Totals.Slots[runtime.StateBound] != 1 {
 				t.Fatalf("%s: %+v %v", path, got.Totals, err)
 			}
@@ -128,17 +129,17 @@ func TestResourceOf(t *testing.T) {
 
 func TestPrePullDone(t *testing.T) {
 	names := map[string]bool{"img": true}
-	ni := func(node string, st runtime.ImageState) NodeImage {
-		return NodeImage{Node: node, ImageStatus: runtime.ImageStatus{Image: "img", State: st}}
+	ni := func(node string, st runtime.ImageState) vkapi.NodeImage {
+		return vkapi.NodeImage{Node: node, ImageStatus: runtime.ImageStatus{Image: "img", State: st}}
 	}
 	for _, tc := range []struct {
-		nodes       []NodeImage
+		nodes       []vkapi.NodeImage
 		done, ready bool
 	}{
-		{[]NodeImage{ni("a", runtime.ImageReady), ni("b", runtime.ImagePulling)}, false, false},
-		{[]NodeImage{ni("a", runtime.ImageReady), ni("b", runtime.ImageReady)}, true, true},
-		{[]NodeImage{ni("a", runtime.ImageReady), ni("b", runtime.ImageFailed)}, true, false},
-		{[]NodeImage{ni("a", runtime.ImageReady), {Node: "b", NodeError: "down"}}, true, false},
+		{[]vkapi.NodeImage{ni("a", runtime.ImageReady), ni("b", runtime.ImagePulling)}, false, false},
+		{[]vkapi.NodeImage{ni("a", runtime.ImageReady), ni("b", runtime.ImageReady)}, true, true},
+		{[]vkapi.NodeImage{ni("a", runtime.ImageReady), ni("b", runtime.ImageFailed)}, true, false},
+		{[]vkapi.NodeImage{ni("a", runtime.ImageReady), {Node: "b", NodeError: "down"}}, true, false},
 	} {
 		done, ready := prePullDone(tc.nodes, names)
 		if done != tc.done || ready != tc.ready {

@@ -1,12 +1,12 @@
 package vk
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"time"
 
@@ -131,10 +131,7 @@ func (p *Provider) GetContainerLogs(ctx context.Context, namespace, podName, con
 	if err != nil {
 		return nil, err
 	}
-	since := opts.SinceTime
-	if opts.SinceSeconds > 0 {
-		since = time.Now().Add(-time.Duration(opts.SinceSeconds) * time.Second)
-	}
+	since := logSince(opts, time.Now())
 	// The backlog first (it ends at the output's current end).
 	backlog, end, err := readMain(ctx, c, 0, false, since, opts.Timestamps)
 	if err != nil {
@@ -221,14 +218,28 @@ func format(ev daemonapi.Event, timestamps bool) []byte {
 	}
 	var b bytes.Buffer
 	ts := ev.Time.UTC().Format(time.RFC3339Nano) + " "
-	sc := bufio.NewScanner(bytes.NewReader(ev.Data))
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
+	// Lines as they are (a \r before the \n stays, as without timestamps).
+	for line := range bytes.Lines(ev.Data) {
 		b.WriteString(ts)
-		b.Write(sc.Bytes())
-		b.WriteByte('\n')
+		b.Write(line)
+		if line[len(line)-1] != '\n' {
+			b.WriteByte('\n')
+		}
 	}
 	return b.Bytes()
+}
+
+// logSince is the earliest output time kubectl logs asks for: --since-time,
+// or --since counted back from now; zero for all of the output, also when
+// --since reaches back further than a time.Duration holds.
+func logSince(opts api.ContainerLogOpts, now time.Time) time.Time {
+	if s := opts.SinceSeconds; s > 0 {
+		if int64(s) > math.MaxInt64/int64(time.Second) {
+			return time.Time{}
+		}
+		return now.Add(-time.Duration(s) * time.Second)
+	}
+	return opts.SinceTime
 }
 
 // lastLines keeps the last n lines of b.

@@ -34,14 +34,16 @@ func deadlineOf(pod *corev1.Pod, created time.Time) time.Time {
 	return start.Add(time.Duration(*ads) * time.Second)
 }
 
-// armDeadline schedules the pod's deadline, if it has one. The reconciler
-// checks deadlines too, so a timer lost to a restart is not a missed one.
-func (p *Provider) armDeadline(uid string, pod *corev1.Pod, created time.Time) {
-	d := deadlineOf(pod, created)
+// armDeadlineLocked schedules the pod's deadline, if it has one. The
+// reconciler checks deadlines too, so a timer lost to a restart is not a
+// missed one.
+func (p *Provider) armDeadlineLocked(uid string, sb *sandbox) {
+	d := deadlineOf(sb.pod, sb.created)
 	if d.IsZero() {
 		return
 	}
-	time.AfterFunc(max(0, d.Sub(p.cfg.Now())), func() { p.expire(uid) })
+	stopTimer(sb.deadline)
+	sb.deadline = p.afterFuncLocked(max(0, d.Sub(p.cfg.Now())), func() { p.expire(uid) })
 }
 
 // expire fails a pod past its deadline and releases its sandbox (or takes
@@ -66,11 +68,12 @@ func (p *Provider) expire(uid string) {
 		grace = time.Duration(*g) * time.Second
 	}
 	p.mu.Unlock()
-	p.log.Info("deadline exceeded", "pod", podKey(pod.Namespace, pod.Name))
+	key := podKey(pod.Namespace, pod.Name)
+	p.log.Info("deadline exceeded", "pod", key)
 	p.cfg.Recorder.Event(pod, corev1.EventTypeWarning, ReasonDeadlineExceeded, msg)
 	metricReclaims.WithLabelValues(ReasonDeadlineExceeded, node).Inc()
 	p.push(uid)
-	go p.release(context.Background(), uid, grace, false)
+	p.goOwned(func() { p.release(key, uid, grace, false) })
 }
 
 // AnnotationIdleTimeout reclaims a sandbox after that long (a Go duration,

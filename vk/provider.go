@@ -21,6 +21,7 @@ import (
 	corev1listers "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/clock"
 
 	"github.com/sandman-dev/sandman/pool"
 	"github.com/sandman-dev/sandman/runtime"
@@ -65,7 +66,10 @@ type Config struct {
 	// StatusWorkers turn changes into pod statuses (default 16).
 	StatusWorkers int
 	Logger        *slog.Logger
-	Now           func() time.Time
+	// Clock tells the time and runs the provider's timers and tickers:
+	// deadlines, retries, the reconciler, delayed status pushes (default
+	// clock.RealClock). Tests pass a fake clock and move it.
+	Clock
 	// SelfUsage, when set, is the virtual node's own CPU time and memory
 	// (sandman-vk's process): they count in the node's figures, as a
 	// kubelet's node figures count the kubelet, so a node with no sandbox
@@ -73,13 +77,28 @@ type Config struct {
 	SelfUsage func() (cpuNanos, memoryBytes uint64)
 }
 
+// Clock is what the provider reads the time from and arms timers with.
+type Clock = clock.WithTickerAndDelayedExecution
+
 // Provider is the virtual-kubelet provider: pods in, pool placements and
 // pod statuses out. Create it with New, feed it pool updates through
-// OnUpdate (pool.Config.OnUpdate), and run it with Run.
+// OnUpdate (pool.Config.OnUpdate), run it with Run, and Close it once Run
+// and virtual-kubelet's controllers have returned.
 type Provider struct {
 	cfg    Config
 	log    *slog.Logger
 	status workqueue.TypedRateLimitingInterface[string]
+
+	// ctx ends at Close: background work (releases and their retries)
+	// runs under it.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// lifeMu guards closed and the additions to wg: every goroutine the
+	// provider starts is counted in wg, and none starts once it is
+	// closed. Lock order: mu, then lifeMu.
+	lifeMu sync.Mutex
+	closed bool
+	wg     sync.WaitGroup
 
 	// notifyMu guards notify.
 	notifyMu sync.Mutex
@@ -132,24 +151,85 @@ func New(cfg Config) (*Provider, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
 	}
 	if cfg.Recorder == nil {
 		cfg.Recorder = &record.FakeRecorder{}
 	}
+	ctx, cancel := context.WithCancel(context.Background())
 	return &Provider{
-		cfg: cfg, log: cfg.Logger.With("node", cfg.NodeName),
+		cfg: cfg, log: cfg.Logger.With("vnode", cfg.NodeName),
 		// Status pushes are deduplicated per pod and never throttled.
 		status: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](10*time.Millisecond, 5*time.Second),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "sandman-pod-status"}),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "sandman-pod-status", Clock: cfg.Clock}),
+		ctx: ctx, cancel: cancel,
 		byUID:   map[string]*sandbox{},
 		byKey:   map[string]string{},
 		orphans: map[string]time.Time{},
 		cpuSeen: map[string]uint64{},
 		started: cfg.Now(),
 	}, nil
+}
+
+// Close stops the provider's timers (deadlines, resubmissions) and its
+// background work (sandbox releases and their retries, status pushes), and
+// waits for them. Call it once Run and virtual-kubelet's controllers have
+// returned: nothing is started in the background after it. A release it
+// cuts short leaves the slot bound; the next run's reconciler releases it.
+func (p *Provider) Close() {
+	p.lifeMu.Lock()
+	p.closed = true
+	p.lifeMu.Unlock()
+	p.mu.Lock()
+	for _, sb := range p.byUID {
+		sb.stopTimers()
+	}
+	p.mu.Unlock()
+	p.cancel()
+	p.status.ShutDown()
+	p.wg.Wait()
+}
+
+// goOwned runs f in a goroutine Close waits for; once the provider is
+// closed it does not run f and returns false.
+func (p *Provider) goOwned(f func()) bool {
+	p.lifeMu.Lock()
+	defer p.lifeMu.Unlock()
+	if p.closed {
+		return false
+	}
+	p.wg.Go(f)
+	return true
+}
+
+// afterFuncLocked runs f in an owned goroutine after d on the provider's
+// clock; nil once the provider is closed. The caller holds mu and keeps
+// the timer in the pod's sandbox, so forgetting the pod or closing the
+// provider stops it.
+func (p *Provider) afterFuncLocked(d time.Duration, f func()) clock.Timer {
+	p.lifeMu.Lock()
+	closed := p.closed
+	p.lifeMu.Unlock()
+	if closed {
+		return nil
+	}
+	// A fake clock runs the callback while it holds its own lock: the
+	// callback only starts a goroutine, which may read the clock.
+	return p.cfg.AfterFunc(d, func() { p.goOwned(f) })
+}
+
+// sleep waits d on the provider's clock; false when ctx ended first.
+func (p *Provider) sleep(ctx context.Context, d time.Duration) bool {
+	t := p.cfg.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C():
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // ControlToken is the control plane's bearer token for one sandbox: an
@@ -168,18 +248,24 @@ func tokenHash(token string) string {
 
 func podKey(ns, name string) string { return ns + "/" + name }
 
+// podRefKey is a node agent's pod reference as namespace/name.
+func podRefKey(ref *runtime.PodRef) string {
+	if ref == nil {
+		return ""
+	}
+	return podKey(ref.Namespace, ref.Name)
+}
+
 // NotifyPods implements node.PodNotifier.
 func (p *Provider) NotifyPods(ctx context.Context, cb func(*corev1.Pod)) {
 	p.notifyMu.Lock()
 	p.notify = cb
 	p.notifyMu.Unlock()
 	for range p.cfg.StatusWorkers {
-		go p.statusWorker(ctx)
+		p.goOwned(func() { p.statusWorker(ctx) })
 	}
-	go func() {
-		<-ctx.Done()
-		p.status.ShutDown()
-	}()
+	// Close shuts the queue down too, whichever comes first.
+	context.AfterFunc(ctx, p.status.ShutDown)
 }
 
 func (p *Provider) statusWorker(ctx context.Context) {
@@ -252,8 +338,8 @@ func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 		return nil
 	}
 	sb.req = req
+	p.armDeadlineLocked(uid, sb)
 	p.mu.Unlock()
-	p.armDeadline(uid, pod, sb.created)
 	p.submit(uid)
 	metricPodsCreated.Inc()
 	return nil
@@ -323,26 +409,33 @@ func (p *Provider) DeletePod(ctx context.Context, pod *corev1.Pod) error {
 	} else if g := pod.Spec.TerminationGracePeriodSeconds; g != nil {
 		grace = time.Duration(*g) * time.Second
 	}
+	key := podKey(pod.Namespace, pod.Name)
 	p.mu.Unlock()
-	go p.release(context.WithoutCancel(ctx), uid, grace, true)
+	p.goOwned(func() { p.release(key, uid, grace, true) })
 	return nil
 }
 
-// release stops a pod's sandbox and, for a deleted pod, finishes the
-// deletion in the API.
-func (p *Provider) release(ctx context.Context, uid string, grace time.Duration, deleted bool) {
+// release stops a pod's sandbox (key is its namespace/name, for logs) and,
+// for a deleted pod, finishes the deletion in the API. Close cuts it short.
+func (p *Provider) release(key, uid string, grace time.Duration, deleted bool) {
+	ctx := p.ctx
 	backoff := 200 * time.Millisecond
 	for attempt := 0; ; attempt++ {
 		err := p.cfg.Pool.Release(ctx, uid, grace)
 		if err == nil {
 			break
 		}
-		p.log.Warn("release failed", "pod", uid, "attempt", attempt, "err", err)
+		if ctx.Err() != nil {
+			return // closing: the next run's reconciler finds the slot
+		}
+		p.log.Warn("release failed", "pod", key, "uid", uid, "attempt", attempt, "err", err)
 		if attempt >= 5 {
 			// The reconciler will find the slot as an orphan.
 			break
 		}
-		time.Sleep(backoff)
+		if !p.sleep(ctx, backoff) {
+			return
+		}
 		backoff *= 2
 	}
 	metricReleases.WithLabelValues(map[bool]string{true: "deleted", false: "ended"}[deleted]).Inc()
@@ -379,6 +472,7 @@ func (p *Provider) forget(uid string) {
 	if !ok {
 		return
 	}
+	sb.stopTimers()
 	delete(p.byUID, uid)
 	key := podKey(sb.pod.Namespace, sb.pod.Name)
 	if p.byKey[key] == uid {
@@ -429,6 +523,7 @@ func (p *Provider) OnUpdate(u pool.Update) {
 	var event func()
 	var resubmitAfter, pushAfter time.Duration
 	var releaseNow bool
+	key := podKey(sb.pod.Namespace, sb.pod.Name)
 	switch u.Kind {
 	case pool.Queued:
 		sb.wait(u.Reason, u.Message)
@@ -477,6 +572,9 @@ func (p *Provider) OnUpdate(u pool.Update) {
 	}
 	if resubmitAfter > 0 {
 		sb.submitted = false
+		uid := u.UID
+		stopTimer(sb.resubmit)
+		sb.resubmit = p.afterFuncLocked(resubmitAfter, func() { p.submit(uid) })
 	}
 	p.mu.Unlock()
 	if pushAfter > 0 {
@@ -488,10 +586,7 @@ func (p *Provider) OnUpdate(u pool.Update) {
 		event()
 	}
 	if releaseNow {
-		go p.release(context.Background(), u.UID, 0, false)
-	}
-	if resubmitAfter > 0 {
-		time.AfterFunc(resubmitAfter, func() { p.submit(u.UID) })
+		p.goOwned(func() { p.release(key, u.UID, 0, false) })
 	}
 }
 

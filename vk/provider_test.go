@@ -4,17 +4,21 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/containerd/errdefs"
 	vkerrdefs "github.com/virtual-kubelet/virtual-kubelet/errdefs"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	kfake "k8s.io/client-go/kubernetes/fake"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/sandman-dev/sandman/pool"
 	"github.com/sandman-dev/sandman/runtime"
@@ -61,13 +65,18 @@ func newHarnessWith(t *testing.T, slots int, wrap func(*fake.Runtime) runtime.Ru
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
+	poolDone := make(chan struct{})
+	t.Cleanup(func() {
+		cancel()
+		<-poolDone
+		h.p.Close()
+	})
 	h.p.NotifyPods(ctx, func(pod *corev1.Pod) {
 		h.mu.Lock()
 		h.statuses[pod.UID] = pod
 		h.mu.Unlock()
 	})
-	go func() { _ = h.pool.Run(ctx) }()
+	go func() { _ = h.pool.Run(ctx); close(poolDone) }()
 	var node runtime.Runtime = h.node
 	if wrap != nil {
 		node = wrap(h.node)
@@ -317,19 +326,100 @@ func TestJobOf(t *testing.T) {
 	}
 }
 
+// TestActiveDeadlineFailsThePod moves the provider's clock past the pod's
+// deadline: its timer fires, with no wait.
 func TestActiveDeadlineFailsThePod(t *testing.T) {
-	h := newHarness(t, 1)
+	clk := clocktesting.NewFakeClock(time.Now())
+	h := newHarness(t, 1, func(c *Config) { c.Clock = clk })
 	pod := testPod("deadline", "img")
-	ads := int64(1)
+	ads := int64(600)
 	pod.Spec.ActiveDeadlineSeconds = &ads
-	pod.CreationTimestamp = metav1.Now()
+	pod.CreationTimestamp = metav1.NewTime(clk.Now())
 	if err := h.p.CreatePod(t.Context(), pod); err != nil {
 		t.Fatal(err)
 	}
 	h.wait(t, pod.UID, "Ready", isReady)
+	clk.Step(599 * time.Second)
+	if p, _ := h.p.GetPod(t.Context(), "ns", "deadline"); p.Status.Phase != corev1.PodRunning {
+		t.Fatalf("phase %s a second before the deadline", p.Status.Phase)
+	}
+	clk.Step(time.Second)
 	got := h.wait(t, pod.UID, "Failed", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed })
 	if got.Status.Reason != ReasonDeadlineExceeded || !strings.Contains(got.Status.Message, "deadline") {
 		t.Fatalf("reason %q message %q", got.Status.Reason, got.Status.Message)
 	}
 	poll(t, "the slot freed after the deadline", func() bool { return h.warmSlots(t) == 1 })
+}
+
+// flakyRelease is a node agent whose first failures releases fail.
+type flakyRelease struct {
+	*fake.Runtime
+	failures int32
+	calls    atomic.Int32
+}
+
+func (f *flakyRelease) Release(ctx context.Context, uid string, grace time.Duration) error {
+	if f.calls.Add(1) <= f.failures {
+		return fmt.Errorf("release %s: %w", uid, errdefs.ErrUnavailable)
+	}
+	return f.Runtime.Release(ctx, uid, grace)
+}
+
+// TestReleaseRetriesOnTheClock: a release that fails is retried after a
+// back-off on the provider's clock, which the test moves instead of
+// waiting; the deleted pod is forgotten once it succeeds.
+func TestReleaseRetriesOnTheClock(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Now())
+	var node *flakyRelease
+	h := newHarnessWith(t, 1, func(r *fake.Runtime) runtime.Runtime {
+		node = &flakyRelease{Runtime: r, failures: 2}
+		return node
+	}, func(c *Config) { c.Clock = clk })
+	pod := testPod("flaky", "img")
+	if err := h.p.CreatePod(t.Context(), pod); err != nil {
+		t.Fatal(err)
+	}
+	h.wait(t, pod.UID, "Ready", isReady)
+	if err := h.p.DeletePod(t.Context(), pod); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "the first release attempt", func() bool { return node.calls.Load() >= 1 })
+	if _, err := h.p.GetPod(t.Context(), "ns", "flaky"); err != nil {
+		t.Fatalf("the pod was forgotten though its release failed: %v", err)
+	}
+	// The back-off doubles from 200 ms: a second per step covers each.
+	poll(t, "the deleted pod to be forgotten after two retries", func() bool {
+		clk.Step(time.Second)
+		_, err := h.p.GetPod(t.Context(), "ns", "flaky")
+		return vkerrdefs.IsNotFound(err)
+	})
+	if n := node.calls.Load(); n != 3 {
+		t.Fatalf("%d release calls, want 3 (two failures, then success)", n)
+	}
+	poll(t, "the slot freed", func() bool { return h.warmSlots(t) == 1 })
+}
+
+// TestCloseStopsReleaseRetries: a release that keeps failing waits for its
+// next try on the clock; Close ends it instead of leaving it behind (the
+// package's leak check fails otherwise).
+func TestCloseStopsReleaseRetries(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Now())
+	var node *flakyRelease
+	h := newHarnessWith(t, 1, func(r *fake.Runtime) runtime.Runtime {
+		node = &flakyRelease{Runtime: r, failures: 1 << 30}
+		return node
+	}, func(c *Config) { c.Clock = clk })
+	pod := testPod("stuck", "img")
+	if err := h.p.CreatePod(t.Context(), pod); err != nil {
+		t.Fatal(err)
+	}
+	h.wait(t, pod.UID, "Ready", isReady)
+	if err := h.p.DeletePod(t.Context(), pod); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "a failed release", func() bool { return node.calls.Load() >= 1 })
+	h.p.Close()
+	if _, err := h.p.GetPod(t.Context(), "ns", "stuck"); err != nil {
+		t.Fatalf("a pod whose release never succeeded was forgotten: %v", err)
+	}
 }

@@ -2,7 +2,6 @@ package vk
 
 import (
 	"context"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -37,7 +36,7 @@ func (p *Provider) Adopt(ctx context.Context) error {
 		if !ok || !live || pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 			if live {
 				if err := p.cfg.Pool.ReleaseOn(ctx, b.Node, uid, 0); err != nil {
-					p.log.Warn("release orphaned sandbox", "pod", uid, "node", b.Node, "err", err)
+					p.log.Warn("release orphaned sandbox", "pod", podRefKey(b.Slot.Pod), "uid", uid, "node", b.Node, "err", err)
 				}
 				released++
 			}
@@ -63,9 +62,9 @@ func (p *Provider) Adopt(ctx context.Context) error {
 		p.mu.Lock()
 		p.byUID[uid] = sb
 		p.byKey[podKey(pod.Namespace, pod.Name)] = uid
+		p.armDeadlineLocked(uid, sb)
 		p.mu.Unlock()
 		p.cfg.Pool.Adopt(pool.Request{Bind: req, Job: jobOf(pod)}, b.Node)
-		p.armDeadline(uid, pod, sb.created)
 		adopted++
 	}
 	p.log.Info("adopted running sandboxes", "adopted", adopted, "released", released)
@@ -74,13 +73,13 @@ func (p *Provider) Adopt(ctx context.Context) error {
 
 // Run reconciles slots and pods until ctx ends.
 func (p *Provider) Run(ctx context.Context) error {
-	t := time.NewTicker(p.cfg.ReconcileInterval)
+	t := p.cfg.NewTicker(p.cfg.ReconcileInterval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-t.C:
+		case <-t.C():
 			p.reconcile(ctx)
 		}
 	}
@@ -124,6 +123,7 @@ func (p *Provider) reconcile(ctx context.Context) {
 	}
 	// Pods gone from the API without DeletePod (forced deletions).
 	var gone, resubmit, expired []string
+	goneKeys := map[string]string{} // uid → namespace/name, for logs
 	for uid, sb := range p.byUID {
 		if d := deadlineOf(sb.pod, sb.created); !d.IsZero() && !now.Before(d) && !sb.terminal() {
 			expired = append(expired, uid)
@@ -132,6 +132,7 @@ func (p *Provider) reconcile(ctx context.Context) {
 			pod, err := p.cfg.Pods.Pods(sb.pod.Namespace).Get(sb.pod.Name)
 			if (apierrors.IsNotFound(err) || err == nil && string(pod.UID) != uid) && now.Sub(sb.created) >= p.cfg.OrphanGrace {
 				gone = append(gone, uid)
+				goneKeys[uid] = podKey(sb.pod.Namespace, sb.pod.Name)
 				continue
 			}
 		}
@@ -141,14 +142,15 @@ func (p *Provider) reconcile(ctx context.Context) {
 	}
 	p.mu.Unlock()
 	for _, b := range release {
-		p.log.Info("releasing a sandbox whose pod is gone", "pod", b.Slot.Pod.UID, "node", b.Node, "slot", b.Slot.ID)
+		key := podRefKey(b.Slot.Pod)
+		p.log.Info("releasing a sandbox whose pod is gone", "pod", key, "uid", b.Slot.Pod.UID, "node", b.Node, "slot", b.Slot.ID)
 		if err := p.cfg.Pool.ReleaseOn(ctx, b.Node, b.Slot.Pod.UID, 0); err != nil {
-			p.log.Warn("release orphan", "pod", b.Slot.Pod.UID, "node", b.Node, "err", err)
+			p.log.Warn("release orphan", "pod", key, "uid", b.Slot.Pod.UID, "node", b.Node, "err", err)
 		}
 		metricReleases.WithLabelValues("orphan").Inc()
 	}
 	for _, uid := range gone {
-		p.log.Info("releasing a sandbox whose pod was deleted", "pod", uid)
+		p.log.Info("releasing a sandbox whose pod was deleted", "pod", goneKeys[uid], "uid", uid)
 		if err := p.cfg.Pool.Release(ctx, uid, 0); err == nil {
 			p.forget(uid)
 			metricReleases.WithLabelValues("orphan").Inc()

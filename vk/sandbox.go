@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
 
 	"github.com/sandman-dev/sandman/runtime"
 )
@@ -41,6 +42,22 @@ type sandbox struct {
 	// daemon is asked next.
 	idleTimeout   time.Duration
 	nextIdleCheck time.Time
+	// deadline fires at the pod's active deadline, resubmit after a
+	// failed bind's back-off; both stop when the provider forgets the pod
+	// or closes.
+	deadline, resubmit clock.Timer
+}
+
+func (s *sandbox) stopTimers() {
+	stopTimer(s.deadline)
+	stopTimer(s.resubmit)
+	s.deadline, s.resubmit = nil, nil
+}
+
+func stopTimer(t clock.Timer) {
+	if t != nil {
+		t.Stop()
+	}
 }
 
 type exit struct {
@@ -273,6 +290,18 @@ func containerSpec(pod *corev1.Pod, c corev1.Container) (runtime.ContainerSpec, 
 		cs.User = strconv.FormatInt(*uid, 10) + ":" + strconv.FormatInt(*gid, 10)
 	case uid != nil:
 		cs.User = strconv.FormatInt(*uid, 10)
+	}
+	// The apiserver admits quantities too large for an int64, which
+	// MilliValue and Value would wrap (1e30 cores reads as none).
+	for _, l := range []corev1.ResourceList{c.Resources.Requests, c.Resources.Limits} {
+		for _, r := range []struct {
+			name  corev1.ResourceName
+			scale float64
+		}{{corev1.ResourceCPU, 1000}, {corev1.ResourceMemory, 1}, {corev1.ResourceEphemeralStorage, 1}} {
+			if q, ok := l[r.name]; ok && (q.Sign() < 0 || q.AsApproximateFloat64()*r.scale >= 1<<62) {
+				return cs, fmt.Errorf("container %q: %s quantity %s is out of range: give a non-negative amount a node can have", c.Name, r.name, q.String())
+			}
+		}
 	}
 	res := func(l corev1.ResourceList) runtime.Resources {
 		var r runtime.Resources

@@ -22,8 +22,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	vklog "github.com/virtual-kubelet/virtual-kubelet/log"
 	"github.com/virtual-kubelet/virtual-kubelet/node"
 	"github.com/virtual-kubelet/virtual-kubelet/node/nodeutil"
+	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -65,7 +67,7 @@ func main() {
 	}
 }
 
-func run(args []string) error {
+func run(args []string) (retErr error) {
 	var o options
 	fs := flag.NewFlagSet("sandman-vk", flag.ContinueOnError)
 	fs.StringVar(&o.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig (default: in-cluster)")
@@ -114,9 +116,13 @@ func run(args []string) error {
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("component", "vk")
-	// client-go (informers, the certificate manager) logs through klog.
+	handler := slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level})
+	log := slog.New(handler).With("component", "vk")
+	// client-go (informers, the certificate manager) logs through klog,
+	// virtual-kubelet's pod and node controllers through its log.L, which
+	// discards everything until set: both go to this process's log.
 	klog.SetSlogLogger(log)
+	vklog.L = vk.VKLogger(slog.New(handler).With("component", "virtual-kubelet", "vnode", o.nodeName))
 	serving, err := servingMode(o)
 	if err != nil {
 		return err
@@ -198,7 +204,21 @@ func run(args []string) error {
 	defer broadcaster.Shutdown()
 	recorder := vk.QuietRecorder{EventRecorder: broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "sandman-vk", Host: o.nodeName})}
 
+	// The pool, the provider's reconciler and the virtual node run until a
+	// signal or until one of them fails: then the others are stopped, the
+	// provider's background work too, and sandman-vk exits with the first
+	// error.
 	var provider *vk.Provider
+	g, ctx := errgroup.WithContext(ctx)
+	defer func() {
+		stop()
+		if err := g.Wait(); err != nil && retErr == nil {
+			retErr = err
+		}
+		if provider != nil {
+			provider.Close()
+		}
+	}()
 	pl, err := pool.New(pool.Config{
 		Name: o.poolName, MaxQueued: o.maxQueued, BindsPerNode: o.bindsPerNode, LostAfter: o.lost, Logger: log,
 		OnUpdate: func(u pool.Update) { provider.OnUpdate(u) },
@@ -221,7 +241,12 @@ func run(args []string) error {
 	} else if err := vk.DiscoverAgents(ctx, client, o.agentNamespace, o.agentSelector, o.agentPort, connect); err != nil {
 		return fmt.Errorf("discover node agents: %w", err)
 	}
-	go func() { _ = pl.Run(ctx) }()
+	g.Go(func() error {
+		if err := pl.Run(ctx); err != nil {
+			return fmt.Errorf("pool: %w", err)
+		}
+		return nil
+	})
 	// Adopt what the node agents hold before the pod controller starts,
 	// so no running sandbox is placed twice.
 	syncCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
@@ -304,7 +329,12 @@ func run(args []string) error {
 	if err := provider.Adopt(ctx); err != nil {
 		return fmt.Errorf("adopt running sandboxes: %w", err)
 	}
-	go func() { _ = provider.Run(ctx) }()
+	g.Go(func() error {
+		if err := provider.Run(ctx); err != nil {
+			return fmt.Errorf("provider: %w", err)
+		}
+		return nil
+	})
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -330,14 +360,23 @@ func run(args []string) error {
 	defer msrv.Close()
 
 	if o.ownerNamespace != "" {
-		go ownNode(ctx, client, o.nodeName, o.ownerNamespace, log)
+		g.Go(func() error {
+			ownNode(ctx, client, o.nodeName, o.ownerNamespace, log)
+			return nil
+		})
 	}
-	log.Info("virtual node starting", "node", o.nodeName, "pool", o.poolName, "agents", pl.NodeNames())
-	err = vnode.Run(ctx)
-	if errors.Is(err, context.Canceled) {
+	log.Info("virtual node starting", "vnode", o.nodeName, "pool", o.poolName, "agents", pl.NodeNames())
+	g.Go(func() error {
+		err := vnode.Run(ctx)
+		if errors.Is(err, context.Canceled) {
+			return nil // stopped: by a signal, or by another part's failure
+		}
+		if err != nil {
+			return fmt.Errorf("virtual node: %w", err)
+		}
 		return nil
-	}
-	return err
+	})
+	return nil // the deferred wait returns the first error
 }
 
 // inClusterCA is the cluster CA as every pod sees it.

@@ -18,7 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sandman-dev/sandman/runtime"
-	"github.com/sandman-dev/sandman/vk"
+	vkapi "github.com/sandman-dev/sandman/vk/api"
 )
 
 // virtualNode finds the virtual node of pool (or the only one).
@@ -46,7 +46,7 @@ func (c *ctl) virtualNode(ctx context.Context, pool string) (string, error) {
 
 // nodeProxy is the apiserver's path to the virtual node's sandman routes.
 func nodeProxy(node, route string) string {
-	return "/api/v1/nodes/" + node + "/proxy" + vk.APIPrefix + route
+	return "/api/v1/nodes/" + node + "/proxy" + vkapi.APIPrefix + route
 }
 
 // prepull pins images on every worker of the pool and shows a progress bar
@@ -66,7 +66,7 @@ func (c *ctl) prepull(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	body, _ := json.Marshal(vk.ImagesRequest{Images: fs.Args()})
+	body, _ := json.Marshal(vkapi.ImagesRequest{Images: fs.Args()})
 	stream, err := c.kube.CoreV1().RESTClient().Post().AbsPath(nodeProxy(node, "prepull")).
 		Param("timeout", fmt.Sprint(timeout.Seconds())).
 		SetHeader("Content-Type", "application/json").Body(body).Stream(ctx)
@@ -78,7 +78,7 @@ func (c *ctl) prepull(ctx context.Context, args []string) error {
 	if f, ok := c.out.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
 		tty = true
 	}
-	var last vk.PrePullLine
+	var last vkapi.PrePullLine
 	drawn := 0
 	printed := map[string]string{}
 	sc := bufio.NewScanner(stream)
@@ -130,8 +130,8 @@ func (c *ctl) prepull(ctx context.Context, args []string) error {
 
 type progressRow struct{ key, state, text string }
 
-func progressRows(nodes []vk.NodeImage) []progressRow {
-	slices.SortFunc(nodes, func(a, b vk.NodeImage) int {
+func progressRows(nodes []vkapi.NodeImage) []progressRow {
+	slices.SortFunc(nodes, func(a, b vkapi.NodeImage) int {
 		return strings.Compare(a.Node+" "+a.Image, b.Node+" "+b.Image)
 	})
 	width := 0
@@ -201,14 +201,14 @@ func (c *ctl) images(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("images through %s: %w", node, err)
 	}
-	var all []vk.NodeImage
+	var all []vkapi.NodeImage
 	if err := json.NewDecoder(bytes.NewReader(raw)).Decode(&all); err != nil {
 		return fmt.Errorf("images: %w", err)
 	}
 	return writeImages(c.out, all)
 }
 
-func writeImages(out io.Writer, all []vk.NodeImage) error {
+func writeImages(out io.Writer, all []vkapi.NodeImage) error {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODE\tIMAGE\tSTATE\tSIZE\tPINNED\tIN USE\tLAST USED")
 	for _, n := range all {

@@ -33,6 +33,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/sandman-dev/sandman/daemon/api"
+	"github.com/sandman-dev/sandman/daemon/archive"
 	"github.com/sandman-dev/sandman/daemon/client"
 )
 
@@ -443,7 +444,7 @@ func (c *ctl) cp(ctx context.Context, args []string) error {
 		}
 		if fi.IsDir() {
 			pr, pw := io.Pipe()
-			go func() { _ = pw.CloseWithError(writeTar(pw, sPath)) }()
+			go func() { _ = pw.CloseWithError(archive.Write(pw, sPath)) }()
 			_, err = d.UploadTar(ctx, dPath, pr)
 			return err
 		}
@@ -469,7 +470,8 @@ func (c *ctl) cp(ctx context.Context, args []string) error {
 				return err
 			}
 			defer r.Close()
-			return readTar(r, dPath)
+			_, err = archive.Extract(r, dPath)
+			return err
 		}
 		r, err := d.ReadFile(ctx, sPath)
 		if err != nil {

@@ -14,7 +14,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/sandman-dev/sandman/runtime"
-	"github.com/sandman-dev/sandman/vk"
+	vkapi "github.com/sandman-dev/sandman/vk/api"
 )
 
 // top shows the pool's capacity per worker node, the numbers of the
@@ -47,7 +47,7 @@ func (c *ctl) top(ctx context.Context, args []string) error {
 			}
 			return fmt.Errorf("capacity through %s: %w", node, err)
 		}
-		var capa vk.Capacity
+		var capa vkapi.Capacity
 		if err := json.Unmarshal(raw, &capa); err != nil {
 			return fmt.Errorf("capacity: %w", err)
 		}
@@ -69,10 +69,10 @@ func (c *ctl) top(ctx context.Context, args []string) error {
 	}
 }
 
-func writeTop(out io.Writer, c vk.Capacity) {
+func writeTop(out io.Writer, c vkapi.Capacity) {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "NODE\tHEALTH\tWARM\tHOT\tBINDING\tBOUND\tRECYCLING\tBROKEN\tSLOTS\tCPU\tMEMORY\tIMAGES\tBIND P50\tBIND P99\t")
-	row := func(name, health string, s map[runtime.SlotState]int, slots int, cpu, mem vk.Amount, images, p50, p99 string) {
+	row := func(name, health string, s map[runtime.SlotState]int, slots int, cpu, mem vkapi.Amount, images, p50, p99 string) {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t\n", name, health,
 			s[runtime.StateWarm], s[runtime.StateHot], s[runtime.StateBinding], s[runtime.StateBound],
 			s[runtime.StateReleasing], s[runtime.StateBroken], slots,
@@ -114,13 +114,11 @@ func writeTop(out io.Writer, c vk.Capacity) {
 	}
 }
 
-func phases(c vk.Capacity) string {
+func phases(c vkapi.Capacity) string {
 	var parts []string
 	for _, ph := range []string{"Pending", "Running", "Succeeded", "Failed"} {
-		for k, v := range c.Pods {
-			if string(k) == ph {
-				parts = append(parts, fmt.Sprintf("%d %s", v, strings.ToLower(ph)))
-			}
+		if v, ok := c.Pods[ph]; ok {
+			parts = append(parts, fmt.Sprintf("%d %s", v, strings.ToLower(ph)))
 		}
 	}
 	return strings.Join(parts, ", ")

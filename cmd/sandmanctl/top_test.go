@@ -8,21 +8,21 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/sandman-dev/sandman/runtime"
-	"github.com/sandman-dev/sandman/vk"
+	vkapi "github.com/sandman-dev/sandman/vk/api"
 )
 
 func TestWriteTop(t *testing.T) {
-	c := vk.Capacity{Time: time.Now(), Pool: "p", VirtualNode: "sandman-p", Queue: 7,
-		Pods: map[corev1.PodPhase]int{corev1.PodRunning: 3, corev1.PodPending: 7},
-		Nodes: []vk.NodeCapacity{
+	c := vkapi.Capacity{Time: time.Now(), Pool: "p", VirtualNode: "sandman-p", Queue: 7,
+		Pods: map[string]int{string(corev1.PodRunning): 3, string(corev1.PodPending): 7},
+		Nodes: []vkapi.NodeCapacity{
 			{Name: "w1", Healthy: true, CapacitySlots: 8, Slots: map[runtime.SlotState]int{runtime.StateWarm: 5, runtime.StateBound: 3},
-				CPU: vk.Amount{Allocated: 1.5, Capacity: 4}, Memory: vk.Amount{Allocated: 1 << 30, Capacity: 8 << 30},
+				CPU: vkapi.Amount{Allocated: 1.5, Capacity: 4}, Memory: vkapi.Amount{Allocated: 1 << 30, Capacity: 8 << 30},
 				Images: []string{"a", "b"}, Binds: 3, BindP50MS: 60, BindP99MS: 120},
 			{Name: "w2", Healthy: false, Error: "connection refused", CapacitySlots: 8, Slots: map[runtime.SlotState]int{}},
 		},
-		Totals: vk.CapacityTotals{Nodes: 2, HealthyNodes: 1, CapacitySlots: 8,
+		Totals: vkapi.CapacityTotals{Nodes: 2, HealthyNodes: 1, CapacitySlots: 8,
 			Slots: map[runtime.SlotState]int{runtime.StateWarm: 5, runtime.StateBound: 3}},
-		CreateToReady: vk.ReadyHistogram{Window: "5m", Count: 3, P50MS: 70, P99MS: 140},
+		CreateToReady: vkapi.ReadyHistogram{Window: "5m", Count: 3, P50MS: 70, P99MS: 140},
 	}
 	var b strings.Builder
 	writeTop(&b, c)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	ctrd "github.com/containerd/containerd/v2/client"
+	"k8s.io/utils/clock"
 
 	"github.com/sandman-dev/sandman/runtime"
 )
@@ -101,7 +102,9 @@ type Config struct {
 	// (default 60 s).
 	ReadyTimeout time.Duration
 	Logger       *slog.Logger
-	Now          func() time.Time
+	// Clock tells the time and times retries, polls and the refill and
+	// disk-check tickers (default clock.RealClock).
+	Clock clock.WithTicker
 }
 
 func (c *Config) setDefaults() error {
@@ -174,8 +177,8 @@ func (c *Config) setDefaults() error {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	if c.Now == nil {
-		c.Now = time.Now
+	if c.Clock == nil {
+		c.Clock = clock.RealClock{}
 	}
 	return nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"syscall"
-	"time"
 
 	ctrd "github.com/containerd/containerd/v2/client"
 
@@ -26,14 +25,14 @@ func (r *Runtime) setDiskLimitLocked(s *slot, id string, limit int64) {
 // DiskCheckInterval and stops a sandbox whose container writes more than
 // its limit; only that sandbox goes, with an Evicted exit event.
 func (r *Runtime) watchDisk(ctx context.Context) {
-	t := time.NewTicker(r.cfg.DiskCheckInterval)
+	t := r.cfg.Clock.NewTicker(r.cfg.DiskCheckInterval)
 	defer t.Stop()
 	snaps := r.client.SnapshotService(r.cfg.Snapshotter)
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-t.C():
 		}
 		type check struct {
 			s     *slot

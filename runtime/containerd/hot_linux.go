@@ -16,6 +16,7 @@ import (
 	goruntime "runtime"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	cgroups "github.com/containerd/cgroups/v3"
@@ -69,8 +70,9 @@ func (r *Runtime) desiredHotLocked() map[string]int {
 	return want
 }
 
-// heat starts hot sandboxes in warm slots where the desired mix is short.
-func (r *Runtime) heat(ctx context.Context) {
+// heat starts hot sandboxes in warm slots where the desired mix is short,
+// in goroutines counted in wg (Run's).
+func (r *Runtime) heat(ctx context.Context, wg *sync.WaitGroup) {
 	if r.cfg.HotSlots == 0 {
 		return
 	}
@@ -96,7 +98,7 @@ func (r *Runtime) heat(ctx context.Context) {
 			}
 			warm.heating, warm.Image = true, img
 			r.heating++
-			go r.startHot(ctx, warm, img)
+			wg.Go(func() { r.startHot(ctx, warm, img) })
 		}
 	}
 }
@@ -162,7 +164,7 @@ func (r *Runtime) startHotWork(ctx context.Context, s *slot, image string) error
 	}
 	// Hot means the daemon answers.
 	url := "http://" + s.IP + ":" + strconv.Itoa(api.Port) + "/v1/health"
-	deadline := time.Now().Add(r.cfg.ReadyTimeout)
+	deadline := r.cfg.Clock.Now().Add(r.cfg.ReadyTimeout)
 	for {
 		hreq, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		if resp, err := r.health.Do(hreq); err == nil {
@@ -171,13 +173,11 @@ func (r *Runtime) startHotWork(ctx context.Context, s *slot, image string) error
 				return nil
 			}
 		}
-		if time.Now().After(deadline) {
+		if r.cfg.Clock.Now().After(deadline) {
 			return fmt.Errorf("the hot sandbox's daemon did not answer within %v", r.cfg.ReadyTimeout)
 		}
-		select {
-		case <-ctx.Done():
+		if !r.sleep(ctx, 5*time.Millisecond) {
 			return ctx.Err()
-		case <-time.After(5 * time.Millisecond):
 		}
 	}
 }
@@ -254,7 +254,7 @@ func (r *Runtime) assignHot(ctx context.Context, s *slot, req runtime.BindReques
 	// after the pod has its sandbox: a containerd metadata write costs
 	// ~20 ms here. An agent killed in between loses this one sandbox (the
 	// virtual node then reports the pod lost).
-	go func() {
+	r.goOwned(func() {
 		labels := map[string]string{
 			LabelPodUID: req.Pod.UID, LabelPodNamespace: req.Pod.Namespace, LabelPodName: req.Pod.Name,
 			LabelVirtualNode: req.VirtualNode, LabelContainer: c.Name, LabelRequests: formatRequests(req.Requests()), LabelHot: "assigned",
@@ -263,7 +263,7 @@ func (r *Runtime) assignHot(ctx context.Context, s *slot, req runtime.BindReques
 		if _, err := container.SetLabels(context.WithoutCancel(ctx), labels); err != nil {
 			r.log.Warn("label assigned hot sandbox", "slot", s.ID, "err", err)
 		}
-	}()
+	})
 	r.watchReady(s, req.Pod.UID)
 	return nil
 }

@@ -68,7 +68,7 @@ func (r *Runtime) imagesInUse() []string {
 
 // imageProgress publishes a pull's progress as a node event.
 func (r *Runtime) imageProgress(p nodeimage.Progress) {
-	ev := runtime.Event{Type: runtime.EventImageProgress, Time: r.cfg.Now(), Image: p.Image,
+	ev := runtime.Event{Type: runtime.EventImageProgress, Time: r.cfg.Clock.Now(), Image: p.Image,
 		BytesDone: p.BytesDone, BytesTotal: p.BytesTotal}
 	switch {
 	case p.Err != nil && nodeimage.KindOf(p.Err) == nodeimage.KindNotFound:
@@ -83,5 +83,5 @@ func (r *Runtime) imageProgress(p nodeimage.Progress) {
 
 // imagesChanged publishes the node's ready images.
 func (r *Runtime) imagesChanged() {
-	r.hub.Publish(runtime.Event{Type: runtime.EventImages, Time: r.cfg.Now(), Images: r.images.Ready()})
+	r.hub.Publish(runtime.Event{Type: runtime.EventImages, Time: r.cfg.Clock.Now(), Images: r.images.Ready()})
 }

@@ -71,7 +71,7 @@ func (r *Runtime) recover(ctx context.Context) error {
 		meta, err := readMeta(dir)
 		if err == nil && meta.ID == id && meta.IP != "" && netnsMounted(meta.NetNS) && len(r.slots) < r.cfg.Slots {
 			r.slots[id] = &slot{
-				Slot:  runtime.Slot{ID: id, State: runtime.StateWarm, IP: meta.IP, Since: r.cfg.Now()},
+				Slot:  runtime.Slot{ID: id, State: runtime.StateWarm, IP: meta.IP, Since: r.cfg.Clock.Now()},
 				netns: netns.LoadNetNS(meta.NetNS), dir: dir, group: r.nextGroup(),
 			}
 			continue
@@ -144,19 +144,20 @@ func (r *Runtime) adopt(ctx context.Context, id, dir string, cs []ctrd.Container
 	slices.SortFunc(members, func(a, b member) int { return a.index - b.index })
 	s := &slot{
 		Slot: runtime.Slot{
-			ID: id, State: runtime.StateBound, IP: meta.IP, Image: labels[LabelImage], Since: r.cfg.Now(),
+			ID: id, State: runtime.StateBound, IP: meta.IP, Image: labels[LabelImage], Since: r.cfg.Clock.Now(),
 			Pod:       &runtime.PodRef{UID: labels[LabelPodUID], Namespace: labels[LabelPodNamespace], Name: labels[LabelPodName]},
 			Resources: parseRequests(labels[LabelRequests]),
 		},
 		netns: netns.LoadNetNS(meta.NetNS), dir: dir, group: r.nextGroup(),
 	}
 	for _, m := range members {
-		exit, err := m.task.Wait(ctx)
+		// The exit watch lasts as long as the runtime, not New's ctx.
+		exit, err := m.task.Wait(r.life)
 		if err != nil {
 			return nil, err
 		}
 		s.containers = append(s.containers, m.c.ID())
-		go r.watchExit(s, m.c.ID(), m.name, exit)
+		r.goOwned(func() { r.watchExit(s, m.c.ID(), m.name, exit) })
 	}
 	r.watchReady(s, s.Pod.UID)
 	return s, nil

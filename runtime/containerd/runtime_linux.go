@@ -29,8 +29,9 @@ import (
 
 var _ runtime.Runtime = (*Runtime)(nil)
 
-// Runtime keeps a worker's slots on containerd. Create it with New and run
-// its background work (refilling warm slots, watching exits) with Run.
+// Runtime keeps a worker's slots on containerd. Create it with New, run
+// its background work (refilling warm slots, hot sandboxes, disk checks,
+// images) with Run, and end it with Close (or Destroy).
 type Runtime struct {
 	cfg     Config
 	client  *ctrd.Client
@@ -46,6 +47,16 @@ type Runtime struct {
 	groupSeq atomic.Int64
 	// kick wakes the refiller.
 	kick chan struct{}
+
+	// life ends at Close or Destroy: Run stops, and so do the watches of
+	// bound sandboxes (readiness, exits). wg counts Run and every
+	// goroutine the runtime starts outside it; Close waits for them.
+	life    context.Context
+	endLife context.CancelFunc
+	wg      sync.WaitGroup
+	// bgMu guards closed and the additions to wg (none once closed).
+	bgMu   sync.Mutex
+	closed bool
 
 	// mu guards slots, byPod and creating; events are published under it.
 	mu       sync.Mutex
@@ -79,11 +90,12 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		kick:   make(chan struct{}, 1), metrics: newMetrics(cfg.Node),
 		slots: map[string]*slot{}, byPod: map[string]*slot{},
 	}
+	r.life, r.endLife = context.WithCancel(r.nsCtx(context.Background()))
 	r.images, err = nodeimage.New(ctx, nodeimage.Config{
 		Client: cfg.Client, Namespace: cfg.Namespace, Node: cfg.Node, Snapshotter: cfg.Snapshotter,
 		HostsDir: cfg.RegistryHostsDir, CacheBytes: cfg.ImageCacheBytes, PrePull: cfg.PrePull,
 		PrePullConcurrency: cfg.PrePullConcurrency, InUse: r.imagesInUse,
-		OnProgress: r.imageProgress, OnChange: r.imagesChanged, Logger: r.log, Now: cfg.Now,
+		OnProgress: r.imageProgress, OnChange: r.imagesChanged, Logger: r.log, Clock: cfg.Clock,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("containerd runtime: %w", err)
@@ -106,13 +118,61 @@ func (r *Runtime) nsCtx(ctx context.Context) context.Context {
 	return namespaces.WithNamespace(ctx, r.cfg.Namespace)
 }
 
-// Run keeps WarmSlots slots warm until ctx ends.
+// goOwned runs f in a goroutine Close waits for; once the runtime is
+// closed it does not run f and returns false.
+func (r *Runtime) goOwned(f func()) bool {
+	r.bgMu.Lock()
+	defer r.bgMu.Unlock()
+	if r.closed {
+		return false
+	}
+	r.wg.Go(f)
+	return true
+}
+
+// end stops the background work and waits for it (Close and Destroy).
+func (r *Runtime) end() {
+	r.bgMu.Lock()
+	r.closed = true
+	r.bgMu.Unlock()
+	r.endLife()
+	r.wg.Wait()
+}
+
+// sleep waits d on the runtime's clock; false when ctx ended first.
+func (r *Runtime) sleep(ctx context.Context, d time.Duration) bool {
+	t := r.cfg.Clock.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C():
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// Run keeps WarmSlots slots warm (and hot ones hot), checks disk use and
+// runs the image manager until ctx ends or the runtime is closed. It
+// returns once everything it started has stopped.
 func (r *Runtime) Run(ctx context.Context) error {
-	ctx = r.nsCtx(ctx)
-	go r.watchDisk(ctx)
-	go r.images.Run(ctx)
+	r.bgMu.Lock()
+	if r.closed {
+		r.bgMu.Unlock()
+		return fmt.Errorf("containerd runtime of %s: closed: %w", r.cfg.Node, errdefs.ErrUnavailable)
+	}
+	r.wg.Add(1)
+	r.bgMu.Unlock()
+	defer r.wg.Done()
+	ctx, cancel := context.WithCancel(r.nsCtx(ctx))
+	defer context.AfterFunc(r.life, cancel)()
+	// Refills, hot starts, the disk check and the image manager.
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel() // before the wait: what runs stops first
+	wg.Go(func() { r.watchDisk(ctx) })
+	wg.Go(func() { r.images.Run(ctx) })
 	sem := make(chan struct{}, r.cfg.RefillConcurrency)
-	tick := time.NewTicker(time.Second)
+	tick := r.cfg.Clock.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
 		for {
@@ -127,9 +187,12 @@ func (r *Runtime) Run(ctx context.Context) error {
 			select {
 			case sem <- struct{}{}:
 			case <-ctx.Done():
+				r.mu.Lock()
+				r.creating--
+				r.mu.Unlock()
 				return nil
 			}
-			go func() {
+			wg.Go(func() {
 				defer func() { <-sem }()
 				s, err := r.makeSlot(ctx)
 				r.mu.Lock()
@@ -141,20 +204,17 @@ func (r *Runtime) Run(ctx context.Context) error {
 				r.mu.Unlock()
 				if err != nil && ctx.Err() == nil {
 					r.log.Error("make warm slot", "err", err)
-					select {
-					case <-time.After(time.Second):
-					case <-ctx.Done():
-					}
+					r.sleep(ctx, time.Second)
 				}
 				r.wake()
-			}()
+			})
 		}
-		r.heat(ctx)
+		r.heat(ctx, &wg)
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-r.kick:
-		case <-tick.C:
+		case <-tick.C():
 		}
 	}
 }
@@ -183,7 +243,7 @@ func (r *Runtime) publishLocked(s *slot) {
 }
 
 func (r *Runtime) setLocked(s *slot, state runtime.SlotState) {
-	s.State, s.Since = state, r.cfg.Now()
+	s.State, s.Since = state, r.cfg.Clock.Now()
 	r.publishLocked(s)
 }
 
@@ -191,7 +251,7 @@ func (r *Runtime) setLocked(s *slot, state runtime.SlotState) {
 func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Slot, error) {
 	if err := req.Validate(); err != nil {
 		// No slot was touched; watchers still learn why the pod failed.
-		r.hub.Publish(runtime.InvalidSpecEvent(req, err, r.cfg.Now()))
+		r.hub.Publish(runtime.InvalidSpecEvent(req, err, r.cfg.Clock.Now()))
 		return runtime.Slot{}, err
 	}
 	ctx = r.nsCtx(ctx)
@@ -228,7 +288,7 @@ func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Sl
 			r.rebalanceCPUs()
 		}
 		r.mu.Lock()
-		r.hub.Publish(runtime.Event{Type: runtime.EventBindFailed, Time: r.cfg.Now(), Slot: s.Slot.Clone(), Reason: reason, Message: err.Error()})
+		r.hub.Publish(runtime.Event{Type: runtime.EventBindFailed, Time: r.cfg.Clock.Now(), Slot: s.Slot.Clone(), Reason: reason, Message: err.Error()})
 		delete(r.byPod, req.Pod.UID)
 		s.Pod, s.Image, s.Resources, s.Ready, s.containers, s.assignToken = nil, "", runtime.Resources{}, false, nil, ""
 		s.diskLimits, s.evicted = nil, ""
@@ -411,15 +471,16 @@ func (r *Runtime) startTask(ctx context.Context, s *slot, container ctrd.Contain
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(time.Duration(attempt+1) * 20 * time.Millisecond):
+		case <-r.cfg.Clock.After(time.Duration(attempt+1) * 20 * time.Millisecond):
 		}
 	}
 	if err != nil {
 		return err
 	}
 	// The exit watch outlives the bind's request: its context must not end
-	// with it (a wait broken that way is taken for a containerd restart).
-	exit, err := task.Wait(context.WithoutCancel(ctx))
+	// with it (a wait broken that way is taken for a containerd restart),
+	// only with the runtime.
+	exit, err := task.Wait(r.life)
 	if err != nil {
 		_, _ = task.Delete(context.WithoutCancel(ctx), ctrd.WithProcessKill)
 		return err
@@ -428,7 +489,7 @@ func (r *Runtime) startTask(ctx context.Context, s *slot, container ctrd.Contain
 		_, _ = task.Delete(context.WithoutCancel(ctx), ctrd.WithProcessKill)
 		return err
 	}
-	go r.watchExit(s, container.ID(), name, exit)
+	r.goOwned(func() { r.watchExit(s, container.ID(), name, exit) })
 	return nil
 }
 
@@ -445,12 +506,15 @@ func (r *Runtime) watchExit(s *slot, id, name string, exit <-chan ctrd.ExitStatu
 		if st.Error() == nil {
 			break
 		}
+		if r.life.Err() != nil {
+			return // the runtime closed: the next agent watches the sandbox
+		}
 		next, lost, released := r.rewait(s, id)
 		if released {
 			return
 		}
 		if lost {
-			st = *ctrd.NewExitStatus(255, time.Now(), nil)
+			st = *ctrd.NewExitStatus(255, r.cfg.Clock.Now(), nil)
 			break
 		}
 		exit = next
@@ -472,7 +536,7 @@ func (r *Runtime) watchExit(s *slot, id, name string, exit <-chan ctrd.ExitStatu
 	if s.State == runtime.StateHot && slices.Contains(s.containers, id) {
 		r.log.Warn("hot sandbox exited while waiting", "slot", s.ID, "image", s.Image, "code", code)
 		s.State = runtime.StateBinding // nobody may take it while it is cleaned
-		go r.coolDown(s)
+		r.goOwned(func() { r.coolDown(s) })
 		return
 	}
 	if s.State != runtime.StateBound || !slices.Contains(s.containers, id) {
@@ -484,17 +548,17 @@ func (r *Runtime) watchExit(s *slot, id, name string, exit <-chan ctrd.ExitStatu
 
 // rewait re-establishes the exit watch of container id after its wait
 // broke (containerd restarting), retrying with backoff. lost: the task is
-// gone; released: the slot no longer holds the container.
+// gone; released: the slot no longer holds the container, or the runtime
+// closed.
 func (r *Runtime) rewait(s *slot, id string) (exit <-chan ctrd.ExitStatus, lost, released bool) {
-	ctx := r.nsCtx(context.Background())
+	ctx := r.life
 	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
 		r.mu.Lock()
 		held := slices.Contains(s.containers, id)
 		r.mu.Unlock()
-		if !held {
+		if !held || !r.sleep(ctx, backoff) {
 			return nil, false, true
 		}
-		time.Sleep(backoff)
 		container, err := r.client.LoadContainer(ctx, id)
 		if errdefs.IsNotFound(err) {
 			return nil, true, false
@@ -530,12 +594,16 @@ func (r *Runtime) oomKilled(id string) bool {
 // watchReady polls the daemon of the pod's first container until it
 // answers, then marks the slot ready.
 func (r *Runtime) watchReady(s *slot, uid string) {
-	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.ReadyTimeout)
+	ctx, cancel := context.WithTimeout(r.life, r.cfg.ReadyTimeout)
 	r.mu.Lock()
 	s.stopReady = cancel
 	url := "http://" + s.IP + ":" + strconv.Itoa(api.Port) + "/v1/health"
+	key := ""
+	if s.Pod != nil {
+		key = s.Pod.Namespace + "/" + s.Pod.Name
+	}
 	r.mu.Unlock()
-	go func() {
+	started := r.goOwned(func() {
 		defer cancel()
 		for {
 			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
@@ -545,13 +613,11 @@ func (r *Runtime) watchReady(s *slot, uid string) {
 					break
 				}
 			}
-			select {
-			case <-ctx.Done():
+			if !r.sleep(ctx, 5*time.Millisecond) {
 				if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-					r.log.Warn("sandbox daemon did not answer", "slot", s.ID, "pod", uid, "timeout", r.cfg.ReadyTimeout)
+					r.log.Warn("sandbox daemon did not answer", "slot", s.ID, "pod", key, "uid", uid, "timeout", r.cfg.ReadyTimeout)
 				}
 				return
-			case <-time.After(5 * time.Millisecond):
 			}
 		}
 		r.mu.Lock()
@@ -560,8 +626,11 @@ func (r *Runtime) watchReady(s *slot, uid string) {
 			return
 		}
 		s.Ready = true
-		r.hub.Publish(runtime.Event{Type: runtime.EventReady, Time: r.cfg.Now(), Slot: s.Slot.Clone()})
-	}()
+		r.hub.Publish(runtime.Event{Type: runtime.EventReady, Time: r.cfg.Clock.Now(), Slot: s.Slot.Clone()})
+	})
+	if !started {
+		cancel()
+	}
 }
 
 // Release implements runtime.Runtime.
@@ -585,10 +654,8 @@ func (r *Runtime) Release(ctx context.Context, uid string, grace time.Duration) 
 		}
 		r.mu.Unlock()
 		// Let the bind finish or fail first.
-		select {
-		case <-ctx.Done():
+		if !r.sleep(ctx, 10*time.Millisecond) {
 			return ctx.Err()
-		case <-time.After(10 * time.Millisecond):
 		}
 	}
 	r.mu.Lock()
@@ -651,18 +718,20 @@ func (r *Runtime) removeContainer(ctx context.Context, id string, grace time.Dur
 	}
 	if task, err := container.Task(ctx, nil); err == nil {
 		if exit, err := task.Wait(ctx); err == nil {
-			if grace > 0 {
-				_ = task.Kill(ctx, syscall.SIGTERM)
+			wait := func(d time.Duration) {
+				t := r.cfg.Clock.NewTimer(d)
+				defer t.Stop()
 				select {
 				case <-exit:
-				case <-time.After(grace):
+				case <-t.C():
 				}
 			}
-			_ = task.Kill(ctx, syscall.SIGKILL, ctrd.WithKillAll)
-			select {
-			case <-exit:
-			case <-time.After(10 * time.Second):
+			if grace > 0 {
+				_ = task.Kill(ctx, syscall.SIGTERM)
+				wait(grace)
 			}
+			_ = task.Kill(ctx, syscall.SIGKILL, ctrd.WithKillAll)
+			wait(10 * time.Second)
 		}
 		if _, err := task.Delete(ctx, ctrd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
 			return fmt.Errorf("delete task %s: %w", id, err)
@@ -705,9 +774,11 @@ func (r *Runtime) inventoryLocked() runtime.Inventory {
 	return inv
 }
 
-// Close tears down every warm and hot slot and ends watches; bound
-// sandboxes keep running for the next agent to adopt.
+// Close stops Run and the runtime's watches and waits for them, tears down
+// every warm and hot slot and ends watches; bound sandboxes keep running
+// for the next agent to adopt.
 func (r *Runtime) Close(ctx context.Context) error {
+	r.end()
 	ctx = r.nsCtx(ctx)
 	r.mu.Lock()
 	var warm []*slot
@@ -729,9 +800,11 @@ func (r *Runtime) Close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// Destroy releases every bound pod and tears down every slot: nothing of
-// this runtime is left on the node.
+// Destroy stops Run and the runtime's watches and waits for them, releases
+// every bound pod and tears down every slot: nothing of this runtime is
+// left on the node.
 func (r *Runtime) Destroy(ctx context.Context) error {
+	r.end()
 	r.mu.Lock()
 	uids := slices.Collect(maps.Keys(r.byPod))
 	r.mu.Unlock()

@@ -96,7 +96,7 @@ func (r *Runtime) makeSlot(ctx context.Context) (s *slot, retErr error) {
 		return nil, err
 	}
 	return &slot{
-		Slot:  runtime.Slot{ID: id, State: runtime.StateWarm, IP: ip, Since: r.cfg.Now()},
+		Slot:  runtime.Slot{ID: id, State: runtime.StateWarm, IP: ip, Since: r.cfg.Clock.Now()},
 		netns: ns,
 		dir:   dir,
 		group: r.nextGroup(),

@@ -21,7 +21,7 @@ func (r *Runtime) Stats(ctx context.Context, uid string) (runtime.Stats, error) 
 		r.mu.Unlock()
 		return runtime.Stats{}, fmt.Errorf("stats %s: no bound pod on %s: %w", uid, r.cfg.Node, errdefs.ErrNotFound)
 	}
-	out := runtime.Stats{Pod: *s.Pod, Time: r.cfg.Now()}
+	out := runtime.Stats{Pod: *s.Pod, Time: r.cfg.Clock.Now()}
 	ids := append([]string(nil), s.containers...)
 	r.mu.Unlock()
 	for _, id := range ids {

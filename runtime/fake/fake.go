@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"k8s.io/utils/clock"
 
 	"github.com/sandman-dev/sandman/runtime"
 )
@@ -37,19 +38,28 @@ type Config struct {
 	FailBind func(runtime.BindRequest) error
 	// IPBase is the first three octets of slot addresses (default "10.250.0").
 	IPBase string
-	// Now is the clock (default time.Now).
-	Now func() time.Time
+	// Clock tells the time and times the latencies (default
+	// clock.RealClock).
+	Clock clock.Clock
 }
 
 // Runtime is an in-memory node.
 type Runtime struct {
 	cfg Config
 	hub *runtime.Hub
+	// ctx ends at Close: the background work (readiness, recycling,
+	// pulls) stops; wg counts it.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
 
-	// mu guards slots and byPod; events are published under it.
+	// mu guards slots, byPod, changed, closed and images, and the
+	// additions to wg (none once closed); events are published under it.
 	mu    sync.Mutex
 	slots []*runtime.Slot
 	byPod map[string]*runtime.Slot
+	// changed is closed and replaced at every slot state change.
+	changed chan struct{}
 	// closed is set by Close.
 	closed bool
 	// images are pre-pulled or pinned images, by reference.
@@ -70,11 +80,13 @@ func New(cfg Config) (*Runtime, error) {
 	if cfg.IPBase == "" {
 		cfg.IPBase = "10.250.0"
 	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
 	}
-	r := &Runtime{cfg: cfg, hub: runtime.NewHub(4096), byPod: map[string]*runtime.Slot{}, images: map[string]*runtime.ImageStatus{}}
-	now := cfg.Now()
+	r := &Runtime{cfg: cfg, hub: runtime.NewHub(4096), byPod: map[string]*runtime.Slot{}, images: map[string]*runtime.ImageStatus{},
+		changed: make(chan struct{})}
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+	now := cfg.Clock.Now()
 	for i := range cfg.Slots {
 		r.slots = append(r.slots, &runtime.Slot{
 			ID: fmt.Sprintf("%s-%d", cfg.Node, i), State: runtime.StateWarm, Since: now,
@@ -84,24 +96,37 @@ func New(cfg Config) (*Runtime, error) {
 	return r, nil
 }
 
-// Close ends all watches.
+// Close ends all watches and the background work (slots becoming ready,
+// recycling, pulls), and waits for it. Closing again does nothing more.
 func (r *Runtime) Close() {
 	r.mu.Lock()
 	r.closed = true
 	r.mu.Unlock()
+	r.cancel()
+	r.wg.Wait()
 	r.hub.Close()
 }
 
+// goLocked runs f in a goroutine Close waits for, unless the node is
+// closed. The caller holds mu.
+func (r *Runtime) goLocked(f func()) {
+	if !r.closed {
+		r.wg.Go(f)
+	}
+}
+
 func (r *Runtime) setLocked(s *runtime.Slot, state runtime.SlotState) {
-	s.State, s.Since = state, r.cfg.Now()
+	s.State, s.Since = state, r.cfg.Clock.Now()
 	r.hub.Publish(runtime.Event{Type: runtime.EventSlot, Time: s.Since, Slot: s.Clone()})
+	close(r.changed)
+	r.changed = make(chan struct{})
 }
 
 // Bind implements runtime.Runtime.
 func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Slot, error) {
 	if err := req.Validate(); err != nil {
 		// No slot was touched; watchers still learn why the pod failed.
-		r.hub.Publish(runtime.InvalidSpecEvent(req, err, r.cfg.Now()))
+		r.hub.Publish(runtime.InvalidSpecEvent(req, err, r.cfg.Clock.Now()))
 		return runtime.Slot{}, err
 	}
 	r.mu.Lock()
@@ -145,7 +170,7 @@ func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Sl
 		if errdefs.IsNotFound(err) {
 			reason = runtime.ReasonImageNotFound
 		}
-		ev := runtime.Event{Type: runtime.EventBindFailed, Time: r.cfg.Now(), Slot: slot.Clone(), Reason: reason, Message: err.Error()}
+		ev := runtime.Event{Type: runtime.EventBindFailed, Time: r.cfg.Clock.Now(), Slot: slot.Clone(), Reason: reason, Message: err.Error()}
 		r.resetLocked(slot)
 		r.hub.Publish(ev)
 		r.setLocked(slot, runtime.StateWarm)
@@ -153,7 +178,7 @@ func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Sl
 	}
 	r.setLocked(slot, runtime.StateBound)
 	out := slot.Clone()
-	go r.ready(pod.UID, slot)
+	r.goLocked(func() { r.ready(pod.UID, slot) })
 	return out, nil
 }
 
@@ -170,13 +195,13 @@ func (r *Runtime) bindWork(ctx context.Context, req runtime.BindRequest) error {
 			}
 		}
 	}
-	return sleep(ctx, r.cfg.BindLatency)
+	return r.sleep(ctx, r.cfg.BindLatency)
 }
 
 // ready marks the slot ready after ReadyLatency if it still holds the pod.
 func (r *Runtime) ready(uid string, slot *runtime.Slot) {
-	if r.cfg.ReadyLatency > 0 {
-		time.Sleep(r.cfg.ReadyLatency)
+	if r.sleep(r.ctx, r.cfg.ReadyLatency) != nil {
+		return // closed
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -184,7 +209,7 @@ func (r *Runtime) ready(uid string, slot *runtime.Slot) {
 		return
 	}
 	slot.Ready = true
-	r.hub.Publish(runtime.Event{Type: runtime.EventReady, Time: r.cfg.Now(), Slot: slot.Clone()})
+	r.hub.Publish(runtime.Event{Type: runtime.EventReady, Time: r.cfg.Clock.Now(), Slot: slot.Clone()})
 }
 
 func (r *Runtime) resetLocked(s *runtime.Slot) {
@@ -197,40 +222,43 @@ func (r *Runtime) resetLocked(s *runtime.Slot) {
 // Release implements runtime.Runtime.
 func (r *Runtime) Release(ctx context.Context, uid string, grace time.Duration) error {
 	r.mu.Lock()
-	slot, ok := r.byPod[uid]
-	if !ok || slot.State == runtime.StateReleasing {
-		r.mu.Unlock()
-		return nil
-	}
-	if slot.State == runtime.StateBinding {
-		// Let the bind finish first, as the real runtime would.
-		r.mu.Unlock()
-		for {
-			if err := sleep(ctx, time.Millisecond); err != nil {
-				return err
-			}
-			r.mu.Lock()
-			if s, ok := r.byPod[uid]; !ok || s.State != runtime.StateBinding {
-				r.mu.Unlock()
-				return r.Release(ctx, uid, grace)
-			}
+	var slot *runtime.Slot
+	for {
+		var ok bool
+		slot, ok = r.byPod[uid]
+		if !ok || slot.State == runtime.StateReleasing {
 			r.mu.Unlock()
+			return nil
 		}
+		if slot.State != runtime.StateBinding {
+			break
+		}
+		// Let the bind finish first, as the real runtime would.
+		changed := r.changed
+		r.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-changed:
+		}
+		r.mu.Lock()
 	}
 	r.setLocked(slot, runtime.StateReleasing)
 	r.mu.Unlock()
-	if err := sleep(ctx, r.cfg.ReleaseLatency); err != nil {
+	if err := r.sleep(ctx, r.cfg.ReleaseLatency); err != nil {
 		return err
 	}
-	go func() {
-		if r.cfg.RecycleLatency > 0 {
-			time.Sleep(r.cfg.RecycleLatency)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.goLocked(func() {
+		if r.sleep(r.ctx, r.cfg.RecycleLatency) != nil {
+			return // closed
 		}
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		r.resetLocked(slot)
 		r.setLocked(slot, runtime.StateWarm)
-	}()
+	})
 	return nil
 }
 
@@ -272,17 +300,18 @@ func (r *Runtime) Stats(ctx context.Context, uid string) (runtime.Stats, error) 
 	if !ok || s.State != runtime.StateBound {
 		return runtime.Stats{}, fmt.Errorf("stats %s: no bound pod on %s: %w", uid, r.cfg.Node, errdefs.ErrNotFound)
 	}
-	return runtime.Stats{Pod: *s.Pod, Time: r.cfg.Now(), MemoryBytes: 4 << 20, MemoryLimitBytes: uint64(s.Resources.MemoryBytes), Pids: 1}, nil
+	return runtime.Stats{Pod: *s.Pod, Time: r.cfg.Clock.Now(), MemoryBytes: 4 << 20, MemoryLimitBytes: uint64(s.Resources.MemoryBytes), Pids: 1}, nil
 }
 
-func sleep(ctx context.Context, d time.Duration) error {
+// sleep waits d on the node's clock, or until ctx ends (its error).
+func (r *Runtime) sleep(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return ctx.Err()
 	}
-	t := time.NewTimer(d)
+	t := r.cfg.Clock.NewTimer(d)
 	defer t.Stop()
 	select {
-	case <-t.C:
+	case <-t.C():
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
@@ -317,14 +346,16 @@ func (r *Runtime) PrePull(ctx context.Context, images []string) error {
 		}
 		st := &runtime.ImageStatus{Image: ref, State: runtime.ImagePulling, Pinned: true, BytesTotal: 1 << 20}
 		r.images[ref] = st
-		go func() {
-			time.Sleep(r.cfg.PullLatency)
+		r.goLocked(func() {
+			if r.sleep(r.ctx, r.cfg.PullLatency) != nil {
+				return // closed
+			}
 			r.mu.Lock()
 			defer r.mu.Unlock()
 			if r.closed {
 				return
 			}
-			ev := runtime.Event{Type: runtime.EventImageProgress, Time: r.cfg.Now(), Image: ref, BytesTotal: st.BytesTotal}
+			ev := runtime.Event{Type: runtime.EventImageProgress, Time: r.cfg.Clock.Now(), Image: ref, BytesTotal: st.BytesTotal}
 			if r.cfg.Images != nil && !slices.Contains(r.cfg.Images, ref) {
 				st.State, st.ErrorKind = runtime.ImageFailed, "not_found"
 				st.Error = "image " + ref + ": not found in the registry"
@@ -335,8 +366,8 @@ func (r *Runtime) PrePull(ctx context.Context, images []string) error {
 			st.State, st.BytesDone = runtime.ImageReady, st.BytesTotal
 			ev.BytesDone, ev.Reason = st.BytesDone, "Pulled"
 			r.hub.Publish(ev)
-			r.hub.Publish(runtime.Event{Type: runtime.EventImages, Time: r.cfg.Now(), Images: r.readyImagesLocked()})
-		}()
+			r.hub.Publish(runtime.Event{Type: runtime.EventImages, Time: r.cfg.Clock.Now(), Images: r.readyImagesLocked()})
+		})
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -56,7 +57,7 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
-		return fmt.Errorf("node agent %s: %v: %w", c.base, err, errdefs.ErrUnavailable)
+		return transportError(ctx, "node agent "+c.base, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
@@ -66,7 +67,25 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 		_, _ = io.Copy(io.Discard, resp.Body)
 		return nil
 	}
-	return json.NewDecoder(resp.Body).Decode(out)
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return transportError(ctx, "node agent "+c.base+": read answer", err)
+	}
+	return nil
+}
+
+// transportError says why a call got no answer, keeping the cause matchable
+// with errors.Is (context.DeadlineExceeded, a *net.OpError, syscall errors).
+// A caller that cancelled its own context gets its cancellation back, not a
+// verdict on the agent; anything else (refused, reset, timed out) is also
+// errdefs.ErrUnavailable.
+func transportError(ctx context.Context, what string, err error) error {
+	if errors.Is(ctx.Err(), context.Canceled) {
+		if !errors.Is(err, context.Canceled) {
+			return fmt.Errorf("%s: %w: %w", what, err, context.Canceled)
+		}
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return fmt.Errorf("%s: %w: %w", what, err, errdefs.ErrUnavailable)
 }
 
 // decodeError turns an error answer back into its errdefs class.
@@ -155,7 +174,7 @@ func (c *Client) Watch(ctx context.Context) (runtime.Inventory, <-chan runtime.E
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		cancel()
-		return runtime.Inventory{}, nil, fmt.Errorf("watch node agent %s: %v: %w", c.base, err, errdefs.ErrUnavailable)
+		return runtime.Inventory{}, nil, transportError(ctx, "watch node agent "+c.base, err)
 	}
 	if resp.StatusCode/100 != 2 {
 		defer resp.Body.Close()
@@ -167,7 +186,10 @@ func (c *Client) Watch(ctx context.Context) (runtime.Inventory, <-chan runtime.E
 	if err := dec.Decode(&first); err != nil || first.Inventory == nil {
 		resp.Body.Close()
 		cancel()
-		return runtime.Inventory{}, nil, fmt.Errorf("watch node agent %s: no inventory first (%v): %w", c.base, err, errdefs.ErrUnavailable)
+		if err == nil {
+			err = errors.New("the stream's first line is not an inventory")
+		}
+		return runtime.Inventory{}, nil, transportError(ctx, "watch node agent "+c.base+": no inventory first", err)
 	}
 	events := make(chan runtime.Event, 1024)
 	alive := make(chan struct{}, 1)

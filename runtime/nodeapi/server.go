@@ -7,7 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"strings"
@@ -139,8 +141,12 @@ func (s *Server) imageList(op func(runtime.ImageCache, context.Context, []string
 			return
 		}
 		var req imagesRequest
-		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&req); err != nil || len(req.Images) == 0 {
-			writeError(w, fmt.Errorf("want {\"images\": [\"ref\", ...]}: %v", err), http.StatusBadRequest, "invalid_argument")
+		err := decode(w, r, 1<<20, &req)
+		if err == nil && len(req.Images) == 0 {
+			err = errors.New("no images named")
+		}
+		if err != nil {
+			writeError(w, fmt.Errorf("want {\"images\": [\"ref\", ...]}: %w", err), http.StatusBadRequest, "invalid_argument")
 			return
 		}
 		if err := op(ic, r.Context(), req.Images); err != nil {
@@ -261,7 +267,7 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) bind(w http.ResponseWriter, r *http.Request) {
 	var req runtime.BindRequest
-	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4<<20)).Decode(&req); err != nil {
+	if err := decode(w, r, 4<<20, &req); err != nil {
 		writeError(w, err, http.StatusBadRequest, "invalid_argument")
 		return
 	}
@@ -275,17 +281,43 @@ func (s *Server) bind(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) release(w http.ResponseWriter, r *http.Request) {
 	var req releaseRequest
-	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req); err != nil {
+	if err := decode(w, r, 64<<10, &req); err != nil {
 		writeError(w, err, http.StatusBadRequest, "invalid_argument")
 		return
 	}
 	// A release must finish even when the caller goes away.
 	ctx := context.WithoutCancel(r.Context())
-	if err := s.rt.Release(ctx, req.UID, time.Duration(req.GraceSeconds*float64(time.Second))); err != nil {
+	if err := s.rt.Release(ctx, req.UID, graceOf(req.GraceSeconds)); err != nil {
 		writeErr(w, err)
 		return
 	}
 	writeJSON(w, map[string]string{"uid": req.UID})
+}
+
+// graceOf is a release's grace_seconds as a Duration: never negative, and
+// the longest Duration past what one holds (the conversion would wrap).
+func graceOf(seconds float64) time.Duration {
+	ns := seconds * float64(time.Second)
+	switch {
+	case !(ns > 0): // and NaN
+		return 0
+	case ns >= math.MaxInt64:
+		return math.MaxInt64
+	}
+	return time.Duration(ns)
+}
+
+// decode reads a request body that must be one JSON value of at most limit
+// bytes into v.
+func decode(w http.ResponseWriter, r *http.Request, limit int64, v any) error {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("request body: want a JSON object: %w", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return errors.New("request body: want one JSON object, found more after it")
+	}
+	return nil
 }
 
 func (s *Server) stats(w http.ResponseWriter, r *http.Request) {
