@@ -1,0 +1,132 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/sandman-dev/sandman/daemon/api"
+	"github.com/sandman-dev/sandman/daemon/client"
+	"github.com/sandman-dev/sandman/e2e/framework"
+)
+
+// TestOutageAPIServer: kube-apiserver goes away for 60 s while 10
+// sandboxes run. Every daemon keeps answering throughout, sandman-vk
+// releases and fails nothing, and once the apiserver is back the statuses
+// are current and new pods become Ready within 10 s.
+func TestOutageAPIServer(t *testing.T) {
+	s := framework.Get(t)
+	p := startPool(t, s, 1, 12)
+	ctx := t.Context()
+	var names []string
+	for i := range 10 {
+		names = append(names, fmt.Sprintf("steady-%d", i))
+		p.create(p.newPod(names[i], s.BusyboxImage))
+	}
+	before := map[string]*corev1.Pod{}
+	daemons := map[string]*client.Client{}
+	for _, n := range names {
+		before[n] = p.waitPod(n, 2*time.Minute, "Ready", podReady)
+		daemons[n] = daemonAt(t, before[n].Status.PodIP, trainerToken)
+	}
+	bound, err := p.boundSlots(ctx)
+	if err != nil || len(bound) != len(names) {
+		t.Fatalf("bound slots: %d %v", len(bound), err)
+	}
+
+	apiserver := s.Component(t, "kube-apiserver")
+	apiserver.Kill(t)
+	restarted := false
+	defer func() {
+		// Never leave the stack without its apiserver.
+		if !restarted {
+			apiserver.Start(t)
+		}
+	}()
+	down := time.Now()
+	var mu sync.Mutex
+	var failures []string
+	rounds := 0
+	for time.Since(down) < 60*time.Second {
+		var wg sync.WaitGroup
+		for _, n := range names {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ectx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				defer cancel()
+				res, err := daemons[n].Exec(ectx, api.ExecRequest{Cmd: []string{"echo", n}})
+				if err != nil || string(res.Stdout) != n+"\n" {
+					mu.Lock()
+					failures = append(failures, fmt.Sprintf("%s at +%v: %v %q", n, time.Since(down).Round(time.Second), err, res.Stdout))
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		rounds++
+		if b, err := p.boundSlots(ctx); err != nil || len(b) != len(names) {
+			failures = append(failures, fmt.Sprintf("at +%v the agent holds %d sandboxes (%v), want %d", time.Since(down).Round(time.Second), len(b), err, len(names)))
+		}
+		// One round every 5 s (the rounds themselves take a few ms).
+		select {
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		case <-time.After(5 * time.Second):
+		}
+	}
+	if len(failures) > 0 {
+		t.Fatalf("while the apiserver was down (%d rounds):\n%s", rounds, failures)
+	}
+
+	apiserver.Start(t)
+	restarted = true
+	framework.Eventually(t, time.Minute, "the apiserver to serve again", func(ctx context.Context) (bool, error) {
+		_, err := s.Kube.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		return err == nil, nil
+	})
+	back := time.Now()
+	p.create(p.newPod("after", s.BusyboxImage))
+	framework.Eventually(t, 10*time.Second, "a new pod Ready and every status current within 10 s of the apiserver's return", func(ctx context.Context) (bool, error) {
+		l, err := s.Kube.CoreV1().Pods(p.ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil
+		}
+		ready := 0
+		for _, pod := range l.Items {
+			if podReady(&pod) {
+				ready++
+			}
+		}
+		return ready == len(names)+1, nil
+	})
+	t.Logf("all %d pods Ready %v after the apiserver's return", len(names)+1, time.Since(back).Round(time.Millisecond))
+	for _, n := range names {
+		pod, err := s.Kube.CoreV1().Pods(p.ns).Get(ctx, n, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		was := before[n]
+		if pod.Status.Phase != corev1.PodRunning || pod.Status.PodIP != was.Status.PodIP ||
+			pod.Status.ContainerStatuses[0].ContainerID != was.Status.ContainerStatuses[0].ContainerID ||
+			pod.Status.ContainerStatuses[0].RestartCount != 0 {
+			t.Errorf("pod %s changed across the outage: %s %s %+v", n, pod.Status.Phase, pod.Status.PodIP, pod.Status.ContainerStatuses)
+		}
+	}
+	evs, err := s.Kube.CoreV1().Events(p.ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range evs.Items {
+		if ev.Type == corev1.EventTypeWarning {
+			t.Errorf("warning event across the outage: %s %s: %s", ev.InvolvedObject.Name, ev.Reason, ev.Message)
+		}
+	}
+}
