@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	containerd "github.com/containerd/containerd/v2/client"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sandman-dev/sandman/daemon/api"
@@ -131,4 +133,81 @@ func TestOutageAPIServer(t *testing.T) {
 			t.Errorf("warning event across the outage: %s %s: %s", ev.InvolvedObject.Name, ev.Reason, ev.Message)
 		}
 	}
+}
+
+// TestOutageContainerdDuringBurst: containerd is killed and restarted
+// while 50 pods are being bound. Every pod ends Ready or Failed with a
+// reason; the failed ones, created again (as a trainer retries), become
+// Ready; once all are deleted the agents hold nothing, and the tier's
+// census finds nothing half-made.
+func TestOutageContainerdDuringBurst(t *testing.T) {
+	s := framework.Get(t)
+	p := startPool(t, s, 2, 26)
+	ctx := t.Context()
+	var names []string
+	for i := range 50 {
+		names = append(names, fmt.Sprintf("burst-%d", i))
+	}
+	for _, n := range names[:25] {
+		p.create(p.newPod(n, s.BusyboxImage))
+	}
+	ctrd := s.Component(t, "containerd")
+	ctrd.Kill(t)
+	for _, n := range names[25:] {
+		p.create(p.newPod(n, s.BusyboxImage))
+	}
+	ctrd.Start(t)
+	framework.Eventually(t, time.Minute, "containerd to serve again", func(ctx context.Context) (bool, error) {
+		c, err := containerd.New(s.ContainerdAddress, containerd.WithTimeout(2*time.Second))
+		if err != nil {
+			return false, nil
+		}
+		defer c.Close()
+		_, err = c.Version(ctx)
+		return err == nil, nil
+	})
+	var failed []string
+	for _, n := range names {
+		pod := p.waitPod(n, 3*time.Minute, "Ready or Failed", func(pod *corev1.Pod) bool {
+			return podReady(pod) || pod.Status.Phase == corev1.PodFailed
+		})
+		if pod.Status.Phase == corev1.PodFailed {
+			if pod.Status.Reason == "" || pod.Status.Message == "" {
+				t.Errorf("pod %s failed without a reason: %+v", n, pod.Status)
+			}
+			t.Logf("pod %s failed: %s: %s", n, pod.Status.Reason, pod.Status.Message)
+			failed = append(failed, n)
+		}
+	}
+	t.Logf("%d of %d pods Ready across the containerd restart, %d failed with a reason", len(names)-len(failed), len(names), len(failed))
+	for _, n := range failed {
+		if err := s.Kube.CoreV1().Pods(p.ns).Delete(ctx, n, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range failed {
+		framework.Eventually(t, time.Minute, "failed pod "+n+" gone", func(ctx context.Context) (bool, error) {
+			_, err := s.Kube.CoreV1().Pods(p.ns).Get(ctx, n, metav1.GetOptions{})
+			return apierrors.IsNotFound(err), nil
+		})
+		p.create(p.newPod(n, s.BusyboxImage))
+	}
+	for _, n := range names {
+		pod := p.waitPod(n, 2*time.Minute, "Ready", podReady)
+		if _, err := daemonAt(t, pod.Status.PodIP, trainerToken).Exec(ctx, api.ExecRequest{Cmd: []string{"true"}}); err != nil {
+			t.Errorf("pod %s does not answer: %v", n, err)
+		}
+	}
+	bound, err := p.boundSlots(ctx)
+	if err != nil || len(bound) != len(names) {
+		t.Fatalf("bound slots: %d (%v), want %d", len(bound), err, len(names))
+	}
+	if err := s.Kube.CoreV1().Pods(p.ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, 2*time.Minute, "every slot free", func(ctx context.Context) (bool, error) {
+		b, err := p.boundSlots(ctx)
+		return err == nil && len(b) == 0, nil
+	})
+	p.expectNoContainersBut(0)
 }

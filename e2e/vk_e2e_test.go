@@ -193,7 +193,7 @@ func (p *vpool) create(pod *corev1.Pod) {
 func (p *vpool) waitPod(name string, timeout time.Duration, what string, cond func(*corev1.Pod) bool) *corev1.Pod {
 	p.t.Helper()
 	var last *corev1.Pod
-	framework.Eventually(p.t, timeout, "pod "+name+" "+what, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(p.t.Context(), 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		pod, err := p.s.Kube.CoreV1().Pods(p.ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, nil
@@ -201,6 +201,29 @@ func (p *vpool) waitPod(name string, timeout time.Duration, what string, cond fu
 		last = pod
 		return cond(pod), nil
 	})
+	if err != nil {
+		// Say where the pod is: its status and what the agents hold for it.
+		var where []string
+		if last != nil {
+			where = append(where, fmt.Sprintf("status: node %q phase %s reason %q message %q conditions %+v", last.Spec.NodeName, last.Status.Phase, last.Status.Reason, last.Status.Message, last.Status.Conditions))
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			for _, a := range p.agents {
+				inv, err := a.client.Inventory(ctx)
+				if err != nil {
+					where = append(where, fmt.Sprintf("agent %s: %v", a.name, err))
+					continue
+				}
+				for _, sl := range inv.Slots {
+					if sl.Pod != nil && sl.Pod.UID == string(last.UID) {
+						where = append(where, fmt.Sprintf("agent %s: slot %s %s ready=%v since %v", a.name, sl.ID, sl.State, sl.Ready, sl.Since))
+					}
+				}
+				where = append(where, fmt.Sprintf("agent %s: %v", a.name, inv.Count()))
+			}
+		}
+		p.t.Fatalf("waiting %v for pod %s %s: %v\n%s", timeout, name, what, err, strings.Join(where, "\n"))
+	}
 	return last
 }
 
