@@ -64,6 +64,15 @@ type agent struct {
 
 func startAgent(t *testing.T, bin string, args []string) *agent {
 	t.Helper()
+	a := launchAgent(t, bin, args)
+	t.Cleanup(func() { a.stop(t) })
+	return a
+}
+
+// launchAgent starts a process with the pool token in its environment; the
+// caller stops it.
+func launchAgent(t *testing.T, bin string, args []string) *agent {
+	t.Helper()
 	a := &agent{cmd: exec.Command(bin, args...), out: &bytes.Buffer{}, done: make(chan struct{})}
 	a.cmd.Env = append(os.Environ(), "SANDMAN_POOL_TOKEN=pool-secret")
 	a.cmd.Stdout, a.cmd.Stderr = a.out, a.out
@@ -71,21 +80,24 @@ func startAgent(t *testing.T, bin string, args []string) *agent {
 		t.Fatal(err)
 	}
 	go func() { _ = a.cmd.Wait(); close(a.done) }()
-	t.Cleanup(func() {
-		// A stopping agent tears its warm slots down.
-		_ = a.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-a.done:
-		case <-time.After(30 * time.Second):
-			_ = a.cmd.Process.Kill()
-			<-a.done
-			t.Errorf("agent did not stop on SIGTERM")
-		}
-		if t.Failed() {
-			t.Logf("agent output:\n%s", a.out.String())
-		}
-	})
 	return a
+}
+
+// stop sends SIGTERM (a stopping agent tears its warm slots down), kills
+// the process if it has not stopped in 30 s, and prints its output if the
+// test failed.
+func (a *agent) stop(t *testing.T) {
+	_ = a.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-a.done:
+	case <-time.After(30 * time.Second):
+		_ = a.cmd.Process.Kill()
+		<-a.done
+		t.Errorf("agent did not stop on SIGTERM")
+	}
+	if t.Failed() {
+		t.Logf("%s output:\n%s", filepath.Base(a.cmd.Path), a.out.String())
+	}
 }
 
 func freePort(t testing.TB) int {

@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/sandman-dev/sandman/daemon/api"
 	"github.com/sandman-dev/sandman/daemon/client"
@@ -101,13 +102,26 @@ func startPool(t *testing.T, s *framework.Stack, n, slots int) *vpool {
 	if _, err := s.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: p.ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// Cleanups run last-registered first: the pods go while the virtual
+	// node still serves them (freeing their slots), then sandman-vk stops,
+	// then the node object and the namespace go. Deleting the node first
+	// would leave the pods to the pod garbage collector, which takes ~40 s.
 	t.Cleanup(func() {
-		// Pods first (through the virtual node, freeing their slots), then
-		// the node object.
+		ctx := context.Background()
+		_ = s.Kube.CoreV1().Nodes().Delete(ctx, p.node, metav1.DeleteOptions{})
+		_ = s.Kube.CoreV1().Namespaces().Delete(ctx, p.ns, metav1.DeleteOptions{})
+	})
+	t.Cleanup(func() {
+		if p.vk != nil {
+			p.vk.stop(t)
+		}
+	})
+	p.startVK()
+	t.Cleanup(func() {
 		ctx := context.Background()
 		_ = s.Kube.CoreV1().Pods(p.ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
 		var left []string
-		framework.Eventually(t, time.Minute, "the test's pods to be gone", func(ctx context.Context) (bool, error) {
+		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 			l, err := s.Kube.CoreV1().Pods(p.ns).List(ctx, metav1.ListOptions{})
 			if err != nil {
 				return false, nil
@@ -116,15 +130,12 @@ func startPool(t *testing.T, s *framework.Stack, n, slots int) *vpool {
 			for _, pod := range l.Items {
 				left = append(left, fmt.Sprintf("%s (%s, deleting since %v)", pod.Name, pod.Status.Phase, pod.DeletionTimestamp))
 			}
-			if len(left) > 0 && t.Failed() {
-				t.Logf("pods left: %v", left)
-			}
 			return len(left) == 0, nil
 		})
-		_ = s.Kube.CoreV1().Namespaces().Delete(ctx, p.ns, metav1.DeleteOptions{})
+		if err != nil {
+			t.Errorf("waiting 1m for the test's pods to be gone: %v; left: %v", err, left)
+		}
 	})
-	p.startVK()
-	t.Cleanup(func() { _ = s.Kube.CoreV1().Nodes().Delete(context.Background(), p.node, metav1.DeleteOptions{}) })
 	framework.Eventually(t, time.Minute, "virtual node "+p.node+" Ready", func(ctx context.Context) (bool, error) {
 		n, err := s.Kube.CoreV1().Nodes().Get(ctx, p.node, metav1.GetOptions{})
 		if err != nil {
@@ -140,8 +151,9 @@ func startPool(t *testing.T, s *framework.Stack, n, slots int) *vpool {
 	return p
 }
 
+// startVK starts sandman-vk; the pool's cleanup stops the one running.
 func (p *vpool) startVK() {
-	p.vk = startAgent(p.t, p.vkBin, p.vkArgs)
+	p.vk = launchAgent(p.t, p.vkBin, p.vkArgs)
 }
 
 // killVK kills sandman-vk with SIGKILL.
@@ -181,7 +193,7 @@ func (p *vpool) create(pod *corev1.Pod) {
 func (p *vpool) waitPod(name string, timeout time.Duration, what string, cond func(*corev1.Pod) bool) *corev1.Pod {
 	p.t.Helper()
 	var last *corev1.Pod
-	framework.Eventually(p.t, timeout, "pod "+name+" "+what, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(p.t.Context(), 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		pod, err := p.s.Kube.CoreV1().Pods(p.ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, nil
@@ -189,6 +201,29 @@ func (p *vpool) waitPod(name string, timeout time.Duration, what string, cond fu
 		last = pod
 		return cond(pod), nil
 	})
+	if err != nil {
+		// Say where the pod is: its status and what the agents hold for it.
+		var where []string
+		if last != nil {
+			where = append(where, fmt.Sprintf("status: node %q phase %s reason %q message %q conditions %+v", last.Spec.NodeName, last.Status.Phase, last.Status.Reason, last.Status.Message, last.Status.Conditions))
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			for _, a := range p.agents {
+				inv, err := a.client.Inventory(ctx)
+				if err != nil {
+					where = append(where, fmt.Sprintf("agent %s: %v", a.name, err))
+					continue
+				}
+				for _, sl := range inv.Slots {
+					if sl.Pod != nil && sl.Pod.UID == string(last.UID) {
+						where = append(where, fmt.Sprintf("agent %s: slot %s %s ready=%v since %v", a.name, sl.ID, sl.State, sl.Ready, sl.Since))
+					}
+				}
+				where = append(where, fmt.Sprintf("agent %s: %v", a.name, inv.Count()))
+			}
+		}
+		p.t.Fatalf("waiting %v for pod %s %s: %v\n%s", timeout, name, what, err, strings.Join(where, "\n"))
+	}
 	return last
 }
 

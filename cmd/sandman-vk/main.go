@@ -151,6 +151,9 @@ func run(args []string) (retErr error) {
 	restCfg.QPS, restCfg.Burst = float32(o.qps), o.burst
 	restCfg.UserAgent = "sandman-vk/" + o.nodeName
 	vk.InstrumentRESTConfig(restCfg)
+	// Informers notice a returning apiserver within a second, not after
+	// client-go's back-off of up to a minute.
+	vk.WaitForAPIServer(restCfg, 500*time.Millisecond, 10*time.Minute)
 	client, err := kubernetes.NewForConfig(restCfg)
 	if err != nil {
 		return err

@@ -76,7 +76,21 @@ func run(m *testing.M) int {
 	if startErr == nil {
 		current, startErr = Load(root)
 	}
+	var before *Census
+	if startErr == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		before, startErr = TakeCensus(ctx, current.ContainerdAddress)
+		cancel()
+	}
 	code := m.Run()
+	if before != nil && startErr == nil && code == 0 {
+		if leaks := settle(before, current.ContainerdAddress); len(leaks) > 0 {
+			fmt.Fprintf(os.Stderr, "framework: the tests left %d things behind (each test must release what it bound):\n  %s\n", len(leaks), strings.Join(leaks, "\n  "))
+			code = 1
+		} else {
+			fmt.Fprintln(os.Stderr, "framework: census clean: no container, task, mount or shim left by the tests")
+		}
+	}
 	if started && os.Getenv("SANDMAN_KEEP_STACK") == "" {
 		if err := script(root, "local-down.sh"); err != nil {
 			fmt.Fprintf(os.Stderr, "framework: hack/local-down.sh: %v\n", err)
@@ -86,6 +100,28 @@ func run(m *testing.M) int {
 		}
 	}
 	return code
+}
+
+// settle takes censuses until nothing is left over from before (the
+// kubelet and containerd finish deletions in the background) or 90 s
+// pass, and returns what is still left.
+func settle(before *Census, address string) []string {
+	var leaks []string
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		after, err := TakeCensus(ctx, address)
+		cancel()
+		if err != nil {
+			leaks = []string{"census: " + err.Error()}
+		} else if leaks = before.Leaks(after); len(leaks) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return leaks
+		}
+		time.Sleep(time.Second)
+	}
 }
 
 // Get returns the stack for a test, skipping when the test is not root and

@@ -1,0 +1,213 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/sandman-dev/sandman/daemon/api"
+	"github.com/sandman-dev/sandman/daemon/client"
+	"github.com/sandman-dev/sandman/e2e/framework"
+)
+
+// TestOutageAPIServer: kube-apiserver goes away for 60 s while 10
+// sandboxes run. Every daemon keeps answering throughout, sandman-vk
+// releases and fails nothing, and once the apiserver is back the old pods
+// are unchanged, no warning was recorded, a pod with spec.nodeName is
+// Ready within 10 s and one placed by kube-scheduler once it relists.
+func TestOutageAPIServer(t *testing.T) {
+	s := framework.Get(t)
+	p := startPool(t, s, 1, 12)
+	ctx := t.Context()
+	var names []string
+	for i := range 10 {
+		names = append(names, fmt.Sprintf("steady-%d", i))
+		p.create(p.newPod(names[i], s.BusyboxImage))
+	}
+	before := map[string]*corev1.Pod{}
+	daemons := map[string]*client.Client{}
+	for _, n := range names {
+		before[n] = p.waitPod(n, 2*time.Minute, "Ready", podReady)
+		daemons[n] = daemonAt(t, before[n].Status.PodIP, trainerToken)
+	}
+	bound, err := p.boundSlots(ctx)
+	if err != nil || len(bound) != len(names) {
+		t.Fatalf("bound slots: %d %v", len(bound), err)
+	}
+
+	apiserver := s.Component(t, "kube-apiserver")
+	apiserver.Kill(t)
+	restarted := false
+	defer func() {
+		// Never leave the stack without its apiserver.
+		if !restarted {
+			apiserver.Start(t)
+		}
+	}()
+	down := time.Now()
+	var mu sync.Mutex
+	var failures []string
+	rounds := 0
+	for time.Since(down) < 60*time.Second {
+		var wg sync.WaitGroup
+		for _, n := range names {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ectx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				defer cancel()
+				res, err := daemons[n].Exec(ectx, api.ExecRequest{Cmd: []string{"echo", n}})
+				if err != nil || string(res.Stdout) != n+"\n" {
+					mu.Lock()
+					failures = append(failures, fmt.Sprintf("%s at +%v: %v %q", n, time.Since(down).Round(time.Second), err, res.Stdout))
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		rounds++
+		if b, err := p.boundSlots(ctx); err != nil || len(b) != len(names) {
+			failures = append(failures, fmt.Sprintf("at +%v the agent holds %d sandboxes (%v), want %d", time.Since(down).Round(time.Second), len(b), err, len(names)))
+		}
+		// One round every 5 s (the rounds themselves take a few ms).
+		select {
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		case <-time.After(5 * time.Second):
+		}
+	}
+	if len(failures) > 0 {
+		t.Fatalf("while the apiserver was down (%d rounds):\n%s", rounds, failures)
+	}
+
+	apiserver.Start(t)
+	restarted = true
+	framework.Eventually(t, time.Minute, "the apiserver to serve again", func(ctx context.Context) (bool, error) {
+		_, err := s.Kube.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		return err == nil, nil
+	})
+	back := time.Now()
+	// New pods, one with spec.nodeName preset and one through
+	// kube-scheduler. sandman-vk's informers ride out the outage
+	// (vk.WaitForAPIServer), so the first is Ready within 10 s.
+	// kube-scheduler's informers retry on client-go's capped, jittered
+	// back-off (30 s, up to twice that with jitter), which informer
+	// factories do not let anyone shorten (kubernetes#136943): the second
+	// waits for that, hence 90 s; both times are logged.
+	p.create(p.newPod("after-direct", s.BusyboxImage, func(pod *corev1.Pod) {
+		pod.Spec.NodeName = p.node
+		pod.Spec.NodeSelector = nil
+	}))
+	p.create(p.newPod("after-scheduled", s.BusyboxImage))
+	p.waitPod("after-direct", 10*time.Second, "Ready within 10 s of the apiserver's return", podReady)
+	t.Logf("pod after-direct Ready %v after the apiserver's return", time.Since(back).Round(time.Millisecond))
+	p.waitPod("after-scheduled", 90*time.Second, "Ready after the apiserver's return", podReady)
+	t.Logf("pod after-scheduled Ready %v after the apiserver's return", time.Since(back).Round(time.Millisecond))
+	for _, n := range names {
+		pod, err := s.Kube.CoreV1().Pods(p.ns).Get(ctx, n, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		was := before[n]
+		if pod.Status.Phase != corev1.PodRunning || pod.Status.PodIP != was.Status.PodIP ||
+			pod.Status.ContainerStatuses[0].ContainerID != was.Status.ContainerStatuses[0].ContainerID ||
+			pod.Status.ContainerStatuses[0].RestartCount != 0 {
+			t.Errorf("pod %s changed across the outage: %s %s %+v", n, pod.Status.Phase, pod.Status.PodIP, pod.Status.ContainerStatuses)
+		}
+	}
+	evs, err := s.Kube.CoreV1().Events(p.ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range evs.Items {
+		if ev.Type == corev1.EventTypeWarning && !ev.LastTimestamp.Time.Before(down.Truncate(time.Second)) {
+			t.Errorf("warning event across the outage: %s %s: %s", ev.InvolvedObject.Name, ev.Reason, ev.Message)
+		}
+	}
+}
+
+// TestOutageContainerdDuringBurst: containerd is killed and restarted
+// while 50 pods are being bound. Every pod ends Ready or Failed with a
+// reason; the failed ones, created again (as a trainer retries), become
+// Ready; once all are deleted the agents hold nothing, and the tier's
+// census finds nothing half-made.
+func TestOutageContainerdDuringBurst(t *testing.T) {
+	s := framework.Get(t)
+	p := startPool(t, s, 2, 26)
+	ctx := t.Context()
+	var names []string
+	for i := range 50 {
+		names = append(names, fmt.Sprintf("burst-%d", i))
+	}
+	for _, n := range names[:25] {
+		p.create(p.newPod(n, s.BusyboxImage))
+	}
+	ctrd := s.Component(t, "containerd")
+	ctrd.Kill(t)
+	for _, n := range names[25:] {
+		p.create(p.newPod(n, s.BusyboxImage))
+	}
+	ctrd.Start(t)
+	framework.Eventually(t, time.Minute, "containerd to serve again", func(ctx context.Context) (bool, error) {
+		c, err := containerd.New(s.ContainerdAddress, containerd.WithTimeout(2*time.Second))
+		if err != nil {
+			return false, nil
+		}
+		defer c.Close()
+		_, err = c.Version(ctx)
+		return err == nil, nil
+	})
+	var failed []string
+	for _, n := range names {
+		pod := p.waitPod(n, 3*time.Minute, "Ready or Failed", func(pod *corev1.Pod) bool {
+			return podReady(pod) || pod.Status.Phase == corev1.PodFailed
+		})
+		if pod.Status.Phase == corev1.PodFailed {
+			if pod.Status.Reason == "" || pod.Status.Message == "" {
+				t.Errorf("pod %s failed without a reason: %+v", n, pod.Status)
+			}
+			t.Logf("pod %s failed: %s: %s", n, pod.Status.Reason, pod.Status.Message)
+			failed = append(failed, n)
+		}
+	}
+	t.Logf("%d of %d pods Ready across the containerd restart, %d failed with a reason", len(names)-len(failed), len(names), len(failed))
+	for _, n := range failed {
+		if err := s.Kube.CoreV1().Pods(p.ns).Delete(ctx, n, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range failed {
+		framework.Eventually(t, time.Minute, "failed pod "+n+" gone", func(ctx context.Context) (bool, error) {
+			_, err := s.Kube.CoreV1().Pods(p.ns).Get(ctx, n, metav1.GetOptions{})
+			return apierrors.IsNotFound(err), nil
+		})
+		p.create(p.newPod(n, s.BusyboxImage))
+	}
+	for _, n := range names {
+		pod := p.waitPod(n, 2*time.Minute, "Ready", podReady)
+		if _, err := daemonAt(t, pod.Status.PodIP, trainerToken).Exec(ctx, api.ExecRequest{Cmd: []string{"true"}}); err != nil {
+			t.Errorf("pod %s does not answer: %v", n, err)
+		}
+	}
+	bound, err := p.boundSlots(ctx)
+	if err != nil || len(bound) != len(names) {
+		t.Fatalf("bound slots: %d (%v), want %d", len(bound), err, len(names))
+	}
+	if err := s.Kube.CoreV1().Pods(p.ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, 2*time.Minute, "every slot free", func(ctx context.Context) (bool, error) {
+		b, err := p.boundSlots(ctx)
+		return err == nil && len(b) == 0, nil
+	})
+	p.expectNoContainersBut(0)
+}
