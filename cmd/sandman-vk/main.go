@@ -213,10 +213,14 @@ func run(args []string) (retErr error) {
 	// error.
 	var provider *vk.Provider
 	g, ctx := errgroup.WithContext(ctx)
+	running := true
 	defer func() {
-		stop()
-		if err := g.Wait(); err != nil && retErr == nil {
-			retErr = err
+		if running {
+			// Returning early: stop what already runs and wait for it.
+			stop()
+			if err := g.Wait(); err != nil && retErr == nil {
+				retErr = err
+			}
 		}
 		if provider != nil {
 			provider.Close()
@@ -379,7 +383,10 @@ func run(args []string) (retErr error) {
 		}
 		return nil
 	})
-	return nil // the deferred wait returns the first error
+	// Until a signal, or until one part fails and the others stop.
+	err = g.Wait()
+	running = false
+	return err
 }
 
 // inClusterCA is the cluster CA as every pod sees it.

@@ -271,12 +271,15 @@ func (r *Runtime) assignHot(ctx context.Context, s *slot, req runtime.BindReques
 // coolDown removes a hot sandbox that exited and makes the slot warm.
 func (r *Runtime) coolDown(s *slot) {
 	ctx := r.nsCtx(context.Background())
+	r.mu.Lock()
+	ids := slices.Clone(s.containers)
+	r.mu.Unlock()
 	err := r.removeContainers(ctx, s, 0)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s.Image, s.containers, s.assignToken = "", nil, ""
 	if err != nil {
-		s.Reason = err.Error()
+		s.Reason, s.leftovers = err.Error(), ids
 		r.setLocked(s, runtime.StateBroken)
 		return
 	}

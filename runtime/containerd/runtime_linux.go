@@ -210,6 +210,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 			})
 		}
 		r.heat(ctx, &wg)
+		r.repairBroken(ctx, &wg)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -218,6 +219,55 @@ func (r *Runtime) Run(ctx context.Context) error {
 		}
 	}
 }
+
+// repairBroken tries again, at most every repairEvery, to remove what
+// broken slots could not (containerd was away, say): a slot whose
+// leftovers are gone is warm again, so an outage does not cost capacity
+// for good.
+func (r *Runtime) repairBroken(ctx context.Context, wg *sync.WaitGroup) {
+	now := r.cfg.Clock.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, s := range r.slots {
+		if s.State != runtime.StateBroken || s.repairing || now.Sub(s.Since) < repairEvery {
+			continue
+		}
+		s.repairing = true
+		ids := slices.Clone(s.leftovers)
+		wg.Go(func() {
+			var errs []error
+			for _, id := range ids {
+				errs = append(errs, r.removeLeftover(ctx, id))
+			}
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			s.repairing = false
+			if err := errors.Join(errs...); err != nil {
+				s.Reason = err.Error()
+				r.setLocked(s, runtime.StateBroken) // Since moves: the next try waits
+				return
+			}
+			r.log.Info("broken slot repaired", "slot", s.ID, "was", s.Reason)
+			s.Reason, s.leftovers = "", nil
+			r.setLocked(s, runtime.StateWarm)
+			r.wake()
+		})
+	}
+}
+
+// removeLeftover removes container id and its snapshot, whichever exist.
+func (r *Runtime) removeLeftover(ctx context.Context, id string) error {
+	if err := r.removeContainer(ctx, id, 0); err != nil {
+		return err
+	}
+	if err := r.client.SnapshotService(r.cfg.Snapshotter).Remove(ctx, id); err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("remove snapshot %s: %w", id, err)
+	}
+	return nil
+}
+
+// repairEvery is how long a broken slot waits between repairs.
+const repairEvery = 5 * time.Second
 
 // needLocked is how many warm slots to make now.
 func (r *Runtime) needLocked() int {
@@ -277,6 +327,16 @@ func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Sl
 		r.metrics.failures.WithLabelValues(reason).Inc()
 		r.log.Warn("bind failed", "pod", req.Pod.Namespace+"/"+req.Pod.Name, "slot", s.ID, "reason", reason, "err", err)
 		cleanupErr := r.removeContainers(context.WithoutCancel(ctx), s, 0)
+		var ids []string
+		for _, c := range req.Containers {
+			ids = append(ids, s.ID+"-"+c.Name)
+		}
+		if cleanupErr == nil {
+			// Snapshots made for containers that were never created.
+			for _, id := range ids {
+				cleanupErr = errors.Join(cleanupErr, r.removeLeftover(context.WithoutCancel(ctx), id))
+			}
+		}
 		r.mu.Lock()
 		freed := false
 		for _, c := range req.Containers {
@@ -293,7 +353,7 @@ func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Sl
 		s.Pod, s.Image, s.Resources, s.Ready, s.containers, s.assignToken = nil, "", runtime.Resources{}, false, nil, ""
 		s.diskLimits, s.evicted = nil, ""
 		if cleanupErr != nil {
-			s.Reason = cleanupErr.Error()
+			s.Reason, s.leftovers = cleanupErr.Error(), ids
 			r.setLocked(s, runtime.StateBroken)
 		} else {
 			r.setLocked(s, runtime.StateWarm)
@@ -427,13 +487,25 @@ func (r *Runtime) start(ctx context.Context, s *slot, req runtime.BindRequest) e
 		}
 		r.mu.Unlock()
 		t = time.Now()
-		container, err := r.client.NewContainer(ctx, id,
-			ctrd.WithImage(images[i]),
-			ctrd.WithSnapshotter(r.cfg.Snapshotter),
-			ctrd.WithNewSnapshot(id, images[i]),
-			ctrd.WithNewSpec(spec...),
-			ctrd.WithContainerLabels(labels),
-		)
+		create := func() (ctrd.Container, error) {
+			return r.client.NewContainer(ctx, id,
+				ctrd.WithImage(images[i]),
+				ctrd.WithSnapshotter(r.cfg.Snapshotter),
+				ctrd.WithNewSnapshot(id, images[i]),
+				ctrd.WithNewSpec(spec...),
+				ctrd.WithContainerLabels(labels),
+			)
+		}
+		container, err := create()
+		if errdefs.IsAlreadyExists(err) {
+			// What an interrupted bind of this slot left (containerd went
+			// away mid-bind): remove it and try once more.
+			if rerr := r.removeLeftover(ctx, id); rerr != nil {
+				err = errors.Join(err, rerr)
+			} else {
+				container, err = create()
+			}
+		}
 		if err != nil {
 			// The snapshot is made before the spec: a spec that fails leaves
 			// it, and the slot's next bind would meet it.
@@ -660,6 +732,7 @@ func (r *Runtime) Release(ctx context.Context, uid string, grace time.Duration) 
 	}
 	r.mu.Lock()
 	s := r.byPod[uid]
+	ids := slices.Clone(s.containers)
 	r.mu.Unlock()
 	begin := time.Now()
 	err := r.removeContainers(ctx, s, grace)
@@ -670,7 +743,7 @@ func (r *Runtime) Release(ctx context.Context, uid string, grace time.Duration) 
 	s.Pod, s.Image, s.Resources, s.containers, s.assignToken = nil, "", runtime.Resources{}, nil, ""
 	s.diskLimits, s.evicted = nil, ""
 	if err != nil {
-		s.Reason = err.Error()
+		s.Reason, s.leftovers = err.Error(), ids
 		r.setLocked(s, runtime.StateBroken)
 		return fmt.Errorf("release %s: %w", uid, err)
 	}

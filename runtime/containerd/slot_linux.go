@@ -35,6 +35,10 @@ type slot struct {
 	evicted    string
 	// containers are the bound pod's containerd container IDs, in order.
 	containers []string
+	// leftovers are the containers (and their snapshots) a broken slot
+	// could not remove; repairBroken tries again.
+	leftovers []string
+	repairing bool
 	// stopReady ends the readiness poll of the bound pod.
 	stopReady context.CancelFunc
 }
