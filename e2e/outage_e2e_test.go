@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -259,4 +260,108 @@ func shimsOf(t *testing.T, ns string) []int {
 		}
 	}
 	return out
+}
+
+// TestOutageSlowAgent: a node agent that is slow rather than dead —
+// stopped with SIGSTOP for 30 s, across a restart of sandman-vk — gets its
+// sandboxes adopted when it answers again: none is reported lost, and
+// each keeps its address and container.
+func TestOutageSlowAgent(t *testing.T) {
+	s := framework.Get(t)
+	p := startPool(t, s, 2, 4)
+	ctx := t.Context()
+	names := []string{"slow-0", "slow-1", "slow-2", "slow-3"}
+	for _, n := range names {
+		p.create(p.newPod(n, s.BusyboxImage))
+	}
+	before := map[string]*corev1.Pod{}
+	for _, n := range names {
+		before[n] = p.waitPod(n, 2*time.Minute, "Ready", podReady)
+	}
+	// The agent holding the most sandboxes goes slow.
+	var slow *vagent
+	held := 0
+	for _, a := range p.agents {
+		inv, err := a.client.Inventory(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c := inv.Count()[runtime.StateBound]; c > held {
+			slow, held = a, c
+		}
+	}
+	if slow == nil {
+		t.Fatal("no agent holds a sandbox")
+	}
+	p.killVK()
+	// The default LostAfter (2 minutes), as deployed, not the 5 s the
+	// other tests use to see lost agents quickly.
+	for i, a := range p.vkArgs {
+		if a == "--lost-after" {
+			p.vkArgs[i+1] = "2m"
+		}
+	}
+	if err := slow.proc.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	resumed := false
+	resume := func() {
+		if !resumed {
+			_ = slow.proc.cmd.Process.Signal(syscall.SIGCONT)
+			resumed = true
+		}
+	}
+	defer resume()
+	p.startVK()
+	// sandman-vk waits 15 s for agents at start; the slow one stays
+	// silent past that, past the reconciler's rounds, for 30 s in all.
+	framework.Eventually(t, time.Minute, "the restarted sandman-vk to serve the virtual node", func(ctx context.Context) (bool, error) {
+		resp, err := http.Get("http://" + p.metrics + "/healthz")
+		if err != nil {
+			return false, nil
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, nil
+	})
+	for time.Since(stopped) < 30*time.Second {
+		for _, n := range names {
+			pod, err := s.Kube.CoreV1().Pods(p.ns).Get(ctx, n, metav1.GetOptions{})
+			if err == nil && pod.Status.Phase == corev1.PodFailed {
+				t.Fatalf("pod %s failed while its agent was only slow: %s %s", n, pod.Status.Reason, pod.Status.Message)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		case <-time.After(time.Second):
+		}
+	}
+	resume()
+	for _, n := range names {
+		pod := p.waitPod(n, time.Minute, "Ready after its agent answered", podReady)
+		was := before[n]
+		if pod.Status.PodIP != was.Status.PodIP || pod.Status.ContainerStatuses[0].ContainerID != was.Status.ContainerStatuses[0].ContainerID {
+			t.Errorf("pod %s moved: %s %s → %s %s", n, was.Status.PodIP, was.Status.ContainerStatuses[0].ContainerID, pod.Status.PodIP, pod.Status.ContainerStatuses[0].ContainerID)
+		}
+		if _, err := daemonAt(t, pod.Status.PodIP, trainerToken).Exec(ctx, api.ExecRequest{Cmd: []string{"true"}}); err != nil {
+			t.Errorf("pod %s does not answer: %v", n, err)
+		}
+	}
+	bound, err := p.boundSlots(ctx)
+	if err != nil || len(bound) != len(names) {
+		t.Fatalf("bound slots: %d (%v), want %d", len(bound), err, len(names))
+	}
+	evs, err := s.Kube.CoreV1().Events(p.ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range evs.Items {
+		if ev.Reason == "SandboxLost" || ev.Reason == "NodeLost" {
+			t.Errorf("event %s %s: %s", ev.InvolvedObject.Name, ev.Reason, ev.Message)
+		}
+	}
+	// One more pod lands normally.
+	p.create(p.newPod("after", s.BusyboxImage))
+	p.waitPod("after", time.Minute, "Ready", podReady)
 }

@@ -182,6 +182,23 @@ func (p *Pool) RemoveNode(name string) {
 	}
 }
 
+// Unsynced lists the node agents whose inventory has not arrived yet.
+func (p *Pool) Unsynced() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []string
+	for _, n := range p.sortedNodesLocked() {
+		if !n.synced {
+			out = append(out, n.name)
+		}
+	}
+	return out
+}
+
+// LostAfter is how long a node agent may be unreachable before its pods are
+// reported lost.
+func (p *Pool) LostAfter() time.Duration { return p.cfg.LostAfter }
+
 // NodeNames lists the node agents the pool follows.
 func (p *Pool) NodeNames() []string {
 	p.mu.Lock()

@@ -319,6 +319,15 @@ func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	p.byKey[podKey(pod.Namespace, pod.Name)] = uid
 	// A pod that ran before (its status says so) but has no slot now was
 	// lost, e.g. while the provider was down: it is not started again.
+	if lostWhileRunning(pod) && p.cfg.Pool.Unsynced() != nil {
+		// Its agent may be one that has not answered yet (slow, not
+		// dead): the reconciler adopts it when that agent syncs, or
+		// reports it lost once every agent has answered without it or
+		// the pool's LostAfter passes.
+		sb.awaiting = true
+		p.mu.Unlock()
+		return nil
+	}
 	if lostWhileRunning(pod) {
 		sb.fail("SandboxLost", "the sandbox of this pod no longer exists on any node agent (it was lost while the virtual node was restarting)", p.cfg.Now())
 		p.mu.Unlock()

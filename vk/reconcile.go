@@ -2,6 +2,9 @@ package vk
 
 import (
 	"context"
+	"fmt"
+	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -42,33 +45,85 @@ func (p *Provider) Adopt(ctx context.Context) error {
 			}
 			continue
 		}
-		req, err := p.bindRequest(pod)
-		if err != nil {
-			req = runtime.BindRequest{Pod: runtime.PodRef{UID: uid, Namespace: pod.Namespace, Name: pod.Name}}
-		}
-		sb := newSandbox(pod.DeepCopy(), pod.CreationTimestamp.Time)
-		sb.req, sb.submitted = req, true
-		sb.idleTimeout, _ = idleTimeout(pod)
-		started := b.Slot.Since
-		for _, cs := range pod.Status.ContainerStatuses {
-			if cs.State.Running != nil {
-				started = cs.State.Running.StartedAt.Time
-			}
-		}
-		sb.bound(b.Node, b.Slot, started)
-		if b.Slot.Ready {
-			sb.ready(b.Node, b.Slot, started)
-		}
 		p.mu.Lock()
-		p.byUID[uid] = sb
-		p.byKey[podKey(pod.Namespace, pod.Name)] = uid
-		p.armDeadlineLocked(uid, sb)
+		p.adoptLocked(newSandbox(pod.DeepCopy(), pod.CreationTimestamp.Time), b)
 		p.mu.Unlock()
-		p.cfg.Pool.Adopt(pool.Request{Bind: req, Job: jobOf(pod)}, b.Node)
 		adopted++
 	}
 	p.log.Info("adopted running sandboxes", "adopted", adopted, "released", released)
 	return nil
+}
+
+// adoptLocked records sb's pod as running in slot b (found there after a
+// restart) and tells the pool.
+func (p *Provider) adoptLocked(sb *sandbox, b pool.BoundSlot) {
+	pod, uid := sb.pod, b.Slot.Pod.UID
+	req, err := p.bindRequest(pod)
+	if err != nil {
+		req = runtime.BindRequest{Pod: runtime.PodRef{UID: uid, Namespace: pod.Namespace, Name: pod.Name}}
+	}
+	sb.req, sb.submitted, sb.awaiting = req, true, false
+	sb.idleTimeout, _ = idleTimeout(pod)
+	started := b.Slot.Since
+	for _, cs := range pod.Status.ContainerStatuses {
+		if cs.State.Running != nil {
+			started = cs.State.Running.StartedAt.Time
+		}
+	}
+	sb.bound(b.Node, b.Slot, started)
+	if b.Slot.Ready {
+		sb.ready(b.Node, b.Slot, started)
+	}
+	p.byUID[uid] = sb
+	p.byKey[podKey(pod.Namespace, pod.Name)] = uid
+	p.armDeadlineLocked(uid, sb)
+	p.cfg.Pool.Adopt(pool.Request{Bind: req, Job: jobOf(pod)}, b.Node)
+}
+
+// settleAwaiting adopts pods that ran before this provider started once
+// the node agent holding them answers, and reports the others lost when
+// every agent has answered without them or the pool's LostAfter has
+// passed since the provider started.
+func (p *Provider) settleAwaiting(now time.Time, slots []pool.BoundSlot) {
+	p.mu.Lock()
+	var adopted, lost []string
+	var events []func()
+	for _, b := range slots {
+		sb := p.byUID[b.Slot.Pod.UID]
+		if sb == nil || !sb.awaiting || b.Slot.State != runtime.StateBound {
+			continue
+		}
+		p.adoptLocked(sb, b)
+		adopted = append(adopted, b.Slot.Pod.UID)
+	}
+	unsynced := p.cfg.Pool.Unsynced()
+	waited := now.Sub(p.started) >= p.cfg.Pool.LostAfter()
+	for uid, sb := range p.byUID {
+		if !sb.awaiting || (len(unsynced) > 0 && !waited) {
+			continue
+		}
+		sb.awaiting = false
+		msg := "the sandbox of this pod no longer exists on any node agent (it was lost while the virtual node was restarting)"
+		reason := "SandboxLost"
+		if len(unsynced) > 0 {
+			reason = "NodeLost"
+			msg = fmt.Sprintf("node agents %s have not answered since the virtual node started %v ago; the sandbox of this pod was on none of the others", strings.Join(unsynced, ", "), now.Sub(p.started).Round(time.Second))
+		}
+		sb.fail(reason, msg, now)
+		pod := sb.pod
+		lost = append(lost, uid)
+		events = append(events, func() { p.cfg.Recorder.Event(pod, corev1.EventTypeWarning, reason, msg) })
+	}
+	p.mu.Unlock()
+	for _, ev := range events {
+		ev()
+	}
+	for _, uid := range append(adopted, lost...) {
+		p.push(uid)
+	}
+	if len(adopted) > 0 {
+		p.log.Info("adopted sandboxes of a node agent that answered late", "adopted", len(adopted))
+	}
 }
 
 // Run reconciles slots and pods until ctx ends.
@@ -94,6 +149,7 @@ func (p *Provider) reconcile(ctx context.Context) {
 	seen := map[string]bool{}
 	var release []pool.BoundSlot
 	slots := p.cfg.Pool.Slots()
+	p.settleAwaiting(now, slots)
 	p.mu.Lock()
 	for _, b := range slots {
 		if b.Slot.State != runtime.StateBound && b.Slot.State != runtime.StateBinding {
@@ -136,7 +192,7 @@ func (p *Provider) reconcile(ctx context.Context) {
 				continue
 			}
 		}
-		if !sb.submitted && !sb.terminal() && !sb.deleting && sb.pullFailures == 0 && sb.failures == 0 {
+		if !sb.submitted && !sb.awaiting && !sb.terminal() && !sb.deleting && sb.pullFailures == 0 && sb.failures == 0 {
 			resubmit = append(resubmit, uid)
 		}
 	}

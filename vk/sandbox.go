@@ -20,6 +20,10 @@ type sandbox struct {
 	created   time.Time
 	submitted bool
 	deleting  bool
+	// awaiting: the pod ran before this provider started and no synced
+	// node agent holds it yet; one that has not answered may (Adopt and
+	// the reconciler settle it).
+	awaiting bool
 
 	// Waiting: reason and message for the containers (and the pod when
 	// failed).
@@ -182,6 +186,10 @@ func (s *sandbox) phase() corev1.PodPhase {
 // podWithStatus is the pod with the status a kubelet would report.
 func (s *sandbox) podWithStatus(nodeIP string) *corev1.Pod {
 	pod := s.pod.DeepCopy()
+	if s.awaiting {
+		// Not known yet: the status stays what the last provider wrote.
+		return pod
+	}
 	old := s.pod.Status
 	st := corev1.PodStatus{QOSClass: old.QOSClass}
 	if st.QOSClass == "" {
