@@ -3,6 +3,8 @@ package nodeimage
 import (
 	"errors"
 	"fmt"
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
 	"net"
 	"net/http"
 	"strings"
@@ -25,6 +27,10 @@ const (
 	// KindUnreachable: the registry did not answer (DNS, connection, TLS,
 	// 5xx). Retried with backoff.
 	KindUnreachable Kind = "unreachable"
+	// KindRuntimeUnavailable: the node's containerd did not answer (it
+	// restarted, say), not the registry. Retried with backoff; the pool
+	// places the pod elsewhere or later.
+	KindRuntimeUnavailable Kind = "runtime_unavailable"
 	// KindDiskFull: the node ran out of disk while storing or unpacking.
 	// Retried once after garbage collection.
 	KindDiskFull Kind = "disk_full"
@@ -44,12 +50,13 @@ type Error struct {
 
 func (e *Error) Error() string {
 	what := map[Kind]string{
-		KindNotFound:     "not found in the registry",
-		KindUnauthorized: "pull refused by the registry (check the pod's imagePullSecrets)",
-		KindUnreachable:  "registry unreachable",
-		KindDiskFull:     "node disk full while pulling",
-		KindInvalid:      "not a valid image reference",
-		KindFailed:       "pull failed",
+		KindNotFound:           "not found in the registry",
+		KindUnauthorized:       "pull refused by the registry (check the pod's imagePullSecrets)",
+		KindUnreachable:        "registry unreachable",
+		KindDiskFull:           "node disk full while pulling",
+		KindRuntimeUnavailable: "the node's containerd did not answer (not the registry)",
+		KindInvalid:            "not a valid image reference",
+		KindFailed:             "pull failed",
 	}[e.Kind]
 	return fmt.Sprintf("image %s: %s: %v", e.Image, what, e.Err)
 }
@@ -58,18 +65,21 @@ func (e *Error) Error() string {
 // node API, the pool) classify it, and the cause.
 func (e *Error) Unwrap() []error {
 	class := map[Kind]error{
-		KindNotFound:     errdefs.ErrNotFound,
-		KindUnauthorized: errdefs.ErrUnauthenticated,
-		KindUnreachable:  errdefs.ErrUnavailable,
-		KindDiskFull:     errdefs.ErrResourceExhausted,
-		KindInvalid:      errdefs.ErrInvalidArgument,
-		KindFailed:       errdefs.ErrUnknown,
+		KindNotFound:           errdefs.ErrNotFound,
+		KindUnauthorized:       errdefs.ErrUnauthenticated,
+		KindUnreachable:        errdefs.ErrUnavailable,
+		KindDiskFull:           errdefs.ErrResourceExhausted,
+		KindRuntimeUnavailable: errdefs.ErrUnavailable,
+		KindInvalid:            errdefs.ErrInvalidArgument,
+		KindFailed:             errdefs.ErrUnknown,
 	}[e.Kind]
 	return []error{class, e.Err}
 }
 
 // Retryable says whether trying again can help.
-func (e *Error) Retryable() bool { return e.Kind == KindUnreachable || e.Kind == KindDiskFull }
+func (e *Error) Retryable() bool {
+	return e.Kind == KindUnreachable || e.Kind == KindDiskFull || e.Kind == KindRuntimeUnavailable
+}
 
 // KindOf returns err's kind, or "" when err is not an *Error.
 func KindOf(err error) Kind {
@@ -94,6 +104,8 @@ func kindOf(err error) Kind {
 	var netErr net.Error
 	msg := err.Error()
 	switch {
+	case runtimeUnavailable(err):
+		return KindRuntimeUnavailable
 	case errors.Is(err, syscall.ENOSPC) || strings.Contains(msg, "no space left on device"),
 		errors.Is(err, syscall.EDQUOT) || strings.Contains(msg, "disk quota exceeded"):
 		return KindDiskFull
@@ -117,4 +129,22 @@ func kindOf(err error) Kind {
 		return KindUnreachable
 	}
 	return KindFailed
+}
+
+// runtimeUnavailable: the gRPC connection to containerd failed (refused,
+// reset, closed), as opposed to containerd reporting a registry's failure.
+func runtimeUnavailable(err error) bool {
+	st, ok := grpcstatus.FromError(err)
+	if !ok {
+		// containerd's client turns statuses into errdefs errors that keep
+		// the message.
+		if !errdefs.IsUnavailable(err) {
+			return false
+		}
+	} else if st.Code() != codes.Unavailable {
+		return false
+	}
+	msg := err.Error()
+	return strings.Contains(msg, "transport: Error while dialing") || strings.Contains(msg, "error reading from server") ||
+		strings.Contains(msg, "transport is closing") || strings.Contains(msg, "connection closed before server preface")
 }

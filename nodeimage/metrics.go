@@ -19,7 +19,7 @@ func newMetrics(node string) *metrics {
 	m := &metrics{
 		pulls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sandman_node_image_pulls_total", ConstLabels: l,
-			Help: "Image pulls by result: ok, not_found, unauthorized, unreachable, disk_full, invalid, failed.",
+			Help: "Image pulls by result: ok, not_found, unauthorized, unreachable, runtime_unavailable, disk_full, invalid, failed.",
 		}, []string{"result"}),
 		pullSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "sandman_node_image_pull_duration_seconds", ConstLabels: l,
@@ -36,7 +36,7 @@ func newMetrics(node string) *metrics {
 		}),
 	}
 	// Every result exists from the start, so dashboards show zeros, not gaps.
-	for _, r := range []Kind{"ok", KindNotFound, KindUnauthorized, KindUnreachable, KindDiskFull, KindInvalid, KindFailed} {
+	for _, r := range []Kind{"ok", KindNotFound, KindUnauthorized, KindUnreachable, KindRuntimeUnavailable, KindDiskFull, KindInvalid, KindFailed} {
 		m.pulls.WithLabelValues(string(r))
 	}
 	return m

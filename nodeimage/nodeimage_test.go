@@ -11,6 +11,9 @@ import (
 	"github.com/containerd/containerd/v2/core/remotes/docker"
 	remoteerrors "github.com/containerd/containerd/v2/core/remotes/errors"
 	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
 )
 
 func TestClassify(t *testing.T) {
@@ -29,6 +32,11 @@ func TestClassify(t *testing.T) {
 		{fmt.Errorf("write /var/lib/containerd/x: %w", syscall.ENOSPC), KindDiskFull},
 		{errors.New("rpc error: code = Unknown desc = failed to extract layer: write /x: no space left on device"), KindDiskFull},
 		{errors.New("something else"), KindFailed},
+		// containerd itself away (restarting), as its client reports it.
+		{grpcstatus.Error(codes.Unavailable, `connection error: desc = "transport: Error while dialing: dial unix /run/containerd/containerd.sock: connect: connection refused"`), KindRuntimeUnavailable},
+		{fmt.Errorf("pull: %w", errgrpc.ToNative(grpcstatus.Error(codes.Unavailable, "error reading from server: connection reset by peer"))), KindRuntimeUnavailable},
+		// A registry failure containerd reports is not containerd's.
+		{grpcstatus.Error(codes.Unavailable, "failed to resolve reference: dial tcp 10.0.0.1:443: connect: connection refused"), KindUnreachable},
 	} {
 		e := classify("reg/x:1", tc.err)
 		if e.Kind != tc.kind {
@@ -43,11 +51,12 @@ func TestClassify(t *testing.T) {
 func TestErrorClasses(t *testing.T) {
 	cause := errors.New("manifest unknown")
 	for kind, is := range map[Kind]func(error) bool{
-		KindNotFound:     errdefs.IsNotFound,
-		KindUnauthorized: errdefs.IsUnauthorized,
-		KindUnreachable:  errdefs.IsUnavailable,
-		KindDiskFull:     errdefs.IsResourceExhausted,
-		KindInvalid:      errdefs.IsInvalidArgument,
+		KindNotFound:           errdefs.IsNotFound,
+		KindUnauthorized:       errdefs.IsUnauthorized,
+		KindUnreachable:        errdefs.IsUnavailable,
+		KindDiskFull:           errdefs.IsResourceExhausted,
+		KindRuntimeUnavailable: errdefs.IsUnavailable,
+		KindInvalid:            errdefs.IsInvalidArgument,
 	} {
 		err := fmt.Errorf("bind: %w", &Error{Image: "reg/x:1", Kind: kind, Err: cause})
 		if !is(err) || KindOf(err) != kind || !errors.Is(err, cause) {

@@ -390,9 +390,15 @@ func (p *Pool) bind(ctx context.Context, n *node, req Request) {
 	}
 	p.mu.Unlock()
 	p.nudge()
-	if errors.Is(err, context.DeadlineExceeded) || errdefs.IsUnavailable(err) {
+	stopping := errors.Is(err, context.Canceled) && ctx.Err() != nil
+	if errors.Is(err, context.DeadlineExceeded) || errdefs.IsUnavailable(err) || stopping {
 		// The node may have bound it after all: make sure it did not.
 		p.bindWork.Go(func() { p.releaseLeftover(ctx, n, uid) })
+	}
+	if stopping {
+		// The pool is stopping: the outcome is unknown, not a failure of
+		// the pod; the next pool (after a restart) places it again.
+		return
 	}
 	if retry {
 		p.log.Info("bind failed, placing again", "pod", podRefKey(req.Bind.Pod), "uid", uid, "node", n.name, "err", err)

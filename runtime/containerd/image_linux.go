@@ -13,14 +13,14 @@ import (
 // ensureImage returns ref unpacked into the slot snapshotter through the
 // node's image manager: one pull per image however many binds wait.
 // Failures a pod can fix (missing image, refused credentials, registry
-// unreachable) are marked runtime.ErrImagePull; a full disk is not, so the
-// pool tries another node.
+// unreachable) are marked runtime.ErrImagePull; a full disk or containerd
+// not answering is not, so the pool tries another node or again later.
 func (r *Runtime) ensureImage(ctx context.Context, ref string, secrets [][]byte) (ctrd.Image, error) {
 	img, err := r.images.Ensure(ctx, ref, secrets)
 	if err == nil {
 		return img, nil
 	}
-	if k := nodeimage.KindOf(err); k == nodeimage.KindDiskFull || k == "" {
+	if k := nodeimage.KindOf(err); k == nodeimage.KindDiskFull || k == nodeimage.KindRuntimeUnavailable || k == "" {
 		return nil, err
 	}
 	return nil, imagePullError{err}
