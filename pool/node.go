@@ -335,6 +335,11 @@ func (p *Pool) apply(n *node, ev runtime.Event) {
 	case runtime.EventImages:
 		n.reported = ev.Images
 		n.recountLocked()
+	case runtime.EventDraining:
+		n.inv.Draining = ev.Message
+		if ev.Message != "" {
+			p.log.Info("node agent draining", "node", n.name, "why", ev.Message)
+		}
 	case runtime.EventReady:
 		if s := ev.Slot; s.Pod != nil {
 			if cur, ok := n.slots[s.ID]; ok {

@@ -466,7 +466,7 @@ func (p *Pool) placeLocked(req Request) (*node, string) {
 	var best *node
 	bestScore := -1.0
 	for _, n := range p.sortedNodesLocked() {
-		if !n.healthy || n.inflight >= p.cfg.BindsPerNode {
+		if !n.healthy || n.inflight >= p.cfg.BindsPerNode || n.inv.Draining != "" {
 			continue
 		}
 		free := n.freeSlotsLocked()

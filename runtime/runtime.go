@@ -137,6 +137,8 @@ type Inventory struct {
 	Slots    []Slot   `json:"slots"`
 	// ReadyImages are the images unpacked on this node (for placement).
 	ReadyImages []string `json:"ready_images,omitempty"`
+	// Draining says why the node takes no binds (empty: it does).
+	Draining string `json:"draining,omitempty"`
 }
 
 // Count returns how many slots are in each state.
@@ -207,6 +209,9 @@ const (
 	EventExit EventType = "exit"
 	// EventBindFailed: a bind failed (Reason, Message); the slot is warm again.
 	EventBindFailed EventType = "bind_failed"
+	// EventDraining: the node started draining (Message says why) or, with
+	// no message, stopped.
+	EventDraining EventType = "draining"
 	// EventImageProgress: bytes of an image pulled so far (Image,
 	// BytesDone, BytesTotal); the last one of a pull has Reason Pulled, or
 	// ErrImagePull / ImageNotFound with the registry's Message.
@@ -234,6 +239,14 @@ type Event struct {
 	BytesTotal int64  `json:"bytes_total,omitempty"`
 	// Images ready on the node (EventImages).
 	Images []string `json:"images,omitempty"`
+}
+
+// Drainer is implemented by runtimes that can empty their node: Drain
+// refuses binds, evicts and releases every bound sandbox with why, and
+// tears idle slots down; Undrain takes binds again.
+type Drainer interface {
+	Drain(ctx context.Context, why string) error
+	Undrain()
 }
 
 // ImageCache is implemented by runtimes that prepare images ahead of binds

@@ -42,6 +42,8 @@ type options struct {
 	listen, tokenFile, cpu, memory, logLevel    string
 	guardCIDR, imageCache, hostsDir             string
 	hostRoot, daemonSource, uninstallWhenGone   string
+	kubeconfig                                  string
+	drainWhenCordoned                           bool
 	statusFile                                  string
 	prePull                                     []string
 	prePullConcurrency                          int
@@ -93,6 +95,8 @@ func run(args []string) error {
 		return nil
 	})
 	fs.IntVar(&o.prePullConcurrency, "prepull-concurrency", 1, "pre-pulls in flight at once (binds never wait behind them)")
+	fs.BoolVar(&o.drainWhenCordoned, "drain-when-cordoned", false, "drain while this worker's Node (--node) is cordoned (kubectl cordon/drain): refuse binds, evict and release every sandbox with a message, tear idle slots down; take binds again when uncordoned (needs in-cluster credentials or --kubeconfig, and get/list/watch on nodes)")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig for --drain-when-cordoned outside a cluster (default: in-cluster credentials)")
 	fs.StringVar(&o.uninstallWhenGone, "uninstall-when-gone", "", "NAMESPACE/DAEMONSET: on SIGTERM, if that DaemonSet or its namespace is gone or being deleted (an uninstall, not a rolling update), release every sandbox and remove everything of sandman's from this worker (needs in-cluster credentials)")
 	fs.StringVar(&o.statusFile, "status-file", "", "write why the agent is not serving (or \"ok\") here; `sandman-node probe FILE` reads it (an exec readiness probe whose message lands in the pod's events)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -250,6 +254,11 @@ func run(args []string) error {
 	var serving http.Handler = mux
 	handler.Store(&serving)
 	setStatus("ok")
+	if o.drainWhenCordoned {
+		if err := watchCordon(ctx, o.kubeconfig, o.node, rt, log); err != nil {
+			return err
+		}
+	}
 	go func() {
 		if err := rt.Run(ctx); err != nil {
 			log.Error("runtime", "err", err)

@@ -78,6 +78,9 @@ func (r *Runtime) heat(ctx context.Context, wg *sync.WaitGroup) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.draining != "" {
+		return
+	}
 	have := map[string]int{}
 	for _, s := range r.slots {
 		if s.State == runtime.StateHot || s.heating {

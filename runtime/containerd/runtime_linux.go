@@ -57,6 +57,8 @@ type Runtime struct {
 	// bgMu guards closed and the additions to wg (none once closed).
 	bgMu   sync.Mutex
 	closed bool
+	// draining says why the node takes no binds (guarded by mu).
+	draining string
 
 	// mu guards slots, byPod and creating; events are published under it.
 	mu       sync.Mutex
@@ -277,6 +279,9 @@ func (r *Runtime) needLocked() int {
 			warm++
 		}
 	}
+	if r.draining != "" {
+		return 0
+	}
 	room := r.cfg.Slots - len(r.slots) - r.creating
 	return min(r.cfg.WarmSlots-warm, room)
 }
@@ -386,6 +391,10 @@ func (r *Runtime) reserve(ctx context.Context, req runtime.BindRequest) (*slot, 
 	if _, ok := r.byPod[pod.UID]; ok {
 		r.mu.Unlock()
 		return nil, fmt.Errorf("bind %s: pod already bound on %s: %w", pod.UID, r.cfg.Node, errdefs.ErrAlreadyExists)
+	}
+	if r.draining != "" {
+		r.mu.Unlock()
+		return nil, fmt.Errorf("bind %s: %s: %w", pod.UID, r.draining, errdefs.ErrUnavailable)
 	}
 	r.recent = append(r.recent, req.Containers[0].Image)
 	if len(r.recent) > r.cfg.HotMixWindow {
@@ -839,6 +848,7 @@ func (r *Runtime) inventoryLocked() runtime.Inventory {
 		Slots:    make([]runtime.Slot, 0, len(r.slots)),
 		// Lock order: r.mu, then the image manager's.
 		ReadyImages: r.images.Ready(),
+		Draining:    r.draining,
 	}
 	for _, s := range r.slots {
 		inv.Slots = append(inv.Slots, s.Slot.Clone())

@@ -130,6 +130,17 @@ func (c *Client) Release(ctx context.Context, uid string, grace time.Duration) e
 	return c.do(ctx, http.MethodPost, "/v1/release", releaseRequest{UID: uid, GraceSeconds: grace.Seconds()}, nil)
 }
 
+// Drain asks the agent to empty its node (runtime.Drainer), saying why;
+// it returns when every sandbox is released.
+func (c *Client) Drain(ctx context.Context, why string) error {
+	return c.do(ctx, http.MethodPost, "/v1/drain", drainRequest{Reason: why}, nil)
+}
+
+// Undrain asks the agent to take binds again.
+func (c *Client) Undrain(ctx context.Context) error {
+	return c.do(ctx, http.MethodPost, "/v1/undrain", struct{}{}, nil)
+}
+
 // Inventory implements runtime.Runtime.
 func (c *Client) Inventory(ctx context.Context) (runtime.Inventory, error) {
 	var inv runtime.Inventory

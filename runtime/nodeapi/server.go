@@ -105,6 +105,8 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("GET /v1/images", s.auth(s.images))
 	mux.Handle("POST /v1/images/prepull", s.auth(s.imageList(runtime.ImageCache.PrePull)))
 	mux.Handle("POST /v1/images/unpin", s.auth(s.imageList(runtime.ImageCache.Unpin)))
+	mux.Handle("POST /v1/drain", s.auth(s.drain))
+	mux.Handle("POST /v1/undrain", s.auth(s.undrain))
 	return mux
 }
 
@@ -292,6 +294,45 @@ func (s *Server) release(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, map[string]string{"uid": req.UID})
+}
+
+// drainRequest says why a node is drained.
+type drainRequest struct {
+	Reason string `json:"reason"`
+}
+
+// drain empties the node (runtime.Drainer): binds refused, every sandbox
+// evicted and released, idle slots torn down. It answers when that is done.
+func (s *Server) drain(w http.ResponseWriter, r *http.Request) {
+	d, ok := s.rt.(runtime.Drainer)
+	if !ok {
+		writeError(w, errors.New("this node agent's runtime cannot drain"), http.StatusNotImplemented, "not_implemented")
+		return
+	}
+	var req drainRequest
+	if err := decode(w, r, 64<<10, &req); err != nil {
+		writeError(w, err, http.StatusBadRequest, "invalid_argument")
+		return
+	}
+	if strings.TrimSpace(req.Reason) == "" {
+		writeError(w, errors.New("drain: say why (reason)"), http.StatusBadRequest, "invalid_argument")
+		return
+	}
+	if err := d.Drain(context.WithoutCancel(r.Context()), req.Reason); err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, map[string]string{"draining": req.Reason})
+}
+
+func (s *Server) undrain(w http.ResponseWriter, r *http.Request) {
+	d, ok := s.rt.(runtime.Drainer)
+	if !ok {
+		writeError(w, errors.New("this node agent's runtime cannot drain"), http.StatusNotImplemented, "not_implemented")
+		return
+	}
+	d.Undrain()
+	writeJSON(w, map[string]string{"draining": ""})
 }
 
 // graceOf is a release's grace_seconds as a Duration: never negative, and
