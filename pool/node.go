@@ -336,9 +336,18 @@ func (p *Pool) apply(n *node, ev runtime.Event) {
 		n.reported = ev.Images
 		n.recountLocked()
 	case runtime.EventDraining:
+		if ev.Message != "" && n.inv.Draining == "" {
+			p.log.Info("node agent draining", "node", n.name, "why", ev.Message)
+		}
 		n.inv.Draining = ev.Message
 		if ev.Message != "" {
-			p.log.Info("node agent draining", "node", n.name, "why", ev.Message)
+			// A draining agent tears its idle slots down and says so.
+			for id, s := range n.slots {
+				if s.Pod == nil && s.State == runtime.StateReleasing {
+					delete(n.slots, id)
+				}
+			}
+			n.recountLocked()
 		}
 	case runtime.EventReady:
 		if s := ev.Slot; s.Pod != nil {

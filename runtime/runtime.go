@@ -209,8 +209,9 @@ const (
 	EventExit EventType = "exit"
 	// EventBindFailed: a bind failed (Reason, Message); the slot is warm again.
 	EventBindFailed EventType = "bind_failed"
-	// EventDraining: the node started draining (Message says why) or, with
-	// no message, stopped.
+	// EventDraining: the node is draining (Message says why; sent again as
+	// its idle slots are torn down: watchers drop those) or, with no
+	// message, stopped.
 	EventDraining EventType = "draining"
 	// EventImageProgress: bytes of an image pulled so far (Image,
 	// BytesDone, BytesTotal); the last one of a pull has Reason Pulled, or

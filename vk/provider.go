@@ -557,6 +557,14 @@ func (p *Provider) OnUpdate(u pool.Update) {
 		if sb.exited(u.Container, u.ExitCode, u.Reason, u.Message, u.Time) {
 			releaseNow = true
 		}
+		if u.Reason == runtime.ReasonEvicted {
+			// The node stopped the whole sandbox (its disk limit, a drain):
+			// the pod says why, as a kubelet's evicted pod does.
+			sb.fail(u.Reason, u.Message, u.Time)
+			releaseNow = true
+			pod := sb.pod
+			event = func() { p.cfg.Recorder.Event(pod, corev1.EventTypeWarning, u.Reason, u.Message) }
+		}
 	case pool.Failed:
 		metricBindFailures.WithLabelValues(u.Reason).Inc()
 		pod := sb.pod

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 
 	ctrd "github.com/containerd/containerd/v2/client"
@@ -28,23 +29,18 @@ func (r *Runtime) Drain(ctx context.Context, why string) error {
 	r.draining = msg
 	r.hub.Publish(runtime.Event{Type: runtime.EventDraining, Time: r.cfg.Clock.Now(), Message: msg})
 	var bound []*slot
-	var idle []*slot
-	for id, s := range r.slots {
+	for _, s := range r.slots {
 		switch {
 		case s.State == runtime.StateBound && s.Pod != nil:
 			if s.evicted == "" {
 				s.evicted = msg
 			}
 			bound = append(bound, s)
-		case s.State == runtime.StateWarm && !s.heating, s.State == runtime.StateHot:
-			s.State = runtime.StateReleasing
-			idle = append(idle, s)
-			delete(r.slots, id)
 		}
 	}
 	r.mu.Unlock()
 	if first {
-		r.log.Warn("draining", "why", why, "bound", len(bound), "idle", len(idle))
+		r.log.Warn("draining", "why", why, "bound", len(bound))
 	}
 	var errs []error
 	for _, s := range bound {
@@ -74,10 +70,9 @@ func (r *Runtime) Drain(ctx context.Context, why string) error {
 			errs = append(errs, err)
 		}
 	}
-	for _, s := range idle {
-		errs = append(errs, r.removeContainers(ctx, s, 0))
-		errs = append(errs, r.destroySlot(ctx, s.ID, s.netns.GetPath(), s.dir))
-	}
+	// Idle slots (those released above among them) are torn down by Run
+	// while the drain lasts: see shedIdle.
+	r.wake()
 	return errors.Join(errs...)
 }
 
@@ -92,4 +87,31 @@ func (r *Runtime) Undrain() {
 		r.log.Info("drain ended; taking binds again")
 	}
 	r.wake()
+}
+
+// shedIdle tears down warm and hot slots while the node drains (Run calls
+// it each round): slots that releases make warm go as they appear.
+func (r *Runtime) shedIdle(ctx context.Context, wg *sync.WaitGroup) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.draining == "" {
+		return
+	}
+	for id, s := range r.slots {
+		if s.State == runtime.StateWarm && !s.heating || s.State == runtime.StateHot {
+			s.State = runtime.StateReleasing
+			delete(r.slots, id)
+			r.hub.Publish(runtime.Event{Type: runtime.EventSlot, Time: r.cfg.Clock.Now(), Slot: s.Slot.Clone()})
+			wg.Go(func() {
+				err := errors.Join(r.removeContainers(ctx, s, 0), r.destroySlot(ctx, s.ID, s.netns.GetPath(), s.dir))
+				if err != nil {
+					r.log.Error("drain: tear down an idle slot", "slot", s.ID, "err", err)
+				}
+				// Watchers drop the draining node's idle slots on this.
+				r.mu.Lock()
+				r.hub.Publish(runtime.Event{Type: runtime.EventDraining, Time: r.cfg.Clock.Now(), Message: r.draining})
+				r.mu.Unlock()
+			})
+		}
+	}
 }

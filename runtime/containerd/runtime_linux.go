@@ -213,6 +213,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 		}
 		r.heat(ctx, &wg)
 		r.repairBroken(ctx, &wg)
+		r.shedIdle(ctx, &wg)
 		select {
 		case <-ctx.Done():
 			return nil

@@ -21,7 +21,7 @@ type drainer struct {
 }
 
 func (d *drainer) Drain(_ context.Context, why string) error { d.why = append(d.why, why); return nil }
-func (d *drainer) Undrain()                                   { d.undrained++ }
+func (d *drainer) Undrain()                                  { d.undrained++ }
 
 var _ runtime.Drainer = (*drainer)(nil)
 
