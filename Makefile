@@ -25,8 +25,8 @@ lint: ## gofmt, go vet (with the root and e2e tags) and staticcheck
 	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	@# One vet with every tier's tags: it covers the untagged files too (no
 	@# file is excluded by a tag; hack/deps's `deps` tag is vetted by none).
-	$(GO) vet -tags root,e2e ./...
-	$(GO) tool staticcheck -tags root,e2e ./...
+	$(GO) vet -tags root,e2e,soak ./...
+	$(GO) tool staticcheck -tags root,e2e,soak ./...
 
 .PHONY: test-unit
 test-unit: ## unit tests, no root needed
@@ -51,6 +51,10 @@ run: deps tools images ## the local stack, two node agents, the virtual node and
 .PHONY: bench
 bench: deps tools images ## benchmarks with baselines measured in the same run (BENCH_SUITE=daemon,node,vk,image,scale; default all but scale)
 	bash hack/bench.sh
+
+.PHONY: soak
+soak: deps tools images ## the soak, not in make test: SOAK_DURATION (30m) of churn under faults, SOAK_CYCLES (10000) bind/release cycles; writes docs/reliability.md
+	bash hack/soak.sh
 
 .PHONY: deps
 deps: ## install the Debian packages the stack needs (idempotent)
