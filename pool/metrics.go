@@ -54,12 +54,14 @@ var (
 	descNodeAlMem   = prometheus.NewDesc("sandman_pool_node_allocated_memory_bytes", "Memory requested by pods bound or binding on the node, in bytes.", nodeLabels, nil)
 	descNodeImages  = prometheus.NewDesc("sandman_pool_node_images_ready", "Images ready on the node.", nodeLabels, nil)
 	descNodeFlight  = prometheus.NewDesc("sandman_pool_node_binds_in_flight", "Bind calls to the node not yet returned.", nodeLabels, nil)
+	descNodeUnseen  = prometheus.NewDesc("sandman_pool_node_sandboxes_unseen", "Sandboxes last seen bound on the node while its agent does not answer: they may still run on the worker (released when the agent returns; otherwise drain or uninstall it there).", nodeLabels, nil)
+	descNodeDrain   = prometheus.NewDesc("sandman_pool_node_draining", "1 while the node agent drains (its worker cordoned): it takes no binds.", nodeLabels, nil)
 	descNodeBindQ   = prometheus.NewDesc("sandman_pool_node_bind_recent_seconds", "Bind call latency to the node over the last 5 minutes (successful binds), by quantile, in seconds.", []string{"node", "quantile"}, nil)
 )
 
 func (c poolCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descQueue, descNodeHealthy, descNodeSlots, descNodeCapSl, descNodeCapCPU, descNodeCapMem,
-		descNodeAlCPU, descNodeAlMem, descNodeImages, descNodeFlight, descNodeBindQ} {
+		descNodeAlCPU, descNodeAlMem, descNodeImages, descNodeFlight, descNodeBindQ, descNodeUnseen, descNodeDrain} {
 		ch <- d
 	}
 }
@@ -87,6 +89,12 @@ func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descNodeAlMem, float64(v.Allocated.MemoryBytes), v.Name)
 		gauge(descNodeImages, float64(len(v.Images)), v.Name)
 		gauge(descNodeFlight, float64(v.Inflight), v.Name)
+		gauge(descNodeUnseen, float64(v.Unseen), v.Name)
+		draining := 0.0
+		if v.Draining != "" {
+			draining = 1
+		}
+		gauge(descNodeDrain, draining, v.Name)
 		gauge(descNodeBindQ, v.Binds.P50.Seconds(), v.Name, "0.5")
 		gauge(descNodeBindQ, v.Binds.P99.Seconds(), v.Name, "0.99")
 	}

@@ -395,6 +395,12 @@ func (p *Pool) checkLost() {
 		if n.healthy || now.Sub(n.since) < p.cfg.LostAfter {
 			continue
 		}
+		lost := 0
+		defer func() {
+			if lost > 0 {
+				p.log.Warn("node agent lost: its pods are reported lost, their sandboxes may still run on the worker until the agent returns (then they are released) or the worker is drained", "node", n.name, "pods", lost, "since", n.since)
+			}
+		}()
 		for uid, pl := range p.placed {
 			if pl.node != n.name || pl.binding {
 				continue
@@ -405,6 +411,7 @@ func (p *Pool) checkLost() {
 				msg += ": " + n.err.Error()
 			}
 			updates = append(updates, Update{Kind: Lost, UID: uid, Node: n.name, Time: now, Reason: "NodeLost", Message: msg})
+			lost++
 		}
 	}
 	p.mu.Unlock()

@@ -529,6 +529,12 @@ type NodeView struct {
 	Images    []string
 	// Binds are the node's bind calls over the last BindWindow.
 	Binds BindStats
+	// Unseen are the sandboxes last seen bound on the node while its agent
+	// does not answer: they may still run on the worker, unseen (released
+	// when the agent returns; otherwise drain or uninstall it there).
+	Unseen int
+	// Draining says why the agent takes no binds (empty: it does).
+	Draining string
 }
 
 // Nodes returns a view of every node agent, sorted by name.
@@ -547,7 +553,11 @@ func (p *Pool) Nodes() []NodeView {
 			case runtime.StateBinding, runtime.StateBound, runtime.StateReleasing:
 				v.Allocated = v.Allocated.Add(s.Resources)
 			}
+			if !n.healthy && s.State == runtime.StateBound && s.Pod != nil {
+				v.Unseen++
+			}
 		}
+		v.Draining = n.inv.Draining
 		out = append(out, v)
 	}
 	return out

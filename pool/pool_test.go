@@ -285,6 +285,12 @@ func TestLostNodeAgent(t *testing.T) {
 	if c := p.Capacity(); c.Slots != 2 {
 		t.Fatalf("capacity with one agent gone: %d slots, want 2", c.Slots)
 	}
+	// The sandbox may still run on the worker: the pool says so.
+	for _, v := range p.Nodes() {
+		if want := map[bool]int{true: 1, false: 0}[v.Name == u.Node]; v.Unseen != want {
+			t.Errorf("node %s: %d unseen sandboxes, want %d", v.Name, v.Unseen, want)
+		}
+	}
 	// New pods go to the agent that lives.
 	if err := p.Submit(request("y", "j", "img", 0)); err != nil {
 		t.Fatal(err)
