@@ -140,7 +140,7 @@ func (x *extractor) localName(name string) (string, error) {
 		return "", fmt.Errorf("%w: %q is absolute", ErrUnsafe, name)
 	}
 	if slices.Contains(strings.Split(name, "/"), "..") {
-		return "", fmt.Errorf("%w: %q contains ..", ErrUnsafe, name)
+		return "", fmt.Errorf("%w: %q has a .. element", ErrUnsafe, name)
 	}
 	clean := path.Clean(name)
 	if clean != "." && !filepath.IsLocal(filepath.FromSlash(clean)) {
