@@ -141,6 +141,7 @@ func (d *deployed) install() {
 	if _, err := s.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: d.ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	s.NamespaceReady(t, d.ns)
 }
 
 // agentPod returns the DaemonSet's pod on the worker (nil if none).

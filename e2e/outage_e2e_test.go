@@ -132,6 +132,15 @@ func TestOutageAPIServer(t *testing.T) {
 			t.Errorf("pod %s changed across the outage: %s %s %+v", n, pod.Status.Phase, pod.Status.PodIP, pod.Status.ContainerStatuses)
 		}
 	}
+	// The next tests need kube-controller-manager back too: a new
+	// namespace gets its default ServiceAccount once its informers relist.
+	probe, err := s.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "outage-probe-"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.NamespaceReady(t, probe.Name)
+	t.Logf("kube-controller-manager serving again %v after the apiserver's return", time.Since(back).Round(time.Millisecond))
+	_ = s.Kube.CoreV1().Namespaces().Delete(ctx, probe.Name, metav1.DeleteOptions{})
 	evs, err := s.Kube.CoreV1().Events(p.ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)

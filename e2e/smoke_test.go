@@ -38,6 +38,7 @@ func TestSmokeControlPlane(t *testing.T) {
 	if err != nil {
 		t.Fatalf("create namespace: %v", err)
 	}
+	s.NamespaceReady(t, ns.Name)
 	t.Cleanup(func() {
 		cleanup(t, "namespace", kube.CoreV1().Namespaces().Delete(context.WithoutCancel(ctx), ns.Name, metav1.DeleteOptions{}))
 	})

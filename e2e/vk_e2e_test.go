@@ -102,6 +102,7 @@ func startPool(t *testing.T, s *framework.Stack, n, slots int) *vpool {
 	if _, err := s.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: p.ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	s.NamespaceReady(t, p.ns)
 	// Cleanups run last-registered first: the pods go while the virtual
 	// node still serves them (freeing their slots), then sandman-vk stops,
 	// then the node object and the namespace go. Deleting the node first

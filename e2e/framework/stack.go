@@ -13,6 +13,7 @@ import (
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -247,4 +248,16 @@ func repoRoot() (string, error) {
 		}
 		dir = parent
 	}
+}
+
+// NamespaceReady waits until kube-controller-manager has made namespace
+// ns's default ServiceAccount: pods are admitted only then (it takes
+// seconds after an apiserver outage, while the controller's informers back
+// off).
+func (s *Stack) NamespaceReady(t testing.TB, ns string) {
+	t.Helper()
+	Eventually(t, 2*time.Minute, "namespace "+ns+" to have its default ServiceAccount", func(ctx context.Context) (bool, error) {
+		_, err := s.Kube.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, nil
+	})
 }
