@@ -867,7 +867,8 @@ func (r *Runtime) Close(ctx context.Context) error {
 	r.mu.Lock()
 	var warm []*slot
 	for id, s := range r.slots {
-		if s.State == runtime.StateWarm || s.State == runtime.StateHot {
+		// Hot sandboxes and broken slots belong to no pod: they go too.
+		if s.State == runtime.StateWarm || s.State == runtime.StateHot || s.State == runtime.StateBroken {
 			s.State = runtime.StateReleasing
 			warm = append(warm, s)
 			delete(r.slots, id)
@@ -876,8 +877,10 @@ func (r *Runtime) Close(ctx context.Context) error {
 	r.mu.Unlock()
 	var errs []error
 	for _, s := range warm {
-		// Hot sandboxes belong to no pod: they go too.
 		errs = append(errs, r.removeContainers(ctx, s, 0))
+		for _, id := range s.leftovers {
+			errs = append(errs, r.removeLeftover(ctx, id))
+		}
 		errs = append(errs, r.destroySlot(ctx, s.ID, s.netns.GetPath(), s.dir))
 	}
 	r.hub.Close()
