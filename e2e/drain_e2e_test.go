@@ -23,7 +23,9 @@ import (
 // takes sandboxes again.
 func TestVKDrainWhenCordoned(t *testing.T) {
 	s := framework.Get(t)
-	p := startPool(t, s, 2, 4)
+	// 8 slots each: the other agent has room for a new pod whichever way
+	// the first six were placed.
+	p := startPool(t, s, 2, 8)
 	ctx := t.Context()
 	drained := p.agents[0]
 	// The host-process agents are not kubelet nodes: give the agent a Node
