@@ -401,6 +401,8 @@ func TestCapacityPageInChromium(t *testing.T) {
 	framework.Eventually(t, time.Minute, gone.name+" healthy again on the page", func(ctx context.Context) (bool, error) {
 		return parsePage(chromium(t, page, 3*time.Second, "")).cells[gone.name]["health"] == "healthy", nil
 	})
+	// What it still held for pods reported lost meanwhile is released.
+	p.waitOnlyLiveBound()
 }
 
 func scrape(ctx context.Context, u string) (string, error) {

@@ -505,8 +505,16 @@ func TestVKRestartAndLostAgent(t *testing.T) {
 	// The dead agent comes back holding sandboxes; those whose pods the
 	// virtual node placed elsewhere or gave up on are released.
 	dead.proc = startAgent(t, buildNode(t, s.Root), dead.args)
-	framework.Eventually(t, 2*time.Minute, "every bound slot to belong to a live pod", func(ctx context.Context) (bool, error) {
-		pods, err := s.Kube.CoreV1().Pods(p.ns).List(ctx, metav1.ListOptions{})
+	p.waitOnlyLiveBound()
+}
+
+// waitOnlyLiveBound waits until every bound slot belongs to a running pod:
+// what an agent that came back holds for pods reported lost meanwhile is
+// released (the reconciler's orphan grace).
+func (p *vpool) waitOnlyLiveBound() {
+	p.t.Helper()
+	framework.Eventually(p.t, 2*time.Minute, "every bound slot to belong to a live pod", func(ctx context.Context) (bool, error) {
+		pods, err := p.s.Kube.CoreV1().Pods(p.ns).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, nil
 		}
