@@ -145,11 +145,43 @@ func TestOutageAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// An outage longer than kube-controller-manager's node grace period
+	// can make it take the node for unreachable when the apiserver comes
+	// back, before it sees the node's lease renewed: it marks the node
+	// Unknown and its pods NotReady, as it would a kubelet's. That is
+	// Kubernetes, not a fault; what sandman owes is to put both right at
+	// once (vk.NodeProvider's resync, the reconciler's status restore).
+	marked := 0
 	for _, ev := range evs.Items {
-		if ev.Type == corev1.EventTypeWarning && !ev.LastTimestamp.Time.Before(down.Truncate(time.Second)) {
+		if ev.Type != corev1.EventTypeWarning || ev.LastTimestamp.Time.Before(down.Truncate(time.Second)) {
+			continue
+		}
+		switch {
+		case ev.Reason == "NodeNotReady":
+			marked++
+		case ev.Reason == "FailedScheduling" && strings.Contains(ev.Message, "node.kubernetes.io/unreachable"):
+			t.Logf("while the node was taken for unreachable: %s %s: %s", ev.InvolvedObject.Name, ev.Reason, ev.Message)
+		default:
 			t.Errorf("warning event across the outage: %s %s: %s", ev.InvolvedObject.Name, ev.Reason, ev.Message)
 		}
 	}
+	if marked > 0 {
+		t.Logf("kube-controller-manager marked %d pods NotReady after the outage", marked)
+	}
+	framework.Eventually(t, time.Minute, "the virtual node and every pod Ready", func(ctx context.Context) (bool, error) {
+		n, err := s.Kube.CoreV1().Nodes().Get(ctx, p.node, metav1.GetOptions{})
+		if err != nil || !nodeReady(n) {
+			return false, nil
+		}
+		for _, name := range append(names, "after-direct", "after-scheduled") {
+			pod, err := s.Kube.CoreV1().Pods(p.ns).Get(ctx, name, metav1.GetOptions{})
+			if err != nil || !podReady(pod) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	t.Logf("the virtual node and every pod Ready %v after the apiserver's return", time.Since(back).Round(time.Millisecond))
 }
 
 // TestOutageContainerdDuringBurst: containerd is killed and restarted

@@ -6,6 +6,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	corev1listers "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/sandman-dev/sandman/runtime"
 	"github.com/sandman-dev/sandman/runtime/fake"
@@ -109,4 +114,74 @@ func TestAwaitingPodLostWhenAllAnswered(t *testing.T) {
 	if got.Status.Reason != "SandboxLost" {
 		t.Errorf("reason %q %q, want SandboxLost", got.Status.Reason, got.Status.Message)
 	}
+}
+
+// statusWrites counts the pod status updates the provider wrote itself.
+func (h *harness) statusWrites() int {
+	n := 0
+	for _, a := range h.client.Actions() {
+		if a.GetVerb() == "update" && a.GetSubresource() == "status" {
+			n++
+		}
+	}
+	return n
+}
+
+// A Ready pod that someone else marks not ready (kube-controller-manager
+// does, for every pod of a node it took for unreachable) is written Ready
+// again by the reconciler; one whose status agrees is left alone.
+func TestRestoresReadyAnotherWriterTookAway(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Now())
+	idx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	h := newHarness(t, 1, func(c *Config) {
+		c.Clock = clk
+		c.Pods = corev1listers.NewPodLister(idx)
+		c.ReconcileInterval = time.Second
+	})
+	h.runReconciler(t)
+	pod := testPod("marked", "img")
+	if _, err := h.client.CoreV1().Pods("ns").Create(t.Context(), pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.p.CreatePod(t.Context(), pod); err != nil {
+		t.Fatal(err)
+	}
+	ready := h.wait(t, pod.UID, "Ready", isReady)
+	// The API agrees: rounds past the grace write nothing.
+	inAPI, err := h.client.CoreV1().Pods("ns").UpdateStatus(t.Context(), ready, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := idx.Add(inAPI); err != nil {
+		t.Fatal(err)
+	}
+	before := h.statusWrites()
+	for range 10 {
+		clk.Step(time.Second)
+	}
+	if err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 300*time.Millisecond, true, func(context.Context) (bool, error) {
+		return h.statusWrites() != before, nil
+	}); err == nil {
+		t.Fatalf("a status that agrees was written again (%d writes, %d before)", h.statusWrites(), before)
+	}
+
+	// The node lifecycle controller's write.
+	marked := inAPI.DeepCopy()
+	for i, c := range marked.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			marked.Status.Conditions[i].Status, marked.Status.Conditions[i].Reason = corev1.ConditionFalse, "NodeNotReady"
+		}
+	}
+	marked, err = h.client.CoreV1().Pods("ns").UpdateStatus(t.Context(), marked, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := idx.Update(marked); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "the pod written Ready again", func() bool {
+		clk.Step(time.Second)
+		got, err := h.client.CoreV1().Pods("ns").Get(t.Context(), "marked", metav1.GetOptions{})
+		return err == nil && isReady(got)
+	})
 }

@@ -3,6 +3,7 @@ package vk
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 
 	"github.com/sandman-dev/sandman/pool"
 	"github.com/sandman-dev/sandman/runtime"
@@ -97,6 +99,15 @@ type NodeProvider struct {
 	Pool   *pool.Pool
 	// Interval between capacity checks (default 1 s).
 	Interval time.Duration
+	// Nodes, when set, is read every ResyncInterval (default 5 s): a node
+	// whose Ready condition someone else changed (kube-controller-manager
+	// marks it Unknown after an apiserver outage longer than its grace
+	// period) gets its status written again at once, as a kubelet does,
+	// instead of at virtual-kubelet's next periodic update a minute later.
+	Nodes          corev1client.NodeInterface
+	ResyncInterval time.Duration
+	// Logger, when set, logs such repairs.
+	Logger *slog.Logger
 }
 
 var _ node.NodeProvider = (*NodeProvider)(nil)
@@ -111,12 +122,26 @@ func (np *NodeProvider) NotifyNodeStatus(ctx context.Context, cb func(*corev1.No
 	if interval <= 0 {
 		interval = time.Second
 	}
+	resync := np.ResyncInterval
+	if resync <= 0 {
+		resync = 5 * time.Second
+	}
 	go func() {
 		var last string
+		var checked time.Time
 		t := time.NewTicker(interval)
 		defer t.Stop()
 		for {
 			capa, agents := np.capacity()
+			if np.Nodes != nil && time.Since(checked) >= resync {
+				checked = time.Now()
+				if why := np.notReadyInAPI(ctx); why != "" {
+					if np.Logger != nil {
+						np.Logger.Info("the node's status in the API is not ours; writing it again", "vnode", np.Config.Name, "status", why)
+					}
+					last = ""
+				}
+			}
 			if key := fmt.Sprint(capa, agents); key != last {
 				last = key
 				n := NodeSpec(np.Config, capa, agents)
@@ -129,6 +154,26 @@ func (np *NodeProvider) NotifyNodeStatus(ctx context.Context, cb func(*corev1.No
 			}
 		}
 	}()
+}
+
+// notReadyInAPI is the node's Ready condition in the API when it is not
+// True (an unreadable node is left to the next check).
+func (np *NodeProvider) notReadyInAPI(ctx context.Context) string {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	n, err := np.Nodes.Get(ctx, np.Config.Name, metav1.GetOptions{})
+	if err != nil {
+		return ""
+	}
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			if c.Status == corev1.ConditionTrue {
+				return ""
+			}
+			return string(c.Status) + " " + c.Reason + ": " + c.Message
+		}
+	}
+	return "no Ready condition"
 }
 
 func (np *NodeProvider) capacity() (runtime.Capacity, int) {

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	kfake "k8s.io/client-go/kubernetes/fake"
 	clocktesting "k8s.io/utils/clock/testing"
 
@@ -422,4 +423,38 @@ func TestCloseStopsReleaseRetries(t *testing.T) {
 	if _, err := h.p.GetPod(t.Context(), "ns", "stuck"); err != nil {
 		t.Fatalf("a pod whose release never succeeded was forgotten: %v", err)
 	}
+}
+
+// A node status someone else changed (Ready Unknown, as
+// kube-controller-manager writes after a long apiserver outage) is pushed
+// again within the resync interval; a Ready one is not.
+func TestNodeStatusRewrittenWhenMarkedNotReady(t *testing.T) {
+	h := newHarness(t, 3)
+	cfg := NodeConfig{Name: "vn", PoolName: "t", IP: "10.0.0.1", KubeletPort: 10250}
+	capa, agents := (&NodeProvider{Config: cfg, Pool: h.pool}).Capacity()
+	n := NodeSpec(cfg, capa, agents)
+	if _, err := h.client.CoreV1().Nodes().Create(t.Context(), &n, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	np := &NodeProvider{Config: cfg, Pool: h.pool, Nodes: h.client.CoreV1().Nodes(), Interval: 5 * time.Millisecond, ResyncInterval: 5 * time.Millisecond}
+	var pushes atomic.Int32
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	np.NotifyNodeStatus(ctx, func(*corev1.Node) { pushes.Add(1) })
+	poll(t, "the first push", func() bool { return pushes.Load() == 1 })
+	// Many resync rounds with the node Ready: no push.
+	if err := wait.PollUntilContextTimeout(t.Context(), 5*time.Millisecond, 100*time.Millisecond, true, func(context.Context) (bool, error) {
+		return pushes.Load() != 1, nil
+	}); err == nil {
+		t.Fatalf("%d pushes while the node was Ready in the API", pushes.Load())
+	}
+	for i, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			n.Status.Conditions[i].Status, n.Status.Conditions[i].Reason = corev1.ConditionUnknown, "NodeStatusUnknown"
+		}
+	}
+	if _, err := h.client.CoreV1().Nodes().UpdateStatus(t.Context(), &n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "a push after the node was marked Unknown", func() bool { return pushes.Load() > 1 })
 }

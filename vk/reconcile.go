@@ -179,6 +179,7 @@ func (p *Provider) reconcile(ctx context.Context) {
 	}
 	// Pods gone from the API without DeletePod (forced deletions).
 	var gone, resubmit, expired []string
+	var overwritten []*corev1.Pod
 	goneKeys := map[string]string{} // uid → namespace/name, for logs
 	for uid, sb := range p.byUID {
 		if d := deadlineOf(sb.pod, sb.created); !d.IsZero() && !now.Before(d) && !sb.terminal() {
@@ -190,6 +191,11 @@ func (p *Provider) reconcile(ctx context.Context) {
 				gone = append(gone, uid)
 				goneKeys[uid] = podKey(sb.pod.Namespace, sb.pod.Name)
 				continue
+			}
+			if err == nil && string(pod.UID) == uid && sb.readyOverwritten(pod, now) {
+				want := sb.podWithStatus(p.cfg.NodeIP)
+				want.ResourceVersion = pod.ResourceVersion
+				overwritten = append(overwritten, want)
 			}
 		}
 		if !sb.submitted && !sb.awaiting && !sb.terminal() && !sb.deleting && sb.pullFailures == 0 && sb.failures == 0 {
@@ -212,6 +218,9 @@ func (p *Provider) reconcile(ctx context.Context) {
 			metricReleases.WithLabelValues("orphan").Inc()
 		}
 	}
+	for _, pod := range overwritten {
+		p.restoreStatus(ctx, pod)
+	}
 	for _, uid := range resubmit {
 		p.submit(uid)
 	}
@@ -219,4 +228,42 @@ func (p *Provider) reconcile(ctx context.Context) {
 		p.expire(uid)
 	}
 	p.checkIdle(ctx)
+}
+
+// statusRestoreGrace is how long a sandbox has been Ready before a pod
+// status that says otherwise is taken for someone else's write rather than
+// ours still on its way.
+const statusRestoreGrace = 5 * time.Second
+
+// readyOverwritten says the API has the pod not Ready though the sandbox
+// has been Ready for a while: kube-controller-manager marks every pod of a
+// node NotReady when it takes the node for unreachable (after an apiserver
+// outage longer than its grace period, say), and only the node's kubelet
+// ever sets them Ready again.
+func (s *sandbox) readyOverwritten(pod *corev1.Pod, now time.Time) bool {
+	if s.awaiting || s.terminal() || !s.isReady || now.Sub(s.readyAt) < statusRestoreGrace || pod.DeletionTimestamp != nil {
+		return false
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status != corev1.ConditionTrue
+		}
+	}
+	return true
+}
+
+// restoreStatus writes the status a sandbox has over one someone else
+// wrote. virtual-kubelet's status queue cannot: it drops a status equal to
+// the last one it was given, whatever the API holds. A conflict (the pod
+// changed meanwhile) waits for the next round.
+func (p *Provider) restoreStatus(ctx context.Context, pod *corev1.Pod) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err := p.cfg.Client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, pod, metav1.UpdateOptions{})
+	if err != nil {
+		p.log.Info("restore a pod status someone else changed", "pod", podKey(pod.Namespace, pod.Name), "err", err)
+		return
+	}
+	metricStatusUpdates.Inc()
+	p.log.Info("restored the status of a pod someone else had marked not ready", "pod", podKey(pod.Namespace, pod.Name))
 }

@@ -272,7 +272,7 @@ func run(args []string) (retErr error) {
 	}
 
 	nodeCfg := vk.NodeConfig{Name: o.nodeName, PoolName: o.poolName, IP: o.nodeIP, KubeletPort: kubeletPort(o.kubeletListen), Version: "v1.37.2-sandman"}
-	np := &vk.NodeProvider{Config: nodeCfg, Pool: pl}
+	np := &vk.NodeProvider{Config: nodeCfg, Pool: pl, Nodes: client.CoreV1().Nodes(), Logger: log}
 	capa, agents := np.Capacity()
 	spec := vk.NodeSpec(nodeCfg, capa, agents)
 
