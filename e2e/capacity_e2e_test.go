@@ -397,7 +397,7 @@ func TestCapacityPageInChromium(t *testing.T) {
 	t.Logf("screenshot: %s", shot)
 
 	// It comes back (and tears its slots down when the test ends).
-	gone.proc = startAgent(t, buildNode(t, s.Root), gone.args)
+	gone.restart(t)
 	framework.Eventually(t, time.Minute, gone.name+" healthy again on the page", func(ctx context.Context) (bool, error) {
 		return parsePage(chromium(t, page, 3*time.Second, "")).cells[gone.name]["health"] == "healthy", nil
 	})

@@ -37,7 +37,7 @@ func TestVKDrainWhenCordoned(t *testing.T) {
 	t.Cleanup(func() { _ = s.Kube.CoreV1().Nodes().Delete(context.Background(), drained.name, metav1.DeleteOptions{}) })
 	drained.proc.stop(t)
 	drained.args = append(drained.args, "--drain-when-cordoned", "--kubeconfig", s.Env["KUBECONFIG"])
-	drained.proc = startAgent(t, buildNode(t, s.Root), drained.args)
+	drained.restart(t)
 	slotsOn := func(a *vagent) map[runtime.SlotState]int {
 		inv, err := a.client.Inventory(ctx)
 		if err != nil {

@@ -406,3 +406,60 @@ func TestOutageSlowAgent(t *testing.T) {
 	p.create(p.newPod("after", s.BusyboxImage))
 	p.waitPod("after", time.Minute, "Ready", podReady)
 }
+
+// TestOutageNodeMarkedUnreachable: what kube-controller-manager writes when
+// it takes a node for unreachable (after an apiserver outage longer than
+// its grace period, before it sees the lease renewed) is written here as
+// it would: the node's Ready condition Unknown, the pod's Ready False.
+// sandman-vk puts both right within seconds, as a kubelet does, instead of
+// leaving the node tainted and the pod out of its Services.
+func TestOutageNodeMarkedUnreachable(t *testing.T) {
+	s := framework.Get(t)
+	p := startPool(t, s, 1, 4)
+	ctx := t.Context()
+	p.create(p.newPod("marked", s.BusyboxImage))
+	p.waitPod("marked", 2*time.Minute, "Ready", podReady)
+
+	n, err := s.Kube.CoreV1().Nodes().Get(ctx, p.node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			n.Status.Conditions[i].Status, n.Status.Conditions[i].Reason = corev1.ConditionUnknown, "NodeStatusUnknown"
+			n.Status.Conditions[i].Message = "Kubelet stopped posting node status."
+		}
+	}
+	if _, err := s.Kube.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod, err := s.Kube.CoreV1().Pods(p.ns).Get(ctx, "marked", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			pod.Status.Conditions[i].Status, pod.Status.Conditions[i].Reason = corev1.ConditionFalse, "NodeNotReady"
+		}
+	}
+	if _, err := s.Kube.CoreV1().Pods(p.ns).UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	marked := time.Now()
+	framework.Eventually(t, 30*time.Second, "the node and the pod Ready again", func(ctx context.Context) (bool, error) {
+		n, err := s.Kube.CoreV1().Nodes().Get(ctx, p.node, metav1.GetOptions{})
+		if err != nil || !nodeReady(n) {
+			return false, nil
+		}
+		pod, err := s.Kube.CoreV1().Pods(p.ns).Get(ctx, "marked", metav1.GetOptions{})
+		return err == nil && podReady(pod), nil
+	})
+	t.Logf("the node and the pod Ready again %v after they were marked", time.Since(marked).Round(time.Millisecond))
+	pod, err = s.Kube.CoreV1().Pods(p.ns).Get(ctx, "marked", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pod.Status.Phase != corev1.PodRunning || pod.Status.ContainerStatuses[0].RestartCount != 0 {
+		t.Fatalf("the pod changed: %s %+v", pod.Status.Phase, pod.Status.ContainerStatuses)
+	}
+}

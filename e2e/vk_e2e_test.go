@@ -58,9 +58,19 @@ type vpool struct {
 
 type vagent struct {
 	name, addr, namespace string
+	bin                   string
 	args                  []string
 	proc                  *agent
 	client                *nodeapi.Client
+}
+
+// restart starts the agent's process again after a test killed or
+// stopped it. The pool's cleanup stops it, after the pods are gone: a
+// cleanup of its own would run first and stop it while it still holds
+// the sandboxes of live pods, which no one would release then.
+func (a *vagent) restart(t *testing.T) {
+	t.Helper()
+	a.proc = launchAgent(t, a.bin, a.args)
 }
 
 // startPool starts n node agents with slots each and a virtual node over
@@ -73,14 +83,22 @@ func startPool(t *testing.T, s *framework.Stack, n, slots int) *vpool {
 	daemonBin := buildDaemon(t, s.Root)
 	p.vkBin = buildBinary(t, s.Root, "sandman-vk")
 	var agents []string
+	// Registered first, so it runs last: after the pods are gone and
+	// sandman-vk has stopped (see below). Whatever process each agent has
+	// then, restarted ones included, is stopped.
+	t.Cleanup(func() {
+		for _, a := range p.agents {
+			a.proc.stop(t)
+		}
+	})
 	for i := range n {
 		name := fmt.Sprintf("w%d-%s", i, id)
-		a := &vagent{name: name, addr: "127.0.0.1:" + strconv.Itoa(freePort(t)), namespace: "sandman-e2e-" + name}
+		a := &vagent{name: name, addr: "127.0.0.1:" + strconv.Itoa(freePort(t)), namespace: "sandman-e2e-" + name, bin: nodeBin}
 		a.args = []string{"--node", name, "--containerd-address", s.ContainerdAddress, "--namespace", a.namespace,
 			"--slots", strconv.Itoa(slots), "--warm-slots", "2", "--cpu", "4", "--memory", "8Gi",
 			"--state-dir", filepath.Join(framework.StateDir(), "e2e-nodes", name), "--daemon-path", daemonBin,
 			"--cni-conf-dir", s.CNIConfDir, "--cni-bin-dir", s.CNIBinDir, "--listen", a.addr}
-		a.proc = startAgent(t, nodeBin, a.args)
+		a.proc = launchAgent(t, nodeBin, a.args)
 		a.client = nodeapi.NewClient(a.addr, "pool-secret", nil)
 		p.agents = append(p.agents, a)
 		agents = append(agents, name+"="+a.addr)
@@ -504,7 +522,7 @@ func TestVKRestartAndLostAgent(t *testing.T) {
 	}
 	// The dead agent comes back holding sandboxes; those whose pods the
 	// virtual node placed elsewhere or gave up on are released.
-	dead.proc = startAgent(t, buildNode(t, s.Root), dead.args)
+	dead.restart(t)
 	p.waitOnlyLiveBound()
 }
 
