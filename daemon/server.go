@@ -356,22 +356,35 @@ func (s *Server) pruneGroupsLocked() {
 }
 
 // Shutdown refuses new work, sends TERM to every process group the server
-// started, and KILLs what is left when ctx ends.
+// started, and KILLs what is left when ctx ends; it returns once the groups
+// are gone (or, should a KILLed process hang in the kernel, 2 s after the
+// KILL), so that nothing it started outlives a daemon that has stopped.
 func (s *Server) Shutdown(ctx context.Context) {
 	s.shuttingDown.Store(true)
 	s.signalGroups(sigTERM)
+	if s.waitGroupsGone(ctx) {
+		return
+	}
+	s.signalGroups(sigKILL)
+	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	s.waitGroupsGone(kctx)
+}
+
+// waitGroupsGone polls until no process group the server started has a
+// member left, or ctx ends (false).
+func (s *Server) waitGroupsGone(ctx context.Context) bool {
 	for {
 		s.groupsMu.Lock()
 		s.pruneGroupsLocked()
 		n := len(s.groups)
 		s.groupsMu.Unlock()
 		if n == 0 {
-			return
+			return true
 		}
 		select {
 		case <-ctx.Done():
-			s.signalGroups(sigKILL)
-			return
+			return false
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
