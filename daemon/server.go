@@ -214,6 +214,7 @@ func (s *Server) routes() http.Handler {
 	auth("POST /v1/files/move", s.moveFile)
 	auth("POST /v1/files/mkdir", s.mkdir)
 	auth("GET /v1/attach", s.attach)
+	s.envdRoutes(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errf(http.StatusNotFound, api.CodeNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path))
 	})
