@@ -76,6 +76,64 @@ func (p *Provider) expire(uid string) {
 	p.goOwned(func() { p.release(key, uid, grace, false) })
 }
 
+// AnnotationExpiresAt reclaims a sandbox at a time (RFC 3339, e.g.
+// 2026-11-30T18:00:00Z): its pod is deleted then. Unlike
+// spec.activeDeadlineSeconds, which Kubernetes lets only shrink, it may be
+// moved either way while the pod runs; sandman-gateway keeps E2B's sandbox
+// timeout in it.
+const AnnotationExpiresAt = "sandman.io/expires-at"
+
+// ReasonExpired is the event reason of a reclaim at expires-at.
+const ReasonExpired = "Expired"
+
+// expiresAt parses a pod's expiry; zero when it has none.
+func expiresAt(pod *corev1.Pod) (time.Time, error) {
+	v := pod.Annotations[AnnotationExpiresAt]
+	if v == "" {
+		return time.Time{}, nil
+	}
+	t, err := time.Parse(time.RFC3339, v)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("annotation %s: %q is not an RFC 3339 time such as 2026-11-30T18:00:00Z", AnnotationExpiresAt, v)
+	}
+	return t, nil
+}
+
+// armExpiryLocked schedules the reclaim of a sandbox at its expiry, moving
+// it when the annotation changed. The reconciler checks expiries too.
+func (p *Provider) armExpiryLocked(uid string, sb *sandbox) {
+	stopTimer(sb.expiry)
+	sb.expiry = nil
+	if sb.expiresAt.IsZero() {
+		return
+	}
+	sb.expiry = p.afterFuncLocked(max(0, sb.expiresAt.Sub(p.cfg.Now())), func() { p.reclaimExpired(context.Background(), uid) })
+}
+
+// reclaimExpired deletes the pod of a sandbox past its expiry and says why.
+func (p *Provider) reclaimExpired(ctx context.Context, uid string) {
+	p.mu.Lock()
+	sb := p.byUID[uid]
+	if sb == nil || sb.deleting || sb.expiresAt.IsZero() || p.cfg.Now().Before(sb.expiresAt) {
+		p.mu.Unlock()
+		return
+	}
+	pod, at := sb.pod, sb.expiresAt
+	p.mu.Unlock()
+	msg := fmt.Sprintf("the sandbox expired at %s (annotation %s): it was reclaimed", at.UTC().Format(time.RFC3339), AnnotationExpiresAt)
+	p.log.Info("expired", "pod", podKey(pod.Namespace, pod.Name), "at", at)
+	p.cfg.Recorder.Event(pod, corev1.EventTypeNormal, ReasonExpired, msg)
+	metricReclaims.WithLabelValues(ReasonExpired, p.nodeOf(pod.UID)).Inc()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	puid := pod.UID
+	err := p.cfg.Client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
+		GracePeriodSeconds: new(int64), Preconditions: &metav1.Preconditions{UID: &puid}})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		p.log.Warn("delete expired pod", "pod", podKey(pod.Namespace, pod.Name), "err", err)
+	}
+}
+
 // AnnotationIdleTimeout reclaims a sandbox after that long (a Go duration,
 // e.g. 30m) with no authenticated daemon call and nothing running in it. A
 // trainer thinking for longer renews (POST /v1/renew on the daemon).

@@ -339,6 +339,9 @@ func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	if err == nil {
 		sb.idleTimeout, err = idleTimeout(pod)
 	}
+	if err == nil {
+		sb.expiresAt, err = expiresAt(pod)
+	}
 	if err != nil {
 		sb.fail(runtime.ReasonInvalidSpec, err.Error(), p.cfg.Now())
 		p.mu.Unlock()
@@ -348,6 +351,7 @@ func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	}
 	sb.req = req
 	p.armDeadlineLocked(uid, sb)
+	p.armExpiryLocked(uid, sb)
 	p.mu.Unlock()
 	p.submit(uid)
 	metricPodsCreated.Inc()
@@ -381,12 +385,24 @@ func (p *Provider) submit(uid string) {
 func (p *Provider) UpdatePod(ctx context.Context, pod *corev1.Pod) error {
 	p.mu.Lock()
 	sb, ok := p.byUID[string(pod.UID)]
+	var badExpiry error
 	if ok {
 		sb.pod = pod // a copy of its own, as in CreatePod
+		// The expiry may move while the pod runs (an E2B timeout set
+		// again); an unreadable one keeps the last.
+		if at, err := expiresAt(pod); err != nil {
+			badExpiry = err
+		} else if !at.Equal(sb.expiresAt) && !sb.terminal() && !sb.deleting {
+			sb.expiresAt = at
+			p.armExpiryLocked(string(pod.UID), sb)
+		}
 	}
 	p.mu.Unlock()
 	if !ok {
 		return p.CreatePod(ctx, pod)
+	}
+	if badExpiry != nil {
+		p.cfg.Recorder.Event(pod, corev1.EventTypeWarning, runtime.ReasonInvalidSpec, badExpiry.Error()+"; the previous expiry stays")
 	}
 	p.push(string(pod.UID))
 	return nil

@@ -458,3 +458,46 @@ func TestNodeStatusRewrittenWhenMarkedNotReady(t *testing.T) {
 	}
 	poll(t, "a push after the node was marked Unknown", func() bool { return pushes.Load() > 1 })
 }
+
+// A pod's sandman.io/expires-at deletes it then; moved later while the pod
+// runs (E2B's setTimeout), the old time passes and nothing happens.
+func TestExpiresAtReclaimsAndMoves(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Now())
+	h := newHarness(t, 1, func(c *Config) { c.Clock = clk })
+	pod := testPod("expiring", "img")
+	pod.Annotations[AnnotationExpiresAt] = clk.Now().Add(time.Minute).UTC().Format(time.RFC3339)
+	if _, err := h.client.CoreV1().Pods("ns").Create(t.Context(), pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.p.CreatePod(t.Context(), pod); err != nil {
+		t.Fatal(err)
+	}
+	h.wait(t, pod.UID, "Ready", isReady)
+	moved := pod.DeepCopy()
+	moved.Annotations[AnnotationExpiresAt] = clk.Now().Add(3 * time.Minute).UTC().Format(time.RFC3339)
+	if err := h.p.UpdatePod(t.Context(), moved); err != nil {
+		t.Fatal(err)
+	}
+	exists := func() bool {
+		_, err := h.client.CoreV1().Pods("ns").Get(t.Context(), "expiring", metav1.GetOptions{})
+		return err == nil
+	}
+	clk.Step(2 * time.Minute)
+	if err := wait.PollUntilContextTimeout(t.Context(), 5*time.Millisecond, 200*time.Millisecond, true, func(context.Context) (bool, error) {
+		return !exists(), nil
+	}); err == nil {
+		t.Fatal("the pod was deleted at the expiry it had before it was moved")
+	}
+	clk.Step(time.Minute + time.Second)
+	poll(t, "the pod deleted at its moved expiry", func() bool { return !exists() })
+
+	bad := testPod("bad-expiry", "img")
+	bad.Annotations[AnnotationExpiresAt] = "in an hour"
+	if err := h.p.CreatePod(t.Context(), bad); err != nil {
+		t.Fatal(err)
+	}
+	got := h.wait(t, bad.UID, "Failed", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed })
+	if !strings.Contains(got.Status.Message, AnnotationExpiresAt) {
+		t.Fatalf("message %q does not name the annotation", got.Status.Message)
+	}
+}

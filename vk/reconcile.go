@@ -64,6 +64,7 @@ func (p *Provider) adoptLocked(sb *sandbox, b pool.BoundSlot) {
 	}
 	sb.req, sb.submitted, sb.awaiting = req, true, false
 	sb.idleTimeout, _ = idleTimeout(pod)
+	sb.expiresAt, _ = expiresAt(pod)
 	started := b.Slot.Since
 	for _, cs := range pod.Status.ContainerStatuses {
 		if cs.State.Running != nil {
@@ -77,6 +78,7 @@ func (p *Provider) adoptLocked(sb *sandbox, b pool.BoundSlot) {
 	p.byUID[uid] = sb
 	p.byKey[podKey(pod.Namespace, pod.Name)] = uid
 	p.armDeadlineLocked(uid, sb)
+	p.armExpiryLocked(uid, sb)
 	p.cfg.Pool.Adopt(pool.Request{Bind: req, Job: jobOf(pod)}, b.Node)
 }
 
@@ -178,12 +180,15 @@ func (p *Provider) reconcile(ctx context.Context) {
 		}
 	}
 	// Pods gone from the API without DeletePod (forced deletions).
-	var gone, resubmit, expired []string
+	var gone, resubmit, expired, lapsed []string
 	var overwritten []*corev1.Pod
 	goneKeys := map[string]string{} // uid → namespace/name, for logs
 	for uid, sb := range p.byUID {
 		if d := deadlineOf(sb.pod, sb.created); !d.IsZero() && !now.Before(d) && !sb.terminal() {
 			expired = append(expired, uid)
+		}
+		if !sb.expiresAt.IsZero() && !now.Before(sb.expiresAt) && !sb.deleting {
+			lapsed = append(lapsed, uid)
 		}
 		if p.cfg.Pods != nil {
 			pod, err := p.cfg.Pods.Pods(sb.pod.Namespace).Get(sb.pod.Name)
@@ -226,6 +231,9 @@ func (p *Provider) reconcile(ctx context.Context) {
 	}
 	for _, uid := range expired {
 		p.expire(uid)
+	}
+	for _, uid := range lapsed {
+		p.reclaimExpired(ctx, uid)
 	}
 	p.checkIdle(ctx)
 }

@@ -50,12 +50,17 @@ type sandbox struct {
 	// failed bind's back-off; both stop when the provider forgets the pod
 	// or closes.
 	deadline, resubmit clock.Timer
+	// expiresAt from the pod's sandman.io/expires-at annotation (zero when
+	// it has none); expiry fires then.
+	expiresAt time.Time
+	expiry    clock.Timer
 }
 
 func (s *sandbox) stopTimers() {
 	stopTimer(s.deadline)
 	stopTimer(s.resubmit)
-	s.deadline, s.resubmit = nil, nil
+	stopTimer(s.expiry)
+	s.deadline, s.resubmit, s.expiry = nil, nil, nil
 }
 
 func stopTimer(t clock.Timer) {
