@@ -225,6 +225,10 @@ func (g *Gateway) create(ctx context.Context, key Key, req *newSandbox, defTimeo
 		if apierrors.IsAlreadyExists(err) && attempt < 3 {
 			continue // an ID drawn twice: draw again
 		}
+		if apierrors.IsNotFound(err) {
+			// Not the caller's fault, and not a missing sandbox: 500.
+			return nil, fmt.Errorf("API key %s: its namespace %s does not exist: %v", key.Name, key.Namespace, apiMessage(err))
+		}
 		if err != nil {
 			return nil, kubeError("create sandbox pod", err)
 		}

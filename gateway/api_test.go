@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -232,6 +233,9 @@ func TestCreateFails(t *testing.T) {
 			}
 			if ae.ErrorCode != codeCreateFailed {
 				t.Errorf("error_code %q", ae.ErrorCode)
+			}
+			if n := testutil.ToFloat64(metricCreates.WithLabelValues(resultFailed)); n < 1 {
+				t.Errorf("creates metric for failures: %v", n)
 			}
 			_, err := e.client.CoreV1().Pods(nsA).Get(context.Background(), pod.Name, metav1.GetOptions{})
 			if !apierrors.IsNotFound(err) {
@@ -637,6 +641,12 @@ func TestUnsupported(t *testing.T) {
 	}
 	if n := len(e.sandboxPods(nsA)); n != 0 {
 		t.Fatalf("%d pods made by refused creates", n)
+	}
+	if n := testutil.ToFloat64(metricRequests.WithLabelValues("/sandboxes/{sandboxID}/pause", "501")); n < 1 {
+		t.Errorf("requests metric for pause: %v", n)
+	}
+	if n := testutil.ToFloat64(metricCreates.WithLabelValues(resultUnsupported)); n < 3 {
+		t.Errorf("creates metric for refused creates: %v", n)
 	}
 	// Unsupported calls still need a key.
 	if r := e.call(http.MethodPost, "/sandboxes/x/pause", "", nil); r.status != http.StatusUnauthorized {

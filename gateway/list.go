@@ -197,7 +197,9 @@ func (g *Gateway) serveList(w http.ResponseWriter, r *http.Request, key Key) {
 		return
 	}
 	all := g.matching(key.Namespace, lq)
-	w.Header().Set(headerTotalRunning, strconv.Itoa(len(all)))
+	if lq.running {
+		w.Header().Set(headerTotalRunning, strconv.Itoa(len(all)))
+	}
 	page := all
 	if lq.after != nil {
 		i := 0

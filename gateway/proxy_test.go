@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // sandboxRequest is a daemon call as the SDK sends it in E2B_SANDBOX_URL
@@ -89,6 +91,9 @@ func TestProxyStreams(t *testing.T) {
 			rest, err := io.ReadAll(br)
 			if err != nil || string(rest) != "second\n" {
 				t.Fatalf("rest %q: %v", rest, err)
+			}
+			if n := testutil.ToFloat64(metricProxied.WithLabelValues("200")); n < 1 {
+				t.Errorf("proxied metric: %v", n)
 			}
 			select {
 			case addr := <-e.dialed:
