@@ -83,7 +83,8 @@ type Gateway struct {
 	proxy     http.Handler
 
 	pods    cache.SharedIndexInformer
-	cfgInfs []cache.SharedIndexInformer
+	keysInf cache.SharedIndexInformer   // nil with fixed keys
+	cfgInfs []cache.SharedIndexInformer // the keys' and templates' watches
 	ready   atomic.Bool
 	waiters waiters
 	tomb    tombstones
@@ -188,6 +189,7 @@ func New(cfg Config) (*Gateway, error) {
 		if err != nil {
 			return nil, err
 		}
+		g.keysInf = inf
 		g.cfgInfs = append(g.cfgInfs, inf)
 	}
 	if cfg.TemplatesConfigMap.Name != "" {
@@ -265,9 +267,9 @@ func (g *Gateway) Run(ctx context.Context) error {
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 		return ctx.Err()
 	}
-	if g.cfg.KeysSecret.Name != "" {
+	if g.keysInf != nil {
 		// An absent Secret is no keys, said once.
-		if _, ok, _ := g.cfgInfs[0].GetStore().GetByKey(g.cfg.KeysSecret.String()); !ok {
+		if _, ok, _ := g.keysInf.GetStore().GetByKey(g.cfg.KeysSecret.String()); !ok {
 			g.log.Warn("API keys Secret not found: every call is refused until it exists", "secret", g.cfg.KeysSecret.String())
 		}
 	}
