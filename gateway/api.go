@@ -1,0 +1,491 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/containerd/errdefs"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// headerAPIKey carries the API key (the SDK sends X-API-KEY; header names
+// are case-insensitive).
+const headerAPIKey = "X-API-Key"
+
+// v1DefaultTimeout is the lifetime of a sandbox made by the older POST
+// /sandboxes without a timeout (E2B's NewSandbox schema default).
+const v1DefaultTimeout = 15 * time.Second
+
+// refreshDefault is how long POST /sandboxes/{id}/refreshes keeps a
+// sandbox alive when the body names no duration.
+const refreshDefault = 15 * time.Second
+
+// unsupported are E2B's endpoints sandman has no counterpart for; they
+// answer 501 with what is missing, never hang or fail otherwise. (Pause
+// must not answer 409: the SDK reads that as "already paused".)
+var unsupported = []struct{ pattern, what string }{
+	{"/sandboxes/{sandboxID}/pause", "pausing a sandbox"},
+	{"/sandboxes/{sandboxID}/resume", "resuming a sandbox (sandboxes are never paused)"},
+	{"/sandboxes/{sandboxID}/snapshots", "sandbox snapshots"},
+	{"/sandboxes/{sandboxID}/fork", "forking a sandbox"},
+	{"/sandboxes/{sandboxID}/metrics", "sandbox metrics through the E2B API (use kubectl top pod or sandman's metrics)"},
+	{"GET /sandboxes/metrics", "sandbox metrics through the E2B API (use kubectl top pod or sandman's metrics)"},
+	{"/sandboxes/{sandboxID}/network", "changing a sandbox's network configuration"},
+	{"/sandboxes/{sandboxID}/logs", "sandbox logs through the E2B API (use kubectl logs)"},
+	{"/v2/sandboxes/{sandboxID}/logs", "sandbox logs through the E2B API (use kubectl logs)"},
+	{"/snapshots", "snapshots"},
+	{"/snapshots/", "snapshots"},
+	{"/templates", "templates through the E2B API (templates are the gateway's ConfigMap)"},
+	{"/templates/", "templates through the E2B API (templates are the gateway's ConfigMap)"},
+	{"/v2/templates", "template builds"},
+	{"/v2/templates/", "template builds"},
+	{"/v3/templates", "template builds"},
+	{"/v3/templates/", "template builds"},
+	{"/volumes", "volumes"},
+	{"/volumes/", "volumes"},
+	{"/secrets", "secrets"},
+	{"/secrets/", "secrets"},
+	{"/teams", "teams"},
+	{"/teams/", "teams"},
+}
+
+// ControlHandler serves E2B's control API only.
+func (g *Gateway) ControlHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", g.serveHealthz)
+	mux.Handle("POST /v2/sandboxes", g.auth(func(w http.ResponseWriter, r *http.Request, k Key) { g.serveCreate(w, r, k, g.cfg.DefaultTimeout) }))
+	mux.Handle("POST /sandboxes", g.auth(func(w http.ResponseWriter, r *http.Request, k Key) { g.serveCreate(w, r, k, v1DefaultTimeout) }))
+	mux.Handle("GET /v2/sandboxes", g.auth(g.serveList))
+	mux.Handle("GET /sandboxes", g.auth(g.serveListV1))
+	mux.Handle("GET /sandboxes/{sandboxID}", g.auth(g.serveGet))
+	mux.Handle("DELETE /sandboxes/{sandboxID}", g.auth(g.serveKill))
+	mux.Handle("POST /sandboxes/{sandboxID}/timeout", g.auth(g.serveSetTimeout))
+	mux.Handle("POST /sandboxes/{sandboxID}/refreshes", g.auth(g.serveRefresh))
+	mux.Handle("POST /v2/sandboxes/{sandboxID}/connect", g.auth(func(w http.ResponseWriter, r *http.Request, k Key) { g.serveConnect(w, r, k, g.cfg.DefaultTimeout) }))
+	mux.Handle("POST /sandboxes/{sandboxID}/connect", g.auth(func(w http.ResponseWriter, r *http.Request, k Key) { g.serveConnect(w, r, k, g.cfg.DefaultTimeout) }))
+	for _, u := range unsupported {
+		mux.Handle(u.pattern, g.auth(func(w http.ResponseWriter, r *http.Request, _ Key) {
+			writeError(w, errorf(errdefs.ErrNotImplemented, "%s is not supported by sandman's E2B gateway", u.what))
+		}))
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, errorf(errdefs.ErrNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path))
+	})
+	return instrument(mux)
+}
+
+// auth finds the caller's key, or answers 401 as E2B does (the SDK turns
+// 401 into AuthenticationError: dist/index.js apiErrorFromCode).
+func (g *Gateway) auth(h func(http.ResponseWriter, *http.Request, Key)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !g.Ready() {
+			writeError(w, errorf(errdefs.ErrUnavailable, "the gateway is starting: retry in a moment"))
+			return
+		}
+		raw := r.Header.Get(headerAPIKey)
+		if raw == "" {
+			writeError(w, errorf(errdefs.ErrUnauthenticated, "missing API key: send it in the X-API-Key header (E2B_API_KEY)"))
+			return
+		}
+		key, ok := g.keys.lookup(raw)
+		if !ok {
+			writeError(w, errorf(errdefs.ErrUnauthenticated, "invalid API key"))
+			return
+		}
+		h(w, r, key)
+	})
+}
+
+// decodeBody reads a JSON body into v; an empty body leaves v as it is
+// when optional.
+func decodeBody(r *http.Request, v any, optional bool) error {
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, 1<<20))
+	if err := dec.Decode(v); err != nil {
+		if optional && errors.Is(err, io.EOF) {
+			return nil
+		}
+		return errorf(errdefs.ErrInvalidArgument, "request body: %v", err)
+	}
+	return nil
+}
+
+// seconds turns a timeout in seconds into a duration within the
+// gateway's bounds.
+func (g *Gateway) seconds(what string, s int64) (time.Duration, error) {
+	if s < 0 {
+		return 0, errorf(errdefs.ErrInvalidArgument, "%s: %d seconds is negative", what, s)
+	}
+	d := time.Duration(s) * time.Second
+	if d > g.cfg.MaxTimeout || s > int64(g.cfg.MaxTimeout/time.Second) {
+		return 0, errorf(errdefs.ErrInvalidArgument, "%s: %d seconds is more than the longest allowed, %d seconds", what, s, int64(g.cfg.MaxTimeout/time.Second))
+	}
+	return d, nil
+}
+
+func (g *Gateway) domain() *string {
+	if g.cfg.SandboxDomain == "" {
+		return nil
+	}
+	d := g.cfg.SandboxDomain
+	return &d
+}
+
+// refuse says which part of a create request sandman cannot honour, or nil.
+func refuse(req *newSandbox) error {
+	switch {
+	case req.AutoPause != nil && *req.AutoPause:
+		return errorf(errdefs.ErrNotImplemented, "autoPause is not supported by sandman's E2B gateway: sandboxes cannot be paused, they are killed at their timeout (leave the lifecycle's onTimeout at 'kill')")
+	case req.AutoResume != nil && req.AutoResume.Enabled:
+		return errorf(errdefs.ErrNotImplemented, "autoResume is not supported by sandman's E2B gateway: sandboxes cannot be paused or resumed")
+	case len(req.VolumeMounts) > 0:
+		return errorf(errdefs.ErrNotImplemented, "volumeMounts: volumes are not supported by sandman's E2B gateway")
+	case len(req.Mcp) > 0 && string(req.Mcp) != "null":
+		return errorf(errdefs.ErrNotImplemented, "mcp: the MCP gateway is not supported by sandman's E2B gateway")
+	case len(req.Iam) > 0 && string(req.Iam) != "null":
+		return errorf(errdefs.ErrNotImplemented, "iam: workload identity tokens are not supported by sandman's E2B gateway")
+	case req.Network != nil && (len(req.Network.AllowOut) > 0 || len(req.Network.DenyOut) > 0 ||
+		(len(req.Network.Rules) > 0 && string(req.Network.Rules) != "null") ||
+		(len(req.Network.EgressProxy) > 0 && string(req.Network.EgressProxy) != "null")):
+		return errorf(errdefs.ErrNotImplemented, "network: per-sandbox egress rules are not supported by sandman's E2B gateway (egress is the pool's setting)")
+	}
+	return nil
+}
+
+// serveCreate is POST /v2/sandboxes (and the older POST /sandboxes): a pod
+// on the key's pool, answered once it is ready with the sandbox and its
+// access token. The token is given out this once (and again by connect,
+// which derives it anew); nothing stores it.
+func (g *Gateway) serveCreate(w http.ResponseWriter, r *http.Request, key Key, defTimeout time.Duration) {
+	start := time.Now()
+	var req newSandbox
+	if err := decodeBody(r, &req, false); err != nil {
+		creates(resultInvalid, start)
+		writeError(w, err)
+		return
+	}
+	sb, err := g.create(r.Context(), key, &req, defTimeout)
+	creates(createResult(err), start)
+	if err != nil {
+		if r.Context().Err() == nil {
+			writeError(w, err)
+		}
+		return
+	}
+	writeJSON(w, http.StatusCreated, sb)
+}
+
+func (g *Gateway) create(ctx context.Context, key Key, req *newSandbox, defTimeout time.Duration) (_ *sandboxJSON, retErr error) {
+	if err := refuse(req); err != nil {
+		return nil, err
+	}
+	// secure:false (the older API) asks for a sandbox without an access
+	// token; sandman's daemon always requires one, so a token is made
+	// and returned all the same, and the SDK sends it.
+	if req.TemplateID == "" {
+		return nil, errorf(errdefs.ErrInvalidArgument, "templateID is required")
+	}
+	lifetime := defTimeout
+	if req.Timeout != nil {
+		var err error
+		if lifetime, err = g.seconds("timeout", *req.Timeout); err != nil {
+			return nil, err
+		}
+	}
+	tmpl, err := g.templates.resolve(req.TemplateID)
+	if err != nil {
+		return nil, err
+	}
+	if g.cfg.Namespace != "" && key.Namespace != g.cfg.Namespace {
+		return nil, fmt.Errorf("API key %s: its namespace %s is not the one the gateway watches (%s): fix the key or the gateway's namespace setting", key.Name, key.Namespace, g.cfg.Namespace)
+	}
+	pods := g.cfg.Client.CoreV1().Pods(key.Namespace)
+	var created *corev1.Pod
+	var id, token string
+	for attempt := 0; ; attempt++ {
+		id = newSandboxID()
+		token = g.cfg.Tokens.New(key.Namespace, id)
+		pod, err := buildPod(podSpec{
+			id: id, tokenHash: TokenHash(token), key: key, template: tmpl, templateID: req.TemplateID,
+			metadata: req.Metadata, env: req.EnvVars, internet: req.AllowInternetAccess,
+			expiresAt: g.cfg.Now().Add(lifetime),
+		})
+		if err != nil {
+			return nil, errorf(errdefs.ErrInvalidArgument, "%v", err)
+		}
+		created, err = pods.Create(ctx, pod, metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) && attempt < 3 {
+			continue // an ID drawn twice: draw again
+		}
+		if apierrors.IsNotFound(err) {
+			// Not the caller's fault, and not a missing sandbox: 500.
+			return nil, fmt.Errorf("API key %s: its namespace %s does not exist: %v", key.Name, key.Namespace, apiMessage(err))
+		}
+		if err != nil {
+			return nil, kubeError("create sandbox pod", err)
+		}
+		break
+	}
+	log := g.log.With("pod", key.Namespace+"/"+id, "key", key.Name, "image", tmpl.Image)
+	defer func() {
+		if retErr == nil {
+			return
+		}
+		// No sandbox for the caller: none is left behind either.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if err := g.deletePod(dctx, created); err != nil && !apierrors.IsNotFound(err) {
+			log.Warn("delete the pod of a failed create", "err", err)
+		}
+		log.Info("create failed", "err", retErr)
+	}()
+	if _, err := g.waitReady(ctx, created); err != nil {
+		return nil, err
+	}
+	log.Info("sandbox created")
+	return &sandboxJSON{
+		SandboxID: id, TemplateID: req.TemplateID, Alias: tmpl.Name, ClientID: clientID,
+		EnvdVersion: EnvdVersion, EnvdAccessToken: token, Domain: g.domain(),
+	}, nil
+}
+
+func (g *Gateway) deletePod(ctx context.Context, pod *corev1.Pod) error {
+	zero := int64(0)
+	uid := pod.UID
+	opts := metav1.DeleteOptions{GracePeriodSeconds: &zero}
+	if uid != "" {
+		opts.Preconditions = &metav1.Preconditions{UID: &uid}
+	}
+	return g.cfg.Client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, opts)
+}
+
+// waitReady waits, through the pod watch, until the created pod is ready,
+// fails, or CreateTimeout passes.
+func (g *Gateway) waitReady(ctx context.Context, created *corev1.Pod) (*corev1.Pod, error) {
+	key := created.Namespace + "/" + created.Name
+	changed, stop := g.waiters.watch(key)
+	defer stop()
+	timer := time.NewTimer(g.cfg.CreateTimeout)
+	defer timer.Stop()
+	last, seen := created, false
+	for {
+		obj, ok, _ := g.pods.GetIndexer().GetByKey(key)
+		pod, _ := obj.(*corev1.Pod)
+		switch {
+		case ok && pod != nil && (created.UID == "" || pod.UID == created.UID):
+			seen, last = true, pod
+			if podReady(pod) {
+				return pod, nil
+			}
+			if reason, msg := podFailure(pod); reason != "" {
+				return nil, failed(created.Name, created.Spec.Containers[0].Image, reason, msg)
+			}
+		case seen:
+			return nil, withCode(codeCreateFailed, fmt.Errorf("sandbox %s: its pod was deleted while starting", created.Name))
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-timer.C:
+			scheduled, why := pendingReason(last)
+			if !scheduled {
+				return nil, withCode(codeCapacityUnavailable, errorf(errdefs.ErrUnavailable,
+					"sandbox %s: no room in the pool after %s (%s); retry later", created.Name, g.cfg.CreateTimeout, why))
+			}
+			return nil, withCode(codePlacementTimeout, fmt.Errorf("sandbox %s: not ready after %s (%s): %w",
+				created.Name, g.cfg.CreateTimeout, why, context.DeadlineExceeded))
+		}
+	}
+}
+
+func failed(id, image, reason, msg string) error {
+	text := fmt.Sprintf("sandbox %s (image %s) failed to start: %s", id, image, reason)
+	if msg != "" {
+		text += ": " + msg
+	}
+	if badImageReasons[reason] {
+		return withCode(codeCreateFailed, errorf(errdefs.ErrInvalidArgument, "%s", text))
+	}
+	return withCode(codeCreateFailed, errors.New(text))
+}
+
+// sandboxPod is the caller's sandbox id: a live gateway-made pod in the
+// key's namespace. Anything else, another namespace's sandbox included, is
+// not found.
+func (g *Gateway) sandboxPod(ctx context.Context, key Key, id string) (*corev1.Pod, error) {
+	notFound := errorf(errdefs.ErrNotFound, "sandbox %s not found", id)
+	if len(validation.IsDNS1123Label(id)) > 0 {
+		return nil, notFound
+	}
+	pod, err := g.cfg.Client.CoreV1().Pods(key.Namespace).Get(ctx, id, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, notFound
+	}
+	if err != nil {
+		return nil, kubeError("get sandbox "+id, err)
+	}
+	if !isSandboxPod(pod, id) || !alive(pod) {
+		return nil, notFound
+	}
+	return pod, nil
+}
+
+func (g *Gateway) serveGet(w http.ResponseWriter, r *http.Request, key Key) {
+	pod, err := g.sandboxPod(r.Context(), key, r.PathValue("sandboxID"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	d := detail(pod)
+	d.Domain = g.domain()
+	writeJSON(w, http.StatusOK, d)
+}
+
+// serveKill is DELETE /sandboxes/{id}: the pod goes at once (grace 0).
+func (g *Gateway) serveKill(w http.ResponseWriter, r *http.Request, key Key) {
+	id := r.PathValue("sandboxID")
+	pod, err := g.sandboxPod(r.Context(), key, id)
+	if err == nil {
+		err = g.deletePod(r.Context(), pod)
+		if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+			err = errorf(errdefs.ErrNotFound, "sandbox %s not found", id)
+		} else if err != nil {
+			err = kubeError("kill sandbox "+id, err)
+		}
+	}
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	g.log.Info("sandbox killed", "pod", key.Namespace+"/"+id, "key", key.Name)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// serveSetTimeout is POST /sandboxes/{id}/timeout {timeout}: the sandbox
+// now ends that many seconds from now, sooner or later than before.
+func (g *Gateway) serveSetTimeout(w http.ResponseWriter, r *http.Request, key Key) {
+	var req timeoutRequest
+	if err := decodeBody(r, &req, false); err != nil {
+		writeError(w, err)
+		return
+	}
+	if req.Timeout == nil {
+		writeError(w, errorf(errdefs.ErrInvalidArgument, "timeout is required"))
+		return
+	}
+	d, err := g.seconds("timeout", *req.Timeout)
+	if err == nil {
+		end := g.cfg.Now().Add(d)
+		_, err = g.setExpiry(r.Context(), key, r.PathValue("sandboxID"), func(time.Time) time.Time { return end })
+	}
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// serveRefresh is POST /sandboxes/{id}/refreshes {duration}: the sandbox
+// lives at least that many more seconds (never shortened).
+func (g *Gateway) serveRefresh(w http.ResponseWriter, r *http.Request, key Key) {
+	var req refreshRequest
+	if err := decodeBody(r, &req, true); err != nil {
+		writeError(w, err)
+		return
+	}
+	d := refreshDefault
+	var err error
+	if req.Duration != nil {
+		d, err = g.seconds("duration", *req.Duration)
+	}
+	if err == nil {
+		_, err = g.setExpiry(r.Context(), key, r.PathValue("sandboxID"), g.atLeast(d))
+	}
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// serveConnect is POST /v2/sandboxes/{id}/connect {timeout} (and the older
+// /sandboxes/{id}/connect): the sandbox's lifetime is extended to at least
+// timeout seconds from now, and the answer carries its access token again,
+// which the SDK uses for every later daemon call.
+func (g *Gateway) serveConnect(w http.ResponseWriter, r *http.Request, key Key, defTimeout time.Duration) {
+	var req timeoutRequest
+	if err := decodeBody(r, &req, true); err != nil {
+		writeError(w, err)
+		return
+	}
+	d := defTimeout
+	var err error
+	if req.Timeout != nil {
+		d, err = g.seconds("timeout", *req.Timeout)
+	}
+	var pod *corev1.Pod
+	if err == nil {
+		pod, err = g.setExpiry(r.Context(), key, r.PathValue("sandboxID"), g.atLeast(d))
+	}
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	token, ok := g.cfg.Tokens.Recover(pod.Namespace, pod.Name, pod.Annotations[AnnotationTokenHash])
+	if !ok {
+		writeError(w, fmt.Errorf("sandbox %s: its access token cannot be derived again (the gateway's token key changed since it was made); kill it and create a new one", pod.Name))
+		return
+	}
+	writeJSON(w, http.StatusOK, sandboxJSON{
+		SandboxID: pod.Name, TemplateID: pod.Annotations[AnnotationTemplate], Alias: pod.Annotations[AnnotationAlias],
+		ClientID: clientID, EnvdVersion: EnvdVersion, EnvdAccessToken: token, Domain: g.domain(),
+	})
+}
+
+// atLeast extends an end to d from now, never shortens it.
+func (g *Gateway) atLeast(d time.Duration) func(time.Time) time.Time {
+	return func(cur time.Time) time.Time {
+		if end := g.cfg.Now().Add(d); end.After(cur) {
+			return end
+		}
+		return cur
+	}
+}
+
+// setExpiry rewrites a sandbox's sandman.io/expires-at to next(current),
+// guarded by the pod's resourceVersion (retried on a conflict), and
+// returns the pod as it now is.
+func (g *Gateway) setExpiry(ctx context.Context, key Key, id string, next func(time.Time) time.Time) (*corev1.Pod, error) {
+	for attempt := 0; ; attempt++ {
+		pod, err := g.sandboxPod(ctx, key, id)
+		if err != nil {
+			return nil, err
+		}
+		cur := expiresAt(pod)
+		end := next(cur).UTC().Truncate(time.Second)
+		if end.Equal(cur) {
+			return pod, nil
+		}
+		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
+			"resourceVersion": pod.ResourceVersion,
+			"annotations":     map[string]string{AnnotationExpiresAt: end.Format(time.RFC3339)},
+		}})
+		pod, err = g.cfg.Client.CoreV1().Pods(key.Namespace).Patch(ctx, id, types.MergePatchType, patch, metav1.PatchOptions{})
+		if apierrors.IsConflict(err) && attempt < 5 {
+			continue
+		}
+		if err != nil {
+			return nil, kubeError("set the timeout of sandbox "+id, err)
+		}
+		return pod, nil
+	}
+}

@@ -1,0 +1,435 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	daemonapi "github.com/sandman-dev/sandman/daemon/api"
+)
+
+// Config is what a Gateway needs. Client and Tokens are required; one of
+// KeysSecret and Keys too.
+type Config struct {
+	Client kubernetes.Interface
+	// Tokens derives sandbox access tokens (the same keys on every
+	// replica).
+	Tokens *Tokens
+
+	// KeysSecret is the Secret whose data entries are the API keys,
+	// watched: a key added or removed takes effect without a restart.
+	KeysSecret types.NamespacedName
+	// Keys are fixed key entries (a file's), used when KeysSecret is not
+	// set; same format as the Secret's data (see ParseKeys).
+	Keys map[string][]byte
+
+	// TemplatesConfigMap is the ConfigMap whose data entries are the
+	// templates (see ParseTemplates), watched. Templates are fixed ones,
+	// used when it is not set. With neither, only image references work
+	// as template IDs.
+	TemplatesConfigMap types.NamespacedName
+	Templates          map[string]string
+
+	// Namespace limits the pods the gateway watches (the proxy's routing
+	// table, lists) to one namespace; "" watches every namespace (RBAC:
+	// list/watch pods cluster-wide).
+	Namespace string
+
+	// CreateTimeout bounds how long a create waits for the pod to be
+	// ready (default 60 s).
+	CreateTimeout time.Duration
+	// DefaultTimeout is a sandbox's lifetime when a v2 create names none
+	// (E2B's default, 300 s); the older POST /sandboxes defaults to 15 s
+	// as E2B's schema says.
+	DefaultTimeout time.Duration
+	// MaxTimeout is the longest lifetime a create, set-timeout or connect
+	// may ask for (default 24 h, E2B's limit).
+	MaxTimeout time.Duration
+	// ProxyWait is how long sandbox traffic for a sandbox this replica
+	// has not seen (yet) waits for it to appear and become ready, which
+	// covers another replica creating it a moment ago (default 3 s).
+	ProxyWait time.Duration
+	// SandboxDomain is returned as the sandboxes' domain; "" returns null
+	// (the SDK then uses E2B_SANDBOX_URL or its own domain).
+	SandboxDomain string
+	// Transport carries proxied sandbox traffic to the daemons (default:
+	// a plain HTTP transport dialling pod IPs).
+	Transport http.RoundTripper
+
+	Logger *slog.Logger
+	// Now is the clock for timeouts (default time.Now).
+	Now func() time.Time
+}
+
+// Gateway serves E2B's control API and sandbox traffic.
+type Gateway struct {
+	cfg       Config
+	log       *slog.Logger
+	keys      keyStore
+	templates templateStore
+	proxy     http.Handler
+
+	pods    cache.SharedIndexInformer
+	keysInf cache.SharedIndexInformer   // nil with fixed keys
+	cfgInfs []cache.SharedIndexInformer // the keys' and templates' watches
+	ready   atomic.Bool
+	waiters waiters
+	tomb    tombstones
+}
+
+// indexSandboxID indexes watched pods by their sandbox ID label.
+const indexSandboxID = "sandboxID"
+
+// New checks cfg and fills its defaults.
+func New(cfg Config) (*Gateway, error) {
+	if cfg.Client == nil {
+		return nil, errors.New("gateway: no Kubernetes client")
+	}
+	if cfg.Tokens == nil {
+		return nil, errors.New("gateway: no token keys (Tokens)")
+	}
+	if cfg.KeysSecret.Name == "" && cfg.Keys == nil {
+		return nil, errors.New("gateway: no API keys: give a keys Secret or fixed keys")
+	}
+	if cfg.CreateTimeout <= 0 {
+		cfg.CreateTimeout = 60 * time.Second
+	}
+	if cfg.DefaultTimeout <= 0 {
+		cfg.DefaultTimeout = 300 * time.Second
+	}
+	if cfg.MaxTimeout <= 0 {
+		cfg.MaxTimeout = 24 * time.Hour
+	}
+	if cfg.ProxyWait <= 0 {
+		cfg.ProxyWait = 3 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Transport == nil {
+		cfg.Transport = &http.Transport{
+			Proxy:               nil, // pod IPs are reached directly
+			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConnsPerHost: 16,
+			IdleConnTimeout:     90 * time.Second,
+		}
+	}
+	g := &Gateway{cfg: cfg, log: cfg.Logger.With("component", "gateway")}
+	g.waiters.m = map[string]map[chan struct{}]struct{}{}
+	g.tomb.m = map[string]time.Time{}
+	if cfg.KeysSecret.Name == "" {
+		keys, errs := ParseKeys(cfg.Keys)
+		for _, err := range errs {
+			g.log.Warn("API key left out", "err", err)
+		}
+		g.keys.set(keys)
+	}
+	if cfg.TemplatesConfigMap.Name == "" {
+		t, errs := ParseTemplates(cfg.Templates)
+		for _, err := range errs {
+			g.log.Warn("template left out", "err", err)
+		}
+		g.templates.set(t)
+	}
+	g.proxy = g.newProxy()
+
+	factory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, 0,
+		informers.WithNamespace(cfg.Namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelSandbox }))
+	g.pods = factory.Core().V1().Pods().Informer()
+	if err := g.pods.SetTransform(trimPod); err != nil {
+		return nil, err
+	}
+	if err := g.pods.AddIndexers(cache.Indexers{indexSandboxID: func(obj any) ([]string, error) {
+		if pod, ok := obj.(*corev1.Pod); ok && pod.Labels[LabelSandbox] != "" {
+			return []string{pod.Labels[LabelSandbox]}, nil
+		}
+		return nil, nil
+	}}); err != nil {
+		return nil, err
+	}
+	if _, err := g.pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { g.podChanged(obj, false) },
+		UpdateFunc: func(_, obj any) { g.podChanged(obj, false) },
+		DeleteFunc: func(obj any) { g.podChanged(obj, true) },
+	}); err != nil {
+		return nil, err
+	}
+	if cfg.KeysSecret.Name != "" {
+		inf, err := g.watchOne(cfg.KeysSecret, func(f informers.SharedInformerFactory) cache.SharedIndexInformer {
+			return f.Core().V1().Secrets().Informer()
+		}, func(obj any) {
+			var data map[string][]byte
+			if s, ok := obj.(*corev1.Secret); ok {
+				data = s.Data
+			}
+			keys, errs := ParseKeys(data)
+			for _, err := range errs {
+				g.log.Warn("API key left out", "secret", cfg.KeysSecret.String(), "err", err)
+			}
+			g.keys.set(keys)
+			g.log.Info("API keys loaded", "secret", cfg.KeysSecret.String(), "keys", len(keys))
+		})
+		if err != nil {
+			return nil, err
+		}
+		g.keysInf = inf
+		g.cfgInfs = append(g.cfgInfs, inf)
+	}
+	if cfg.TemplatesConfigMap.Name != "" {
+		inf, err := g.watchOne(cfg.TemplatesConfigMap, func(f informers.SharedInformerFactory) cache.SharedIndexInformer {
+			return f.Core().V1().ConfigMaps().Informer()
+		}, func(obj any) {
+			var data map[string]string
+			if c, ok := obj.(*corev1.ConfigMap); ok {
+				data = c.Data
+			}
+			t, errs := ParseTemplates(data)
+			for _, err := range errs {
+				g.log.Warn("template left out", "configmap", cfg.TemplatesConfigMap.String(), "err", err)
+			}
+			g.templates.set(t)
+			g.log.Info("templates loaded", "configmap", cfg.TemplatesConfigMap.String(), "templates", len(t))
+		})
+		if err != nil {
+			return nil, err
+		}
+		g.cfgInfs = append(g.cfgInfs, inf)
+	}
+	return g, nil
+}
+
+// watchOne watches one named object (a Secret or a ConfigMap) and calls
+// load with it whenever it changes, with nil once it is deleted.
+func (g *Gateway) watchOne(name types.NamespacedName, informer func(informers.SharedInformerFactory) cache.SharedIndexInformer, load func(obj any)) (cache.SharedIndexInformer, error) {
+	f := informers.NewSharedInformerFactoryWithOptions(g.cfg.Client, 0,
+		informers.WithNamespace(name.Namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = "metadata.name=" + name.Name }))
+	inf := informer(f)
+	// The informer's store is the truth: whatever event came, load the
+	// object as the store now has it (a field selector is honoured by
+	// the apiserver; the check by name keeps others out anyway).
+	reload := func() {
+		obj, ok, err := inf.GetStore().GetByKey(name.String())
+		if err != nil || !ok {
+			load(nil)
+			return
+		}
+		load(obj)
+	}
+	match := func(obj any) bool {
+		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = d.Obj
+		}
+		m, err := meta(obj)
+		return err == nil && m.GetName() == name.Name && m.GetNamespace() == name.Namespace
+	}
+	_, err := inf.AddEventHandler(cache.FilteringResourceEventHandler{
+		FilterFunc: match,
+		Handler: cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(any) { reload() },
+			UpdateFunc: func(any, any) { reload() },
+			DeleteFunc: func(any) { reload() },
+		},
+	})
+	return inf, err
+}
+
+// Run watches pods (and the keys Secret and templates ConfigMap) until ctx
+// ends. The gateway answers 503 until the first lists are in.
+func (g *Gateway) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	infs := append([]cache.SharedIndexInformer{g.pods}, g.cfgInfs...)
+	for _, inf := range infs {
+		wg.Go(func() { inf.RunWithContext(ctx) })
+	}
+	synced := make([]cache.InformerSynced, len(infs))
+	for i, inf := range infs {
+		synced[i] = inf.HasSynced
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		return ctx.Err()
+	}
+	if g.keysInf != nil {
+		// An absent Secret is no keys, said once.
+		if _, ok, _ := g.keysInf.GetStore().GetByKey(g.cfg.KeysSecret.String()); !ok {
+			g.log.Warn("API keys Secret not found: every call is refused until it exists", "secret", g.cfg.KeysSecret.String())
+		}
+	}
+	g.ready.Store(true)
+	g.log.Info("gateway ready", "keys", g.keys.len())
+	t := time.NewTicker(time.Minute)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			g.tomb.sweep(g.cfg.Now())
+		}
+	}
+}
+
+// Ready says whether the gateway has its first lists of pods, keys and
+// templates and answers calls.
+func (g *Gateway) Ready() bool { return g.ready.Load() }
+
+// Handler serves the control API and sandbox traffic on one listener:
+// requests with an E2b-Sandbox-Id header are sandbox traffic.
+func (g *Gateway) Handler() http.Handler {
+	control := g.ControlHandler()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get(headerSandboxID) != "" {
+			g.proxy.ServeHTTP(w, r)
+			return
+		}
+		control.ServeHTTP(w, r)
+	})
+}
+
+// SandboxHandler serves sandbox traffic only (a listener of its own).
+func (g *Gateway) SandboxHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" && r.Header.Get(headerSandboxID) == "" {
+			g.serveHealthz(w, r)
+			return
+		}
+		g.proxy.ServeHTTP(w, r)
+	})
+}
+
+func (g *Gateway) serveHealthz(w http.ResponseWriter, _ *http.Request) {
+	if !g.Ready() {
+		http.Error(w, "starting: waiting for the first lists of pods, keys and templates", http.StatusServiceUnavailable)
+		return
+	}
+	_, _ = w.Write([]byte("ok\n"))
+}
+
+// podChanged wakes creates and proxied requests waiting for that pod, and
+// remembers deleted sandboxes for a while so traffic for them fails fast.
+func (g *Gateway) podChanged(obj any, deleted bool) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj, deleted = d.Obj, true
+	}
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	id := pod.Labels[LabelSandbox]
+	if deleted && id != "" {
+		g.tomb.add(id, g.cfg.Now())
+	}
+	g.waiters.wake(pod.Namespace + "/" + pod.Name)
+	if id != "" {
+		g.waiters.wake("id/" + id)
+	}
+}
+
+// trimPod drops what the gateway never reads from cached pods.
+func trimPod(obj any) (any, error) {
+	if pod, ok := obj.(*corev1.Pod); ok {
+		pod.ManagedFields = nil
+	}
+	return obj, nil
+}
+
+func meta(obj any) (metav1.Object, error) {
+	m, ok := obj.(metav1.Object)
+	if !ok {
+		return nil, fmt.Errorf("%T has no object metadata", obj)
+	}
+	return m, nil
+}
+
+// waiters lets goroutines wait for a watched pod to change.
+type waiters struct {
+	// mu guards m: key ("ns/name" or "id/<sandbox id>") → waiting channels.
+	mu sync.Mutex
+	m  map[string]map[chan struct{}]struct{}
+}
+
+// watch returns a channel that receives when key changes, and a func to
+// stop waiting.
+func (w *waiters) watch(key string) (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	w.mu.Lock()
+	if w.m[key] == nil {
+		w.m[key] = map[chan struct{}]struct{}{}
+	}
+	w.m[key][ch] = struct{}{}
+	w.mu.Unlock()
+	return ch, func() {
+		w.mu.Lock()
+		delete(w.m[key], ch)
+		if len(w.m[key]) == 0 {
+			delete(w.m, key)
+		}
+		w.mu.Unlock()
+	}
+}
+
+func (w *waiters) wake(key string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for ch := range w.m[key] {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// tombstones remembers sandboxes whose pods were deleted, for
+// tombstoneTTL, so the proxy answers "not found" for them at once instead
+// of waiting for a pod another replica might be creating.
+type tombstones struct {
+	// mu guards m: sandbox ID → when its pod was seen deleted.
+	mu sync.Mutex
+	m  map[string]time.Time
+}
+
+const tombstoneTTL = 10 * time.Minute
+
+func (t *tombstones) add(id string, now time.Time) {
+	t.mu.Lock()
+	t.m[id] = now
+	t.mu.Unlock()
+}
+
+func (t *tombstones) has(id string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, ok := t.m[id]
+	return ok
+}
+
+func (t *tombstones) sweep(now time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for id, at := range t.m {
+		if now.Sub(at) > tombstoneTTL {
+			delete(t.m, id)
+		}
+	}
+}
+
+// daemonPort is the only sandbox port the proxy reaches.
+const daemonPort = daemonapi.Port

@@ -1,0 +1,131 @@
+package gateway
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sync"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// Key is what one API key grants: sandboxes in Namespace, placed on Pool.
+// Keys sharing a namespace are one E2B "team": each sees the others'
+// sandboxes; a key of another namespace sees none of them.
+//
+// The raw key is never stored: a key entry holds its SHA-256. E2B's JS SDK
+// v2.51 sends the key as it is in the X-API-KEY header and no longer checks
+// its format (ConnectionOpts.validateApiKey is documented as deprecated,
+// "no effect", and dist/index.js never reads it), so any string works;
+// older SDKs expected E2B's "e2b_" prefix, so keys handed out should look
+// like e2b_<40 hex digits> to work with them too.
+type Key struct {
+	// Name is the key's Secret entry name; sandboxes carry it in the labels
+	// sandman.io/e2b-key and sandman.io/job (e2b-<name>).
+	Name      string
+	Namespace string
+	Pool      string
+	hash      [sha256.Size]byte
+}
+
+// keyEntry is one Secret data entry (or --keys-file map value).
+type keyEntry struct {
+	SHA256    string `json:"sha256"`
+	Namespace string `json:"namespace"`
+	Pool      string `json:"pool"`
+}
+
+// ParseKeys reads key entries: entry name = key name, value = JSON
+// {"sha256":"<hex SHA-256 of the key>","namespace":"…","pool":"…"}. Entries
+// that cannot be used are left out, each with an error saying why; the
+// others are returned in name order.
+func ParseKeys(data map[string][]byte) ([]Key, []error) {
+	var keys []Key
+	var errs []error
+	seen := map[[sha256.Size]byte]string{}
+	names := make([]string, 0, len(data))
+	for name := range data {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		k, err := parseKey(name, data[name])
+		if err != nil {
+			errs = append(errs, fmt.Errorf("API key %q: %w", name, err))
+			continue
+		}
+		if other, dup := seen[k.hash]; dup {
+			errs = append(errs, fmt.Errorf("API key %q: same key hash as %q; only %q is used", name, other, other))
+			continue
+		}
+		seen[k.hash] = name
+		keys = append(keys, k)
+	}
+	return keys, errs
+}
+
+func parseKey(name string, raw []byte) (Key, error) {
+	var e keyEntry
+	if err := json.Unmarshal(raw, &e); err != nil {
+		return Key{}, fmt.Errorf(`want JSON {"sha256":"…","namespace":"…","pool":"…"}: %w`, err)
+	}
+	k := Key{Name: name, Namespace: e.Namespace, Pool: e.Pool}
+	h, err := hex.DecodeString(e.SHA256)
+	if err != nil || len(h) != sha256.Size {
+		return Key{}, fmt.Errorf("sha256: want 64 hex digits (sha256sum of the key), got %q", e.SHA256)
+	}
+	copy(k.hash[:], h)
+	if errs := validation.IsValidLabelValue(jobLabel(name)); len(errs) > 0 || name == "" {
+		return Key{}, fmt.Errorf("the name must be usable in a label value (%s=%s): %v", LabelJob, jobLabel(name), errs)
+	}
+	if errs := validation.IsDNS1123Label(e.Namespace); len(errs) > 0 {
+		return Key{}, fmt.Errorf("namespace %q: %v", e.Namespace, errs)
+	}
+	if errs := validation.IsValidLabelValue(e.Pool); len(errs) > 0 || e.Pool == "" {
+		return Key{}, fmt.Errorf("pool %q: want a pool name (the virtual node's %s label): %v", e.Pool, LabelPool, errs)
+	}
+	return k, nil
+}
+
+func jobLabel(keyName string) string { return "e2b-" + keyName }
+
+// keyStore holds the current keys; a watch replaces them as the Secret
+// changes.
+type keyStore struct {
+	// mu guards keys.
+	mu   sync.RWMutex
+	keys []Key
+}
+
+func (s *keyStore) set(keys []Key) {
+	s.mu.Lock()
+	s.keys = keys
+	s.mu.Unlock()
+}
+
+// lookup finds the key whose hash is the presented key's. Every stored
+// hash is compared, in constant time, whatever matched before.
+func (s *keyStore) lookup(apiKey string) (Key, bool) {
+	h := sha256.Sum256([]byte(apiKey))
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var found Key
+	ok := 0
+	for _, k := range s.keys {
+		match := subtle.ConstantTimeCompare(h[:], k.hash[:])
+		if match == 1 && ok == 0 {
+			found = k
+		}
+		ok |= match
+	}
+	return found, ok == 1
+}
+
+func (s *keyStore) len() int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return len(s.keys)
+}

@@ -1,0 +1,298 @@
+package gateway
+
+import (
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// The pod contract (docs/trainer-guide.md, vk): what a sandbox pod made by
+// the gateway carries.
+const (
+	// LabelSandbox holds the sandbox ID (also the pod's name); the gateway
+	// watches pods with this label and routes sandbox traffic by it.
+	LabelSandbox = "sandman.io/e2b-sandbox"
+	// LabelKey is the name of the API key that made the sandbox.
+	LabelKey = "sandman.io/e2b-key"
+	// LabelJob is sandman's fairness unit: e2b-<key name>.
+	LabelJob = "sandman.io/job"
+	// LabelPool is the virtual node's label and taint key.
+	LabelPool = "sandman.io/pool"
+
+	// AnnotationTokenHash is the hex SHA-256 of the daemon access token.
+	AnnotationTokenHash = "sandman.io/token-sha256"
+	// AnnotationExpiresAt is when the sandbox ends (RFC 3339), E2B's
+	// timeout; the virtual node deletes the pod then.
+	AnnotationExpiresAt = "sandman.io/expires-at"
+	// AnnotationMetadata is the sandbox's E2B metadata, as JSON.
+	AnnotationMetadata = "e2b.sandman.io/metadata"
+	// AnnotationTemplate is the template ID the sandbox was made from.
+	AnnotationTemplate = "e2b.sandman.io/template"
+	// AnnotationAlias is the ConfigMap template name ("" for an image).
+	AnnotationAlias = "e2b.sandman.io/alias"
+	// AnnotationInternet records allow_internet_access as asked
+	// ("true"/"false"; absent: not asked). It is not enforced here:
+	// egress follows the pool's setting.
+	AnnotationInternet = "e2b.sandman.io/allow-internet-access"
+
+	// ContainerName is the name of the sandbox pod's one container.
+	ContainerName = "task"
+)
+
+// EnvdVersion is the envd version the gateway reports for every sandbox:
+// the version of E2B's in-sandbox API the sandman daemon speaks. The SDK
+// refuses a sandbox below 0.1.0 and chooses request shapes by it (for
+// example the default user below 0.4.0).
+const EnvdVersion = "0.5.7"
+
+// clientID fills E2B's deprecated clientID field.
+const clientID = "sandman"
+
+// idAlphabet and idLength make E2B-like sandbox IDs: lowercase letters and
+// digits (also a valid pod name), about 103 random bits.
+const (
+	idAlphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+	idLength   = 20
+)
+
+// newSandboxID returns a random sandbox ID.
+func newSandboxID() string {
+	b := make([]byte, idLength)
+	for i := range b {
+		// rand.Text would be base32 upper case; draw from the alphabet
+		// without modulo bias instead.
+		for {
+			var c [1]byte
+			_, _ = rand.Read(c[:])
+			if int(c[0]) < 256-256%len(idAlphabet) {
+				b[i] = idAlphabet[int(c[0])%len(idAlphabet)]
+				break
+			}
+		}
+	}
+	return string(b)
+}
+
+// podSpec is what a new sandbox's pod is made from.
+type podSpec struct {
+	id, tokenHash string
+	key           Key
+	template      Template
+	templateID    string
+	metadata      map[string]string
+	env           map[string]string
+	internet      *bool
+	expiresAt     time.Time
+}
+
+func buildPod(s podSpec) (*corev1.Pod, error) {
+	meta := s.metadata
+	if meta == nil {
+		meta = map[string]string{}
+	}
+	metaJSON, err := json.Marshal(meta)
+	if err != nil {
+		return nil, err
+	}
+	var env []corev1.EnvVar
+	names := make([]string, 0, len(s.env))
+	for k := range s.env {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	for _, k := range names {
+		env = append(env, corev1.EnvVar{Name: k, Value: s.env[k]})
+	}
+	annotations := map[string]string{
+		AnnotationTokenHash: s.tokenHash,
+		AnnotationExpiresAt: s.expiresAt.UTC().Format(time.RFC3339),
+		AnnotationMetadata:  string(metaJSON),
+		AnnotationTemplate:  s.templateID,
+	}
+	if s.template.Name != "" {
+		annotations[AnnotationAlias] = s.template.Name
+	}
+	if s.internet != nil {
+		annotations[AnnotationInternet] = strconv.FormatBool(*s.internet)
+	}
+	no := false
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      s.id,
+			Namespace: s.key.Namespace,
+			Labels: map[string]string{
+				LabelSandbox: s.id,
+				LabelJob:     jobLabel(s.key.Name),
+				LabelKey:     s.key.Name,
+			},
+			Annotations: annotations,
+		},
+		Spec: corev1.PodSpec{
+			NodeSelector: map[string]string{LabelPool: s.key.Pool},
+			Tolerations: []corev1.Toleration{{
+				Key: LabelPool, Operator: corev1.TolerationOpEqual, Value: s.key.Pool, Effect: corev1.TaintEffectNoSchedule,
+			}},
+			// Sandbox code is hostile: no service account token, no
+			// environment describing the cluster's services.
+			AutomountServiceAccountToken: &no,
+			EnableServiceLinks:           &no,
+			Containers: []corev1.Container{{
+				Name:  ContainerName,
+				Image: s.template.Image,
+				Env:   env,
+				Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+					corev1.ResourceCPU:    s.template.CPU,
+					corev1.ResourceMemory: s.template.Memory,
+				}},
+			}},
+		},
+	}, nil
+}
+
+// isSandboxPod says whether a pod is the gateway's sandbox id.
+func isSandboxPod(pod *corev1.Pod, id string) bool {
+	return pod.Labels[LabelSandbox] == id && pod.Name == id
+}
+
+// alive is a sandbox that is not gone: not being deleted, not ended.
+func alive(pod *corev1.Pod) bool {
+	return pod.DeletionTimestamp == nil && pod.Status.Phase != corev1.PodFailed && pod.Status.Phase != corev1.PodSucceeded
+}
+
+// podReady is a pod whose daemon answers: Running with the Ready
+// condition.
+func podReady(pod *corev1.Pod) bool {
+	if pod.Status.Phase != corev1.PodRunning || pod.Status.PodIP == "" {
+		return false
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// Container waiting reasons that end a create at once: the image cannot be
+// had or the container cannot be made, and waiting longer will not change
+// that (sandman reports a pull failure after its own retries).
+var fatalWaiting = map[string]bool{
+	"ErrImagePull": true, "ImagePullBackOff": true, "InvalidImageName": true, "ErrImageNeverPull": true,
+	"CreateContainerConfigError": true, "CreateContainerError": true, "RunContainerError": true, "CrashLoopBackOff": true,
+}
+
+// badImageReasons are failures of what the caller asked for (its template's
+// image), answered 400 rather than 500.
+var badImageReasons = map[string]bool{
+	"ErrImagePull": true, "ImagePullBackOff": true, "InvalidImageName": true, "ErrImageNeverPull": true, "InvalidSpec": true,
+}
+
+// podFailure says why a pod will never be ready: its reason and message,
+// or "" when it may still become ready.
+func podFailure(pod *corev1.Pod) (reason, msg string) {
+	if pod.DeletionTimestamp != nil {
+		return "Deleted", "the sandbox's pod is being deleted"
+	}
+	for _, cs := range pod.Status.ContainerStatuses {
+		if w := cs.State.Waiting; w != nil && fatalWaiting[w.Reason] {
+			return w.Reason, w.Message
+		}
+		if t := cs.State.Terminated; t != nil && pod.Status.Phase != corev1.PodRunning {
+			return nonEmpty(t.Reason, "Terminated"), nonEmpty(t.Message, fmt.Sprintf("the container exited with code %d", t.ExitCode))
+		}
+	}
+	switch pod.Status.Phase {
+	case corev1.PodFailed:
+		return nonEmpty(pod.Status.Reason, "Failed"), nonEmpty(pod.Status.Message, "the pod failed")
+	case corev1.PodSucceeded:
+		return "Completed", "the sandbox's main process ended"
+	}
+	return "", ""
+}
+
+// pendingReason says why a pod is not ready yet, for a timeout's message.
+func pendingReason(pod *corev1.Pod) (scheduled bool, why string) {
+	scheduled = pod.Spec.NodeName != ""
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status != corev1.ConditionTrue {
+			return false, nonEmpty(c.Message, c.Reason)
+		}
+	}
+	for _, cs := range pod.Status.ContainerStatuses {
+		if w := cs.State.Waiting; w != nil && w.Reason != "" {
+			return scheduled, nonEmpty(w.Reason+": "+w.Message, w.Reason)
+		}
+	}
+	if pod.Status.Reason != "" {
+		return scheduled, pod.Status.Reason + ": " + pod.Status.Message
+	}
+	return scheduled, "phase " + string(pod.Status.Phase)
+}
+
+func nonEmpty(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// expiresAt is the sandbox's end; zero when the pod has none.
+func expiresAt(pod *corev1.Pod) time.Time {
+	t, err := time.Parse(time.RFC3339, pod.Annotations[AnnotationExpiresAt])
+	if err != nil {
+		return time.Time{}
+	}
+	return t
+}
+
+// view is the sandbox a pod stands for, as E2B lists it.
+func view(pod *corev1.Pod) listedSandbox {
+	s := listedSandbox{
+		SandboxID:   pod.Name,
+		TemplateID:  pod.Annotations[AnnotationTemplate],
+		Alias:       pod.Annotations[AnnotationAlias],
+		ClientID:    clientID,
+		StartedAt:   pod.CreationTimestamp.UTC().Truncate(time.Second),
+		EndAt:       expiresAt(pod),
+		EnvdVersion: EnvdVersion,
+		Metadata:    podMetadata(pod),
+		State:       stateRunning,
+	}
+	for _, c := range pod.Spec.Containers {
+		if c.Name != ContainerName {
+			continue
+		}
+		if q, ok := c.Resources.Requests[corev1.ResourceCPU]; ok {
+			s.CPUCount = max(1, (q.MilliValue()+999)/1000)
+		}
+		if q, ok := c.Resources.Requests[corev1.ResourceMemory]; ok {
+			s.MemoryMB = q.Value() / (1 << 20)
+		}
+		if q, ok := c.Resources.Requests[corev1.ResourceEphemeralStorage]; ok {
+			s.DiskSizeMB = q.Value() / (1 << 20)
+		}
+	}
+	return s
+}
+
+func podMetadata(pod *corev1.Pod) map[string]string {
+	m := map[string]string{}
+	if raw := pod.Annotations[AnnotationMetadata]; raw != "" {
+		_ = json.Unmarshal([]byte(raw), &m)
+	}
+	return m
+}
+
+func detail(pod *corev1.Pod) sandboxDetail {
+	d := sandboxDetail{listedSandbox: view(pod), Lifecycle: lifecycle{AutoResume: false, OnTimeout: "kill"}}
+	if v, err := strconv.ParseBool(pod.Annotations[AnnotationInternet]); err == nil {
+		d.AllowInternetAccess = &v
+	}
+	return d
+}

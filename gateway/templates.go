@@ -1,0 +1,113 @@
+package gateway
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/containerd/errdefs"
+	"k8s.io/apimachinery/pkg/api/resource"
+)
+
+// Default resource requests of a sandbox whose template names none.
+var (
+	DefaultCPU    = resource.MustParse("250m")
+	DefaultMemory = resource.MustParse("256Mi")
+)
+
+// Template is what an E2B template ID stands for here: an image and the
+// sandbox's resource requests.
+type Template struct {
+	// Name is the template's name in the ConfigMap; empty when the
+	// template ID was an image reference used as it is.
+	Name   string
+	Image  string
+	CPU    resource.Quantity
+	Memory resource.Quantity
+}
+
+// templateEntry is one ConfigMap data entry.
+type templateEntry struct {
+	Image  string `json:"image"`
+	CPU    string `json:"cpu"`
+	Memory string `json:"memory"`
+}
+
+// ParseTemplates reads template entries: entry name = template ID, value =
+// JSON {"image":"…","cpu":"500m","memory":"512Mi"} (cpu and memory
+// optional: DefaultCPU, DefaultMemory). Entries that cannot be used are
+// left out, each with an error saying why.
+func ParseTemplates(data map[string]string) (map[string]Template, []error) {
+	out := map[string]Template{}
+	var errs []error
+	names := make([]string, 0, len(data))
+	for name := range data {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		t, err := parseTemplate(name, data[name])
+		if err != nil {
+			errs = append(errs, fmt.Errorf("template %q: %w", name, err))
+			continue
+		}
+		out[name] = t
+	}
+	return out, errs
+}
+
+func parseTemplate(name, raw string) (Template, error) {
+	var e templateEntry
+	if err := json.Unmarshal([]byte(raw), &e); err != nil {
+		return Template{}, fmt.Errorf(`want JSON {"image":"…","cpu":"…","memory":"…"}: %w`, err)
+	}
+	if e.Image == "" {
+		return Template{}, fmt.Errorf("no image")
+	}
+	t := Template{Name: name, Image: e.Image, CPU: DefaultCPU, Memory: DefaultMemory}
+	var err error
+	if e.CPU != "" {
+		if t.CPU, err = resource.ParseQuantity(e.CPU); err != nil || t.CPU.Sign() <= 0 {
+			return Template{}, fmt.Errorf("cpu %q: want a positive quantity such as 500m", e.CPU)
+		}
+	}
+	if e.Memory != "" {
+		if t.Memory, err = resource.ParseQuantity(e.Memory); err != nil || t.Memory.Sign() <= 0 {
+			return Template{}, fmt.Errorf("memory %q: want a positive quantity such as 512Mi", e.Memory)
+		}
+	}
+	return t, nil
+}
+
+// templateStore holds the current templates; a watch replaces them as the
+// ConfigMap changes.
+type templateStore struct {
+	// mu guards byName.
+	mu     sync.RWMutex
+	byName map[string]Template
+}
+
+func (s *templateStore) set(t map[string]Template) {
+	s.mu.Lock()
+	s.byName = t
+	s.mu.Unlock()
+}
+
+// resolve finds a template ID's image: a template of the ConfigMap, or
+// else, when the ID looks like an image reference (has '/', ':' or '@'),
+// that image with the default requests.
+func (s *templateStore) resolve(id string) (Template, error) {
+	s.mu.RLock()
+	t, ok := s.byName[id]
+	s.mu.RUnlock()
+	if ok {
+		return t, nil
+	}
+	if strings.ContainsAny(id, "/:@") {
+		return Template{Image: id, CPU: DefaultCPU, Memory: DefaultMemory}, nil
+	}
+	return Template{}, errorf(errdefs.ErrNotFound, "template '%s' not found: it is not in the gateway's templates ConfigMap, "+
+		"and it is not an image reference (give an image such as registry.example.com/task:tag as the template to use an image directly)", id)
+}
