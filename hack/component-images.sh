@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds sandman's component images (sandman-vk, sandman-node, sandmanctl,
+# Builds sandman's component images (sandman-vk, sandman-node, sandman-gateway, sandmanctl,
 # pause, e2e-trainer) with hack/imagebuild, no container engine involved, and
 # pushes them tagged `dev` and the git short SHA. Prints one
 # <registry>/sandman/<image>@sha256:... line per image on stdout.

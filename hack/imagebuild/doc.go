@@ -4,6 +4,7 @@
 //	sandman/sandman-vk    /usr/local/bin/sandman-vk; user 65532
 //	sandman/sandman-node  /usr/local/bin/sandman-node and the daemon it hands
 //	                      to sandboxes, /usr/local/lib/sandman/sandman-daemon; user root
+//	sandman/sandman-gateway /usr/local/bin/sandman-gateway, the E2B-compatible API; user 65532
 //	sandman/sandmanctl    /usr/local/bin/sandmanctl; user 65532
 //	sandman/pause         /pause, the pod sandbox image for the kubelet; user 65535
 //	sandman/e2e-trainer   /usr/local/bin/e2e-trainer, the e2e trainer pod; user 65532

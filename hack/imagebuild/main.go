@@ -28,12 +28,13 @@ import (
 
 // packages maps each binary to the command that builds it.
 var packages = map[string]string{
-	"sandman-vk":     "./cmd/sandman-vk",
-	"sandman-node":   "./cmd/sandman-node",
-	"sandman-daemon": "./cmd/sandman-daemon",
-	"sandmanctl":     "./cmd/sandmanctl",
-	"pause":          "./hack/images/pause",
-	"e2e-trainer":    "./e2e/trainer",
+	"sandman-vk":      "./cmd/sandman-vk",
+	"sandman-gateway": "./cmd/sandman-gateway",
+	"sandman-node":    "./cmd/sandman-node",
+	"sandman-daemon":  "./cmd/sandman-daemon",
+	"sandmanctl":      "./cmd/sandmanctl",
+	"pause":           "./hack/images/pause",
+	"e2e-trainer":     "./e2e/trainer",
 }
 
 // placed puts a built binary at a path in an image.
@@ -60,6 +61,9 @@ var specs = []imageSpec{
 			{"sandman-daemon", "/usr/local/lib/sandman/sandman-daemon"},
 		},
 		cfg: Config{Entrypoint: []string{"/usr/local/bin/sandman-node"}, User: "0:0"}},
+	{name: "sandman-gateway",
+		files: []placed{{"sandman-gateway", "/usr/local/bin/sandman-gateway"}},
+		cfg:   Config{Entrypoint: []string{"/usr/local/bin/sandman-gateway"}, User: nonroot}},
 	{name: "sandmanctl",
 		files: []placed{{"sandmanctl", "/usr/local/bin/sandmanctl"}},
 		cfg:   Config{Entrypoint: []string{"/usr/local/bin/sandmanctl"}, User: nonroot}},
