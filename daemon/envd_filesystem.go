@@ -833,9 +833,21 @@ func (w *envdWatch) event(p string, t filesystem.EventType) *filesystem.Filesyst
 }
 
 // handle turns one fsnotify event into envd's events (one per operation
-// it carries, in envd's order) and keeps the recursive watch in step. It
-// returns an error when the watch cannot go on: its root went away.
+// it carries, in envd's order) and keeps the recursive watch in step: a
+// new directory is watched before its creation is reported, so a client
+// that writes into it once it sees the event is seen writing. It returns
+// an error when the watch cannot go on: its root went away.
 func (w *envdWatch) handle(e fsnotify.Event, emit func(*filesystem.FilesystemEvent)) error {
+	var found []*filesystem.FilesystemEvent
+	if w.recursive && e.Has(fsnotify.Create) {
+		if fi, err := os.Lstat(e.Name); err == nil && fi.IsDir() {
+			err := w.add(e.Name, func(ev *filesystem.FilesystemEvent) { found = append(found, ev) })
+			var ce *connect.Error
+			if err != nil && !(errors.As(err, &ce) && ce.Code() == connect.CodeNotFound) { // not removed meanwhile
+				return err
+			}
+		}
+	}
 	for _, op := range []struct {
 		op fsnotify.Op
 		t  filesystem.EventType
@@ -850,25 +862,14 @@ func (w *envdWatch) handle(e fsnotify.Event, emit func(*filesystem.FilesystemEve
 			emit(w.event(e.Name, op.t))
 		}
 	}
+	for _, ev := range found {
+		emit(ev)
+	}
 	if e.Name == w.root && (e.Has(fsnotify.Remove) || e.Has(fsnotify.Rename)) {
 		return connect.NewError(connect.CodeNotFound, fmt.Errorf("the watched directory %s was removed or moved", w.root))
 	}
-	if !w.recursive {
-		return nil
-	}
-	if e.Has(fsnotify.Remove) || e.Has(fsnotify.Rename) {
+	if w.recursive && (e.Has(fsnotify.Remove) || e.Has(fsnotify.Rename)) {
 		w.forget(e.Name)
-	}
-	if e.Has(fsnotify.Create) {
-		if fi, err := os.Lstat(e.Name); err == nil && fi.IsDir() {
-			if err := w.add(e.Name, emit); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				var ce *connect.Error
-				if errors.As(err, &ce) && ce.Code() == connect.CodeNotFound {
-					return nil // removed before it could be watched
-				}
-				return err
-			}
-		}
 	}
 	return nil
 }
