@@ -214,6 +214,11 @@ func TestEnvdFilesystemStat(t *testing.T) {
 			if up.GetPath() != filepath.Join(e.dir, "f.txt") {
 				t.Errorf("d/../f.txt is %q", up.GetPath())
 			}
+			for _, p := range []string{"../../../../../../../..", "/../..", "//", "/./"} {
+				if got, err := stat(p); err != nil || got.GetPath() != "/" {
+					t.Errorf("stat %q = %v, %v; want /", p, got, err)
+				}
+			}
 			root := must[*filesystem.EntryInfo](t, "stat /")(stat("/"))
 			if root.GetName() != "/" || root.GetType() != filesystem.FileType_FILE_TYPE_DIRECTORY {
 				t.Errorf("stat / = %v", root)

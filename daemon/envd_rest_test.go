@@ -246,6 +246,29 @@ func TestEnvdRESTFilesRoundTrip(t *testing.T) {
 		t.Errorf("the part's name was used despite the path parameter: %v", err)
 	}
 
+	// Through links, as a shell's > goes: a link to a file is written
+	// through, a linked directory is written into.
+	writeTestFile(t, filepath.Join(e.home, "target.txt"), "old")
+	if err := os.Symlink(filepath.Join(e.home, "target.txt"), filepath.Join(e.dir, "tlink")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(e.home, filepath.Join(e.dir, "hlink")); err != nil {
+		t.Fatal(err)
+	}
+	for _, up := range [][2]string{{"tlink", "through"}, {"hlink/in.txt", "into"}, {"m/../dotdot.txt", "dots"}} {
+		resp, b = e.do(t, restCall{method: "POST", path: "/files", query: url.Values{"path": {up[0]}},
+			header: hdr("Content-Type", "application/octet-stream"), body: strings.NewReader(up[1])})
+		wantStatus(t, "upload to "+up[0], resp, b, http.StatusOK, "")
+	}
+	for p, c := range map[string]string{filepath.Join(e.home, "target.txt"): "through", filepath.Join(e.home, "in.txt"): "into", filepath.Join(e.dir, "dotdot.txt"): "dots"} {
+		if disk, _ := os.ReadFile(p); string(disk) != c {
+			t.Errorf("%s holds %q, want %q", p, disk, c)
+		}
+	}
+	if fi, err := os.Lstat(filepath.Join(e.dir, "tlink")); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		t.Errorf("the link was replaced: %v", err)
+	}
+
 	// Overwriting writes in place (a watch sees the file written), and an
 	// empty file downloads as empty.
 	before, _ := os.Stat(p)
