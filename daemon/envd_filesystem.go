@@ -84,12 +84,12 @@ type envdFSUser struct {
 // sandbox's /etc/passwd; relative paths start at their home, as in envd.
 func (s *Server) envdFSUserFor(name string) (envdFSUser, error) {
 	if name == "" {
-		dir := s.access.Load().dir
-		home := envValue(s.access.Load().env, "HOME")
+		a := s.access.Load()
+		home := envValue(a.env, "HOME")
 		if home == "" {
-			home = dir
+			home = a.dir
 		}
-		return envdFSUser{uid: os.Geteuid(), gid: os.Getegid(), home: home, base: dir}, nil
+		return envdFSUser{uid: os.Geteuid(), gid: os.Getegid(), home: home, base: a.dir}, nil
 	}
 	uid, gid, home, err := lookupPasswd(envdPasswdFile, name)
 	if err != nil {

@@ -203,6 +203,8 @@ func envdRESTStatus(err error) int {
 	switch {
 	case errors.As(err, &mbe), errors.Is(err, errUploadTooLarge):
 		return http.StatusRequestEntityTooLarge
+	case errors.Is(err, errBadBody):
+		return http.StatusBadRequest
 	case errors.Is(err, fs.ErrNotExist):
 		return http.StatusNotFound
 	case errors.Is(err, fs.ErrPermission), errors.Is(err, syscall.EROFS):
@@ -358,9 +360,28 @@ type envdWriteInfo struct {
 	Path string `json:"path"`
 }
 
-// errUploadTooLarge: an upload (or what its compressed body expands to)
-// passed the daemon's limit.
-var errUploadTooLarge = errors.New("upload over the daemon's limit")
+var (
+	// errUploadTooLarge: an upload (or what its compressed body expands
+	// to) passed the daemon's limit.
+	errUploadTooLarge = errors.New("upload over the daemon's limit")
+	// errBadBody: the request body broke off or is malformed.
+	errBadBody = errors.New("the request body could not be read")
+)
+
+// bodyReader remembers the error reading the body gave, to tell the
+// client's failures from the disk's.
+type bodyReader struct {
+	r   io.Reader
+	err error
+}
+
+func (b *bodyReader) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if err != nil && err != io.EOF {
+		b.err = err
+	}
+	return n, err
+}
 
 // capReader fails with errUploadTooLarge once more than left bytes pass.
 type capReader struct {
@@ -479,11 +500,7 @@ func (x *envdREST) upload(w http.ResponseWriter, r *http.Request) {
 				break
 			}
 			if err != nil {
-				if envdRESTStatus(err) == http.StatusRequestEntityTooLarge {
-					fail(err, "the rest")
-				} else {
-					fail(fmt.Errorf("malformed multipart body: %w", err), "the rest")
-				}
+				fail(fmt.Errorf("%w: malformed multipart body: %w", errBadBody, err), "the rest")
 				return
 			}
 			if part.FormName() != "file" {
@@ -574,7 +591,11 @@ func envdWriteFile(u envdFSUser, dst string, r io.Reader) (retErr error) {
 		}
 	}
 	buf := make([]byte, 1<<20)
-	if _, err := io.CopyBuffer(struct{ io.Writer }{f}, r, buf); err != nil {
+	src := &bodyReader{r: r}
+	if _, err := io.CopyBuffer(struct{ io.Writer }{f}, src, buf); err != nil {
+		if src.err != nil {
+			return fmt.Errorf("%w for %s: %w", errBadBody, dst, src.err)
+		}
 		return fmt.Errorf("write %s: %w", dst, err)
 	}
 	if err := f.Close(); err != nil {

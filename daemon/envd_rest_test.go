@@ -359,6 +359,22 @@ func TestEnvdRESTFilesErrors(t *testing.T) {
 	body, ctype := multipartBody(t, [2]string{"a", "1"}, [2]string{"b", "2"})
 	resp, b = e.do(t, restCall{method: "POST", path: "/files", query: url.Values{"path": {"one"}}, header: hdr("Content-Type", ctype), body: body})
 	wantStatus(t, "two files to one path", resp, b, 400, "two files")
+	// A body that breaks off is the client's error, and leaves no file.
+	full, fctype := multipartBody(t, [2]string{"cut.txt", strings.Repeat("x", 4096)})
+	cut, _ := io.ReadAll(full)
+	resp, b = e.do(t, restCall{method: "POST", path: "/files", header: hdr("Content-Type", fctype), body: bytes.NewReader(cut[:len(cut)/2])})
+	wantStatus(t, "cut multipart body", resp, b, 400, "could not be read")
+	gz.Reset()
+	zw = gzip.NewWriter(&gz)
+	_, _ = zw.Write(bytes.Repeat([]byte("y"), 100000))
+	_ = zw.Close()
+	resp, b = e.do(t, restCall{method: "POST", path: "/files", query: url.Values{"path": {"cut.gz.txt"}}, header: octet("Content-Encoding", "gzip"), body: bytes.NewReader(gz.Bytes()[:gz.Len()/2])})
+	wantStatus(t, "cut gzip body", resp, b, 400, "could not be read")
+	for _, p := range []string{"cut.txt", "cut.gz.txt"} {
+		if _, err := os.Stat(filepath.Join(e.dir, p)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("a broken upload left %s: %v", p, err)
+		}
+	}
 	// A multipart part without a name, and no path.
 	body, ctype = multipartBody(t, [2]string{"", "x"})
 	resp, b = e.do(t, restCall{method: "POST", path: "/files", header: hdr("Content-Type", ctype), body: body})
