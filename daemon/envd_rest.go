@@ -37,7 +37,7 @@ func (s *Server) envdRESTRoutes(mux *http.ServeMux) {
 	mux.Handle("GET /files", s.envdFilesAuthenticated(http.HandlerFunc(x.download)))
 	mux.Handle("POST /files", s.envdFilesAuthenticated(http.HandlerFunc(x.upload)))
 	mux.Handle("GET /envs", s.envdAuthenticated(http.HandlerFunc(x.envs)))
-	mux.Handle("POST /init", s.envdAuthenticated(http.HandlerFunc(x.init)))
+	mux.Handle("POST /init", s.envdAuthenticated(http.HandlerFunc(x.postInit)))
 	mux.Handle("GET /metrics", s.envdAuthenticated(http.HandlerFunc(x.metrics)))
 }
 
@@ -109,7 +109,7 @@ type envdInitRequest struct {
 	VolumeMounts   []json.RawMessage `json:"volumeMounts"`
 }
 
-// init takes what of POST /init the daemon can honour, all or nothing:
+// postInit takes what of POST /init the daemon can honour, all or nothing:
 // envVars join the environment of later commands; defaultWorkdir becomes
 // their working directory (and where relative paths start); an
 // accessToken must be one the sandbox already accepts (the tokens are set
@@ -117,7 +117,7 @@ type envdInitRequest struct {
 // sandbox runs on its node's clock, which the daemon can neither set nor
 // needs to). defaultUser, hyperloopIP and volumeMounts cannot be honoured
 // and are refused with a message.
-func (x *envdREST) init(w http.ResponseWriter, r *http.Request) {
+func (x *envdREST) postInit(w http.ResponseWriter, r *http.Request) {
 	var req envdInitRequest
 	body := http.MaxBytesReader(w, r.Body, x.s.cfg.MaxBodyBytes)
 	if err := json.NewDecoder(body).Decode(&req); err != nil && !errors.Is(err, io.EOF) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -164,6 +165,21 @@ func TestEnvdRESTHealth(t *testing.T) {
 	if resp, _ := e.do(t, restCall{method: "GET", path: "/healthz"}); resp.StatusCode != http.StatusNotFound {
 		t.Errorf("GET /healthz: %d, want 404", resp.StatusCode)
 	}
+}
+
+// TestEnvdRESTUnassigned: a hot slot waiting for its pod answers health,
+// and 503 to the rest.
+func TestEnvdRESTUnassigned(t *testing.T) {
+	assign := sha256.Sum256([]byte("assign-token"))
+	e := newFSEnv(t, func(c *daemon.Config) { c.AssignTokenHash = &assign })
+	resp, _ := e.do(t, restCall{method: "GET", path: "/health", header: http.Header{}})
+	if resp.StatusCode != http.StatusNoContent {
+		t.Errorf("GET /health: %d, want 204", resp.StatusCode)
+	}
+	resp, b := e.do(t, restCall{method: "GET", path: "/files", query: url.Values{"path": {"/etc/hostname"}}})
+	wantStatus(t, "GET /files", resp, b, http.StatusServiceUnavailable, "not assigned")
+	_, err := e.fs(testToken, "").Stat(t.Context(), connect.NewRequest(&filesystem.StatRequest{Path: "/"}))
+	wantCode(t, "Stat", err, connect.CodeUnavailable)
 }
 
 func TestEnvdRESTFilesRoundTrip(t *testing.T) {
