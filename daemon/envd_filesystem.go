@@ -680,7 +680,7 @@ func (f *envdFilesystem) WatchDir(ctx context.Context, req *connect.Request[file
 	if err := stream.Send(&filesystem.WatchDirResponse{Event: &filesystem.WatchDirResponse_Start{Start: &filesystem.WatchDirResponse_StartEvent{}}}); err != nil {
 		return err
 	}
-	every := keepaliveInterval(req.Header().Get("Keepalive-Ping-Interval"))
+	every := watchKeepalive(req.Header().Get("Keepalive-Ping-Interval"))
 	keepalive := time.NewTimer(every)
 	defer keepalive.Stop()
 	var sendErr error
@@ -719,8 +719,8 @@ func (f *envdFilesystem) WatchDir(ctx context.Context, req *connect.Request[file
 	}
 }
 
-// keepaliveInterval reads a Keepalive-Ping-Interval header (seconds).
-func keepaliveInterval(v string) time.Duration {
+// watchKeepalive reads a Keepalive-Ping-Interval header (seconds).
+func watchKeepalive(v string) time.Duration {
 	n, err := strconv.Atoi(strings.TrimSpace(v))
 	if err != nil || n <= 0 {
 		return envdKeepalive

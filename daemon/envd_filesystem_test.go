@@ -99,7 +99,7 @@ var fsCodecs = []struct {
 	{"binary", nil},
 }
 
-func wantCode(t *testing.T, what string, err error, code connect.Code) {
+func wantFSCode(t *testing.T, what string, err error, code connect.Code) {
 	t.Helper()
 	if err == nil {
 		t.Fatalf("%s: succeeded, want %v", what, code)
@@ -224,13 +224,13 @@ func TestEnvdFilesystemStat(t *testing.T) {
 				t.Errorf("stat / = %v", root)
 			}
 			_, err := stat("nope")
-			wantCode(t, "stat nope", err, connect.CodeNotFound)
+			wantFSCode(t, "stat nope", err, connect.CodeNotFound)
 			_, err = stat("f.txt/x")
-			wantCode(t, "stat f.txt/x", err, connect.CodeFailedPrecondition)
+			wantFSCode(t, "stat f.txt/x", err, connect.CodeFailedPrecondition)
 			_, err = stat("a\x00b")
-			wantCode(t, "stat with NUL", err, connect.CodeInvalidArgument)
+			wantFSCode(t, "stat with NUL", err, connect.CodeInvalidArgument)
 			_, err = stat("~root/x")
-			wantCode(t, "stat ~root/x", err, connect.CodeInvalidArgument)
+			wantFSCode(t, "stat ~root/x", err, connect.CodeInvalidArgument)
 		})
 	}
 }
@@ -258,13 +258,13 @@ func TestEnvdFilesystemMakeDir(t *testing.T) {
 			}
 			// The SDKs' makeDir answers false on AlreadyExists.
 			_, err := mk(base + "/a/b/c")
-			wantCode(t, "makedir again", err, connect.CodeAlreadyExists)
+			wantFSCode(t, "makedir again", err, connect.CodeAlreadyExists)
 			_, err = mk(base + "/a")
-			wantCode(t, "makedir of a parent", err, connect.CodeAlreadyExists)
+			wantFSCode(t, "makedir of a parent", err, connect.CodeAlreadyExists)
 			_, err = mk("file")
-			wantCode(t, "makedir over a file", err, connect.CodeFailedPrecondition)
+			wantFSCode(t, "makedir over a file", err, connect.CodeFailedPrecondition)
 			_, err = mk("file/sub")
-			wantCode(t, "makedir under a file", err, connect.CodeFailedPrecondition)
+			wantFSCode(t, "makedir under a file", err, connect.CodeFailedPrecondition)
 			if _, err := mk("~/" + base); err != nil {
 				t.Fatal(err)
 			}
@@ -331,9 +331,9 @@ func TestEnvdFilesystemListDir(t *testing.T) {
 				t.Errorf("list of an empty directory = %q, %v", got, err)
 			}
 			_, err := list("t/b.txt", 1)
-			wantCode(t, "list a file", err, connect.CodeFailedPrecondition)
+			wantFSCode(t, "list a file", err, connect.CodeFailedPrecondition)
 			_, err = list("nope", 1)
-			wantCode(t, "list a missing directory", err, connect.CodeNotFound)
+			wantFSCode(t, "list a missing directory", err, connect.CodeNotFound)
 		})
 	}
 }
@@ -364,16 +364,16 @@ func TestEnvdFilesystemMove(t *testing.T) {
 				t.Errorf("the source is still there: %v", err)
 			}
 			_, err := move(codec.name+"/old.txt", codec.name+"/x/y")
-			wantCode(t, "move a missing file", err, connect.CodeNotFound)
+			wantFSCode(t, "move a missing file", err, connect.CodeNotFound)
 			if _, err := os.Stat(filepath.Join(base, "x")); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("a failed move left the parents it made: %v", err)
 			}
 			_, err = move(codec.name+"/new", codec.name+"/new/dir/inside")
-			wantCode(t, "move a directory into itself", err, connect.CodeInvalidArgument)
+			wantFSCode(t, "move a directory into itself", err, connect.CodeInvalidArgument)
 			_, err = move(codec.name+"/new", codec.name+"/full")
-			wantCode(t, "move onto a directory that is not empty", err, connect.CodeFailedPrecondition)
+			wantFSCode(t, "move onto a directory that is not empty", err, connect.CodeFailedPrecondition)
 			_, err = move("", codec.name+"/z")
-			wantCode(t, "move without a source", err, connect.CodeInvalidArgument)
+			wantFSCode(t, "move without a source", err, connect.CodeInvalidArgument)
 		})
 	}
 }
@@ -405,9 +405,9 @@ func TestEnvdFilesystemRemove(t *testing.T) {
 			if _, err := os.Stat(filepath.Join(e.dir, "kept-"+codec.name)); err != nil {
 				t.Errorf("removing a link removed what it led to: %v", err)
 			}
-			wantCode(t, "remove without a path", rm(""), connect.CodeInvalidArgument)
-			wantCode(t, "remove /", rm("/"), connect.CodeInvalidArgument)
-			wantCode(t, "remove /..", rm("/.."), connect.CodeInvalidArgument)
+			wantFSCode(t, "remove without a path", rm(""), connect.CodeInvalidArgument)
+			wantFSCode(t, "remove /", rm("/"), connect.CodeInvalidArgument)
+			wantFSCode(t, "remove /..", rm("/.."), connect.CodeInvalidArgument)
 		})
 	}
 }
@@ -419,7 +419,7 @@ func TestEnvdFilesystemUsers(t *testing.T) {
 	ctx := t.Context()
 	unknown := e.fs(testToken, "no-such-user-xyz")
 	_, err := unknown.Stat(ctx, connect.NewRequest(&filesystem.StatRequest{Path: "/"}))
-	wantCode(t, "stat as an unknown user", err, connect.CodeUnauthenticated)
+	wantFSCode(t, "stat as an unknown user", err, connect.CodeUnauthenticated)
 	if !strings.Contains(err.Error(), "no-such-user-xyz") {
 		t.Errorf("the error does not name the user: %v", err)
 	}
@@ -503,7 +503,7 @@ func TestEnvdFilesystemAuth(t *testing.T) {
 		"wrong token": e.fs("wrong", ""),
 	} {
 		_, err := c.Stat(t.Context(), connect.NewRequest(&filesystem.StatRequest{Path: "/"}))
-		wantCode(t, name, err, connect.CodeUnauthenticated)
+		wantFSCode(t, name, err, connect.CodeUnauthenticated)
 	}
 	// The v1 bearer token works too, and the v1 API is unchanged.
 	hc := &http.Client{Transport: headerTransport{header: http.Header{"Authorization": {"Bearer " + testToken}}}}
@@ -704,13 +704,13 @@ func TestEnvdWatchDir(t *testing.T) {
 				}
 				for range w.msgs {
 				}
-				wantCode(t, "the stream's end", w.err, connect.CodeNotFound)
+				wantFSCode(t, "the stream's end", w.err, connect.CodeNotFound)
 			})
 			t.Run("errors", func(t *testing.T) {
 				_, err := startWatch(t, c, connect.NewRequest(&filesystem.WatchDirRequest{Path: "missing"}))
-				wantCode(t, "watch a missing directory", err, connect.CodeNotFound)
+				wantFSCode(t, "watch a missing directory", err, connect.CodeNotFound)
 				_, err = startWatch(t, c, connect.NewRequest(&filesystem.WatchDirRequest{Path: filepath.Join(dir, "pre/nested/old.txt")}))
-				wantCode(t, "watch a file", err, connect.CodeFailedPrecondition)
+				wantFSCode(t, "watch a file", err, connect.CodeFailedPrecondition)
 			})
 		})
 	}
@@ -770,11 +770,11 @@ func TestEnvdPollingWatcher(t *testing.T) {
 				t.Fatal(err)
 			}
 			_, err = c.GetWatcherEvents(ctx, connect.NewRequest(&filesystem.GetWatcherEventsRequest{WatcherId: id}))
-			wantCode(t, "poll a removed watcher", err, connect.CodeNotFound)
+			wantFSCode(t, "poll a removed watcher", err, connect.CodeNotFound)
 			_, err = c.RemoveWatcher(ctx, connect.NewRequest(&filesystem.RemoveWatcherRequest{WatcherId: id}))
-			wantCode(t, "remove a removed watcher", err, connect.CodeNotFound)
+			wantFSCode(t, "remove a removed watcher", err, connect.CodeNotFound)
 			_, err = c.CreateWatcher(ctx, connect.NewRequest(&filesystem.CreateWatcherRequest{Path: "missing"}))
-			wantCode(t, "watch a missing directory", err, connect.CodeNotFound)
+			wantFSCode(t, "watch a missing directory", err, connect.CodeNotFound)
 		})
 	}
 	if got := inotifyFDs(t); got != base {
@@ -798,7 +798,7 @@ func TestEnvdWatcherLimit(t *testing.T) {
 	for {
 		res, err := c.CreateWatcher(ctx, connect.NewRequest(&filesystem.CreateWatcherRequest{Path: e.dir}))
 		if err != nil {
-			wantCode(t, "one watcher too many", err, connect.CodeResourceExhausted)
+			wantFSCode(t, "one watcher too many", err, connect.CodeResourceExhausted)
 			if !strings.Contains(err.Error(), "daemon's limit") {
 				t.Skipf("the kernel's inotify limit came first: %v", err)
 			}
@@ -824,7 +824,7 @@ func TestEnvdWatcherLimit(t *testing.T) {
 		t.Fatalf("a watch after an idle one could be reclaimed: %v", err)
 	}
 	_, err = c.GetWatcherEvents(ctx, connect.NewRequest(&filesystem.GetWatcherEventsRequest{WatcherId: ids[0]}))
-	wantCode(t, "poll the reclaimed watcher", err, connect.CodeNotFound)
+	wantFSCode(t, "poll the reclaimed watcher", err, connect.CodeNotFound)
 	ids = append(ids[1:], res.Msg.GetWatcherId())
 	for _, id := range ids {
 		if _, err := c.RemoveWatcher(ctx, connect.NewRequest(&filesystem.RemoveWatcherRequest{WatcherId: id})); err != nil {

@@ -179,7 +179,7 @@ func TestEnvdRESTUnassigned(t *testing.T) {
 	resp, b := e.do(t, restCall{method: "GET", path: "/files", query: url.Values{"path": {"/etc/hostname"}}})
 	wantStatus(t, "GET /files", resp, b, http.StatusServiceUnavailable, "not assigned")
 	_, err := e.fs(testToken, "").Stat(t.Context(), connect.NewRequest(&filesystem.StatRequest{Path: "/"}))
-	wantCode(t, "Stat", err, connect.CodeUnavailable)
+	wantFSCode(t, "Stat", err, connect.CodeUnavailable)
 }
 
 func TestEnvdRESTFilesRoundTrip(t *testing.T) {
