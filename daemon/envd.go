@@ -118,4 +118,8 @@ func writeEnvdError(w http.ResponseWriter, r *http.Request, status int, msg stri
 	writeJSON(w, status, map[string]any{"code": status, "message": msg})
 }
 
-var connectErrors = connect.NewErrorWriter()
+// connectErrors tells RPCs from REST calls by Connect-Protocol-Version (the
+// Connect clients send it; without the requirement, every GET and every
+// JSON POST, such as GET /files or POST /init, would pass for a Connect
+// call and get a Connect error instead of envd's JSON one).
+var connectErrors = connect.NewErrorWriter(connect.WithRequireConnectProtocolHeader())

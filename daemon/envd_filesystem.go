@@ -1,9 +1,1032 @@
 package daemon
 
-import "github.com/sandman-dev/sandman/daemon/envd/spec/filesystem/filesystemconnect"
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
 
-// envdFilesystem serves envd's filesystem service.
+	"connectrpc.com/connect"
+	"github.com/fsnotify/fsnotify"
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/sandman-dev/sandman/daemon/envd/spec/filesystem"
+	"github.com/sandman-dev/sandman/daemon/envd/spec/filesystem/filesystemconnect"
+)
+
+// Limits of the filesystem service.
+const (
+	// envdMaxWatchers caps directory watches alive at once: WatchDir
+	// streams and polling watchers together (each holds an inotify
+	// instance, of which the kernel allows a user 128 by default).
+	envdMaxWatchers = 64
+	// envdMaxWatcherEvents caps the events a polling watcher keeps between
+	// two GetWatcherEvents calls.
+	envdMaxWatcherEvents = 10000
+	// envdWatcherIdle is how long a polling watcher may go unpolled before
+	// a new watch that finds no free place may reclaim it.
+	envdWatcherIdle = 10 * time.Minute
+	// envdMaxListEntries caps the entries of one ListDir.
+	envdMaxListEntries = 100000
+	// envdKeepalive is the WatchDir keepalive interval when the client
+	// names none (the SDKs send Keepalive-Ping-Interval: 50).
+	envdKeepalive = 50 * time.Second
+)
+
+// The sandbox's account databases, for user and group names.
+const (
+	envdPasswdFile = "/etc/passwd"
+	envdGroupFile  = "/etc/group"
+)
+
+// envdFilesystem serves envd's filesystem service. Paths are absolute or
+// relative to the caller's base directory (see envdFSUser.resolve); what a
+// call creates belongs to the user it names; directory watches use inotify
+// through fsnotify, streamed (WatchDir) or collected for polling
+// (CreateWatcher). Watchers live in memory and end with the daemon.
 type envdFilesystem struct {
 	filesystemconnect.UnimplementedFilesystemHandler
 	s *Server
+
+	// watchMu guards watchers and open.
+	watchMu sync.Mutex
+	// watchers are the polling watchers by id (nil until the first).
+	watchers map[string]*envdPollWatcher
+	// open counts the other places taken: WatchDir streams, and polling
+	// watchers being created.
+	open int
+}
+
+var _ filesystemconnect.FilesystemHandler = (*envdFilesystem)(nil)
+
+// envdFSUser is who a filesystem call acts as.
+type envdFSUser struct {
+	name     string // "" for the daemon's own user
+	uid, gid int
+	home     string // what "~" means
+	base     string // where relative paths start
+}
+
+// envdFSUserFor looks up the user a call names ("" for the default: the
+// daemon's own user, with relative paths starting at the sandbox's working
+// directory, where commands start too). A named user comes from the
+// sandbox's /etc/passwd; relative paths start at their home, as in envd.
+func (s *Server) envdFSUserFor(name string) (envdFSUser, error) {
+	if name == "" {
+		a := s.access.Load()
+		home := envValue(a.env, "HOME")
+		if home == "" {
+			home = a.dir
+		}
+		return envdFSUser{uid: os.Geteuid(), gid: os.Getegid(), home: home, base: a.dir}, nil
+	}
+	uid, gid, home, err := lookupPasswd(envdPasswdFile, name)
+	if err != nil {
+		return envdFSUser{}, err
+	}
+	if home == "" {
+		home = "/"
+	}
+	return envdFSUser{name: name, uid: uid, gid: gid, home: home, base: home}, nil
+}
+
+// errUnknownUser: a call names a user the sandbox does not have.
+var errUnknownUser = errors.New("unknown user")
+
+// lookupPasswd finds name in a passwd file.
+func lookupPasswd(file, name string) (uid, gid int, home string, err error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return 0, 0, "", fmt.Errorf("user %q: %w: cannot read %s: %w", name, errUnknownUser, file, err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Split(sc.Text(), ":")
+		if len(fields) < 7 || fields[0] != name {
+			continue
+		}
+		uid, err1 := strconv.Atoi(fields[2])
+		gid, err2 := strconv.Atoi(fields[3])
+		if err1 != nil || err2 != nil {
+			return 0, 0, "", fmt.Errorf("user %q: malformed line in %s", name, file)
+		}
+		return uid, gid, fields[5], nil
+	}
+	return 0, 0, "", fmt.Errorf("user %q: %w: no such user in the sandbox's %s; name an existing user, or none for the default", name, errUnknownUser, file)
+}
+
+// envValue is KEY's value in a KEY=VALUE list (the last one wins).
+func envValue(env []string, key string) string {
+	v := ""
+	for _, kv := range env {
+		if k, val, ok := strings.Cut(kv, "="); ok && k == key {
+			v = val
+		}
+	}
+	return v
+}
+
+// resolve turns a path of a call into an absolute, clean one, as envd
+// does: "~" and "~/…" start at the user's home, a relative path at the
+// user's base directory, and "" is the base directory itself. ".." is
+// resolved lexically, as a shell's cd does.
+func (u envdFSUser) resolve(p string) (string, error) {
+	switch {
+	case strings.ContainsRune(p, 0):
+		return "", connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("path %q contains a NUL byte", p))
+	case p == "":
+		return filepath.Clean(u.base), nil
+	case p == "~" || strings.HasPrefix(p, "~/"):
+		return filepath.Join(u.home, p[1:]), nil
+	case strings.HasPrefix(p, "~"):
+		return "", connect.NewError(connect.CodeInvalidArgument,
+			fmt.Errorf("path %q: ~user is not expanded; write the home directory out, or use ~/ for the caller's own", p))
+	case !filepath.IsAbs(p):
+		return filepath.Join(u.base, p), nil
+	}
+	return filepath.Clean(p), nil
+}
+
+// chownNeeded reports whether what the daemon creates must change owner
+// to belong to u.
+func (u envdFSUser) chownNeeded() bool {
+	return u.name != "" && (u.uid != os.Geteuid() || u.gid != os.Getegid())
+}
+
+// chown gives p to u.
+func (u envdFSUser) chown(p string) error {
+	if !u.chownNeeded() {
+		return nil
+	}
+	if err := os.Lchown(p, u.uid, u.gid); err != nil {
+		return fmt.Errorf("give %s to user %q (uid %d): %w", p, u.name, u.uid, err)
+	}
+	return nil
+}
+
+// mkdirAll creates dir and its missing parents, each owned by u, and
+// returns the directories it made (outermost first). On an error it
+// removes what it made.
+func (u envdFSUser) mkdirAll(dir string) (made []string, retErr error) {
+	defer func() {
+		if retErr != nil {
+			for i := len(made) - 1; i >= 0; i-- {
+				_ = os.Remove(made[i])
+			}
+			made = nil
+		}
+	}()
+	var todo []string
+	for p := dir; ; p = filepath.Dir(p) {
+		fi, err := os.Stat(p)
+		if err == nil {
+			if !fi.IsDir() {
+				return nil, &fs.PathError{Op: "mkdir", Path: p, Err: syscall.ENOTDIR}
+			}
+			break
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return nil, err
+		}
+		todo = append(todo, p)
+		if p == "/" || p == "." {
+			break
+		}
+	}
+	for i := len(todo) - 1; i >= 0; i-- {
+		p := todo[i]
+		if err := os.Mkdir(p, 0o755); err != nil {
+			if fi, serr := os.Stat(p); errors.Is(err, fs.ErrExist) && serr == nil && fi.IsDir() {
+				continue // made meanwhile by someone else
+			}
+			return made, err
+		}
+		made = append(made, p)
+		if err := u.chown(p); err != nil {
+			return made, err
+		}
+	}
+	return made, nil
+}
+
+// user resolves the user of a filesystem call.
+func (f *envdFilesystem) user(ctx context.Context) (envdFSUser, error) {
+	u, err := f.s.envdFSUserFor(envdUser(ctx))
+	if err != nil {
+		return u, envdFSError(err)
+	}
+	return u, nil
+}
+
+// envdFSError turns an error of the OS (or of this file) into a Connect
+// error; the message keeps the operation and path that failed.
+func envdFSError(err error) error {
+	if err == nil {
+		return nil
+	}
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		return err
+	}
+	code := connect.CodeInternal
+	switch {
+	case errors.Is(err, errUnknownUser):
+		code = connect.CodeUnauthenticated
+	case errors.Is(err, fs.ErrNotExist):
+		code = connect.CodeNotFound
+	case errors.Is(err, fs.ErrExist):
+		code = connect.CodeAlreadyExists
+	case errors.Is(err, fs.ErrPermission), errors.Is(err, syscall.EROFS):
+		code = connect.CodePermissionDenied
+	case errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.ENOTEMPTY),
+		errors.Is(err, syscall.EXDEV), errors.Is(err, syscall.ELOOP), errors.Is(err, syscall.EBUSY):
+		code = connect.CodeFailedPrecondition
+	case errors.Is(err, syscall.ENAMETOOLONG), errors.Is(err, syscall.EINVAL):
+		code = connect.CodeInvalidArgument
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		code = connect.CodeResourceExhausted
+		err = fmt.Errorf("%w (the sandbox's disk is full)", err)
+	}
+	return connect.NewError(code, explainErrno(err))
+}
+
+// explainErrno adds what to do to the errors whose bare text does not say.
+func explainErrno(err error) error {
+	switch {
+	case errors.Is(err, syscall.ENOTDIR):
+		return fmt.Errorf("%w: a component of the path is a file, not a directory", err)
+	case errors.Is(err, syscall.EXDEV):
+		return fmt.Errorf("%w: source and destination are on different filesystems; copy and remove instead", err)
+	case errors.Is(err, syscall.ELOOP):
+		return fmt.Errorf("%w: too many symbolic links (a loop?)", err)
+	}
+	return err
+}
+
+// envdNames turns uids and gids into names from the sandbox's /etc/passwd
+// and /etc/group, read once (numbers for ids it does not list).
+type envdNames struct {
+	users, groups map[uint32]string
+	// stamp is what the files looked like when read, for refresh.
+	stamp string
+}
+
+func newEnvdNames() *envdNames {
+	n := &envdNames{}
+	n.load()
+	return n
+}
+
+func (n *envdNames) load() {
+	n.users = readIDNames(envdPasswdFile)
+	n.groups = readIDNames(envdGroupFile)
+	n.stamp = envdNamesStamp()
+}
+
+// refresh reloads the names if the files changed.
+func (n *envdNames) refresh() {
+	if envdNamesStamp() != n.stamp {
+		n.load()
+	}
+}
+
+func envdNamesStamp() string {
+	var b strings.Builder
+	for _, f := range []string{envdPasswdFile, envdGroupFile} {
+		if fi, err := os.Stat(f); err == nil {
+			fmt.Fprintf(&b, "%d/%d;", fi.ModTime().UnixNano(), fi.Size())
+		}
+	}
+	return b.String()
+}
+
+// readIDNames reads name:x:id:… lines (passwd and group alike).
+func readIDNames(file string) map[uint32]string {
+	out := map[uint32]string{}
+	f, err := os.Open(file)
+	if err != nil {
+		return out
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.SplitN(sc.Text(), ":", 4)
+		if len(fields) < 3 {
+			continue
+		}
+		id, err := strconv.ParseUint(fields[2], 10, 32)
+		if err != nil {
+			continue
+		}
+		if _, dup := out[uint32(id)]; !dup {
+			out[uint32(id)] = fields[0]
+		}
+	}
+	return out
+}
+
+func (n *envdNames) name(m map[uint32]string, id uint32) string {
+	if s, ok := m[id]; ok {
+		return s
+	}
+	return strconv.FormatUint(uint64(id), 10)
+}
+
+// entry describes p, whose Lstat is fi, as envd does: a symbolic link
+// carries its resolved target and the type and permission bits of what it
+// leads to (a dangling link stays a symlink).
+func (n *envdNames) entry(p string, fi fs.FileInfo) *filesystem.EntryInfo {
+	mode := fi.Mode()
+	e := &filesystem.EntryInfo{
+		Name:         fi.Name(),
+		Path:         p,
+		Size:         fi.Size(),
+		Permissions:  mode.String(),
+		ModifiedTime: timestamppb.New(fi.ModTime()),
+		Type:         envdFileType(mode),
+		Mode:         unixPerm(mode),
+	}
+	if p == "/" {
+		e.Name = "/"
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		e.Owner = n.name(n.users, st.Uid)
+		e.Group = n.name(n.groups, st.Gid)
+	}
+	if mode&fs.ModeSymlink != 0 {
+		target, err := filepath.EvalSymlinks(p)
+		tfi, serr := os.Stat(p)
+		if err == nil && serr == nil {
+			e.Type = envdFileType(tfi.Mode())
+			e.Mode = unixPerm(tfi.Mode())
+		} else if target, err = os.Readlink(p); err != nil {
+			target = ""
+		}
+		e.SymlinkTarget = &target
+	}
+	return e
+}
+
+func envdFileType(m fs.FileMode) filesystem.FileType {
+	switch {
+	case m.IsRegular():
+		return filesystem.FileType_FILE_TYPE_FILE
+	case m.IsDir():
+		return filesystem.FileType_FILE_TYPE_DIRECTORY
+	case m&fs.ModeSymlink != 0:
+		return filesystem.FileType_FILE_TYPE_SYMLINK
+	}
+	return filesystem.FileType_FILE_TYPE_UNSPECIFIED // devices, FIFOs, sockets: as envd
+}
+
+// unixPerm is the permission bits of m as stat(2) gives them, setuid,
+// setgid and sticky included.
+func unixPerm(m fs.FileMode) uint32 {
+	p := uint32(m.Perm())
+	if m&fs.ModeSetuid != 0 {
+		p |= syscall.S_ISUID
+	}
+	if m&fs.ModeSetgid != 0 {
+		p |= syscall.S_ISGID
+	}
+	if m&fs.ModeSticky != 0 {
+		p |= syscall.S_ISVTX
+	}
+	return p
+}
+
+// stat describes p (not following a final symbolic link).
+func (n *envdNames) stat(p string) (*filesystem.EntryInfo, error) {
+	fi, err := os.Lstat(p)
+	if err != nil {
+		return nil, err
+	}
+	return n.entry(p, fi), nil
+}
+
+func (f *envdFilesystem) Stat(ctx context.Context, req *connect.Request[filesystem.StatRequest]) (*connect.Response[filesystem.StatResponse], error) {
+	u, err := f.user(ctx)
+	if err != nil {
+		return nil, err
+	}
+	p, err := u.resolve(req.Msg.GetPath())
+	if err != nil {
+		return nil, err
+	}
+	e, err := newEnvdNames().stat(p)
+	if err != nil {
+		return nil, envdFSError(err)
+	}
+	return connect.NewResponse(&filesystem.StatResponse{Entry: e}), nil
+}
+
+// MakeDir creates a directory and its missing parents, all owned by the
+// caller; AlreadyExists if the directory is there (the SDKs' makeDir then
+// answers false).
+func (f *envdFilesystem) MakeDir(ctx context.Context, req *connect.Request[filesystem.MakeDirRequest]) (*connect.Response[filesystem.MakeDirResponse], error) {
+	u, err := f.user(ctx)
+	if err != nil {
+		return nil, err
+	}
+	p, err := u.resolve(req.Msg.GetPath())
+	if err != nil {
+		return nil, err
+	}
+	if fi, err := os.Stat(p); err == nil {
+		if fi.IsDir() {
+			return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("directory %s already exists", p))
+		}
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%s already exists and is not a directory", p))
+	}
+	if _, err := u.mkdirAll(p); err != nil {
+		return nil, envdFSError(err)
+	}
+	e, err := newEnvdNames().stat(p)
+	if err != nil {
+		return nil, envdFSError(err)
+	}
+	return connect.NewResponse(&filesystem.MakeDirResponse{Entry: e}), nil
+}
+
+// Move renames source to destination (rename(2): a file or an empty
+// directory there is replaced), creating the destination's missing parents
+// for the caller.
+func (f *envdFilesystem) Move(ctx context.Context, req *connect.Request[filesystem.MoveRequest]) (*connect.Response[filesystem.MoveResponse], error) {
+	u, err := f.user(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if req.Msg.GetSource() == "" || req.Msg.GetDestination() == "" {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("source and destination are both required"))
+	}
+	src, err := u.resolve(req.Msg.GetSource())
+	if err != nil {
+		return nil, err
+	}
+	dst, err := u.resolve(req.Msg.GetDestination())
+	if err != nil {
+		return nil, err
+	}
+	if _, err := os.Lstat(src); err != nil {
+		return nil, envdFSError(fmt.Errorf("source: %w", err))
+	}
+	made, err := u.mkdirAll(filepath.Dir(dst))
+	if err != nil {
+		return nil, envdFSError(err)
+	}
+	if err := os.Rename(src, dst); err != nil {
+		for i := len(made) - 1; i >= 0; i-- {
+			_ = os.Remove(made[i])
+		}
+		if errors.Is(err, syscall.EINVAL) {
+			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%w: cannot move a directory into itself", err))
+		}
+		if errors.Is(err, syscall.EEXIST) || errors.Is(err, syscall.ENOTEMPTY) {
+			return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%w: the destination is a directory that is not empty", err))
+		}
+		return nil, envdFSError(err)
+	}
+	e, err := newEnvdNames().stat(dst)
+	if err != nil {
+		return nil, envdFSError(err)
+	}
+	return connect.NewResponse(&filesystem.MoveResponse{Entry: e}), nil
+}
+
+func (f *envdFilesystem) ListDir(ctx context.Context, req *connect.Request[filesystem.ListDirRequest]) (*connect.Response[filesystem.ListDirResponse], error) {
+	u, err := f.user(ctx)
+	if err != nil {
+		return nil, err
+	}
+	p, err := u.resolve(req.Msg.GetPath())
+	if err != nil {
+		return nil, err
+	}
+	depth := int(req.Msg.GetDepth())
+	if depth <= 0 {
+		depth = 1 // the SDKs send 1 by default; envd reads 0 as 1
+	}
+	fi, err := os.Stat(p)
+	if err != nil {
+		return nil, envdFSError(err)
+	}
+	if !fi.IsDir() {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%s is not a directory", p))
+	}
+	l := envdLister{names: newEnvdNames(), entries: []*filesystem.EntryInfo{}}
+	if err := l.walk(ctx, p, depth); err != nil {
+		return nil, envdFSError(err)
+	}
+	return connect.NewResponse(&filesystem.ListDirResponse{Entries: l.entries}), nil
+}
+
+// envdLister collects the entries of a tree.
+type envdLister struct {
+	names   *envdNames
+	entries []*filesystem.EntryInfo
+}
+
+// walk lists dir and, depth > 1, the directories under it (never
+// following links), in name order. Subdirectories it cannot read are
+// listed without their contents.
+func (l *envdLister) walk(ctx context.Context, dir string, depth int) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	des, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, d := range des {
+		if len(l.entries) >= envdMaxListEntries {
+			return connect.NewError(connect.CodeResourceExhausted,
+				fmt.Errorf("more than %d entries: list with a smaller depth, or a subdirectory", envdMaxListEntries))
+		}
+		q := filepath.Join(dir, d.Name())
+		fi, err := d.Info()
+		if err != nil {
+			continue // gone meanwhile
+		}
+		l.entries = append(l.entries, l.names.entry(q, fi))
+		if depth > 1 && d.IsDir() {
+			if err := l.walk(ctx, q, depth-1); err != nil {
+				var ce *connect.Error
+				if errors.As(err, &ce) || ctx.Err() != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// Remove removes a file, a link or a directory with everything in it; a
+// path that does not exist is not an error (rm -rf, as envd).
+func (f *envdFilesystem) Remove(ctx context.Context, req *connect.Request[filesystem.RemoveRequest]) (*connect.Response[filesystem.RemoveResponse], error) {
+	u, err := f.user(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if req.Msg.GetPath() == "" {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("path is required"))
+	}
+	p, err := u.resolve(req.Msg.GetPath())
+	if err != nil {
+		return nil, err
+	}
+	if p == "/" {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("refusing to remove /"))
+	}
+	if err := os.RemoveAll(p); err != nil {
+		return nil, envdFSError(err)
+	}
+	return connect.NewResponse(&filesystem.RemoveResponse{}), nil
+}
+
+// Network filesystems, where inotify sees only this machine's changes
+// (the kernel's magic numbers, as envd lists them).
+var envdNetworkFS = map[int64]bool{0x6969: true, 0xFF534D42: true, 0x517B: true, 0xFE534D42: true, 0x65735546: true}
+
+// watchTarget resolves and checks the directory of a watch.
+func (f *envdFilesystem) watchTarget(ctx context.Context, path string, allowNetwork bool) (string, error) {
+	u, err := f.user(ctx)
+	if err != nil {
+		return "", err
+	}
+	p, err := u.resolve(path)
+	if err != nil {
+		return "", err
+	}
+	fi, err := os.Stat(p)
+	if err != nil {
+		return "", envdFSError(err)
+	}
+	if !fi.IsDir() {
+		return "", connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%s is not a directory: watch the directory that holds it", p))
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(p, &st); err == nil && envdNetworkFS[int64(st.Type)] && !allowNetwork {
+		return "", connect.NewError(connect.CodeInvalidArgument,
+			fmt.Errorf("%s is on a network filesystem, where a watch sees only this sandbox's changes: set allowNetworkMounts to watch it anyway", p))
+	}
+	return p, nil
+}
+
+// acquireWatch takes a place for a new watch, reclaiming polling watchers
+// left unpolled for envdWatcherIdle if none is free; releaseWatch gives it
+// back.
+func (f *envdFilesystem) acquireWatch() error {
+	var reclaimed []*envdPollWatcher
+	defer func() {
+		for _, w := range reclaimed {
+			w.close()
+		}
+	}()
+	f.watchMu.Lock()
+	defer f.watchMu.Unlock()
+	if f.open+len(f.watchers) >= envdMaxWatchers {
+		now := f.s.cfg.Now()
+		for id, w := range f.watchers {
+			if now.Sub(w.lastPolled()) >= envdWatcherIdle {
+				delete(f.watchers, id)
+				reclaimed = append(reclaimed, w)
+			}
+		}
+	}
+	if f.open+len(f.watchers) >= envdMaxWatchers {
+		return connect.NewError(connect.CodeResourceExhausted,
+			fmt.Errorf("%d directory watches are open in this sandbox (the daemon's limit): stop some (end a watchDir, RemoveWatcher)", envdMaxWatchers))
+	}
+	f.open++
+	return nil
+}
+
+func (f *envdFilesystem) releaseWatch() {
+	f.watchMu.Lock()
+	f.open--
+	f.watchMu.Unlock()
+}
+
+// WatchDir streams the changes under a directory: a start event once the
+// watch is in place, then filesystem events, and keepalives when nothing
+// happens (at the client's Keepalive-Ping-Interval, in seconds).
+func (f *envdFilesystem) WatchDir(ctx context.Context, req *connect.Request[filesystem.WatchDirRequest], stream *connect.ServerStream[filesystem.WatchDirResponse]) error {
+	root, err := f.watchTarget(ctx, req.Msg.GetPath(), req.Msg.GetAllowNetworkMounts())
+	if err != nil {
+		return err
+	}
+	if err := f.acquireWatch(); err != nil {
+		return err
+	}
+	defer f.releaseWatch()
+
+	w, err := newEnvdWatch(root, req.Msg.GetRecursive(), req.Msg.GetIncludeEntry())
+	if err != nil {
+		return err
+	}
+	defer w.close()
+	if err := stream.Send(&filesystem.WatchDirResponse{Event: &filesystem.WatchDirResponse_Start{Start: &filesystem.WatchDirResponse_StartEvent{}}}); err != nil {
+		return err
+	}
+	every := watchKeepalive(req.Header().Get("Keepalive-Ping-Interval"))
+	keepalive := time.NewTimer(every)
+	defer keepalive.Stop()
+	var sendErr error
+	emit := func(ev *filesystem.FilesystemEvent) {
+		if sendErr == nil {
+			sendErr = stream.Send(&filesystem.WatchDirResponse{Event: &filesystem.WatchDirResponse_Filesystem{Filesystem: ev}})
+		}
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-keepalive.C:
+			if err := stream.Send(&filesystem.WatchDirResponse{Event: &filesystem.WatchDirResponse_Keepalive{Keepalive: &filesystem.WatchDirResponse_KeepAlive{}}}); err != nil {
+				return err
+			}
+			keepalive.Reset(every)
+		case err, ok := <-w.fw.Errors:
+			if !ok {
+				return nil
+			}
+			return w.failure(err)
+		case e, ok := <-w.fw.Events:
+			if !ok {
+				return nil
+			}
+			end := w.handle(e, emit)
+			if sendErr != nil {
+				return sendErr
+			}
+			if end != nil {
+				return end
+			}
+			keepalive.Reset(every)
+		}
+	}
+}
+
+// watchKeepalive reads a Keepalive-Ping-Interval header (seconds).
+func watchKeepalive(v string) time.Duration {
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil || n <= 0 {
+		return envdKeepalive
+	}
+	return time.Duration(min(n, 3600)) * time.Second
+}
+
+// envdWatch is an inotify watch on a directory and, recursive, on every
+// directory under it (fsnotify watches one directory; new directories are
+// added as they appear, and what they already hold is reported as
+// created). It is driven by one goroutine: the one reading fw's channels.
+type envdWatch struct {
+	root         string
+	recursive    bool
+	includeEntry bool
+	fw           *fsnotify.Watcher
+	names        *envdNames
+	// dirs are the directories watched, the root included.
+	dirs map[string]struct{}
+}
+
+func newEnvdWatch(root string, recursive, includeEntry bool) (_ *envdWatch, retErr error) {
+	fw, err := fsnotify.NewWatcher()
+	if err != nil {
+		return nil, watchAddError(root, err)
+	}
+	w := &envdWatch{root: root, recursive: recursive, includeEntry: includeEntry, fw: fw, dirs: map[string]struct{}{}}
+	defer func() {
+		if retErr != nil {
+			_ = fw.Close()
+		}
+	}()
+	if includeEntry {
+		w.names = newEnvdNames()
+	}
+	if err := w.add(root, nil); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+func (w *envdWatch) close() { _ = w.fw.Close() }
+
+// add watches dir and, recursive, the directories under it. announce, if
+// set, receives a create event for each entry found under dir.
+func (w *envdWatch) add(dir string, announce func(*filesystem.FilesystemEvent)) error {
+	if err := w.fw.Add(dir); err != nil {
+		return watchAddError(dir, err)
+	}
+	w.dirs[dir] = struct{}{}
+	if !w.recursive {
+		return nil
+	}
+	des, err := os.ReadDir(dir)
+	if err != nil {
+		return nil // gone or unreadable: nothing under it to watch
+	}
+	for _, d := range des {
+		q := filepath.Join(dir, d.Name())
+		if announce != nil {
+			announce(w.event(q, filesystem.EventType_EVENT_TYPE_CREATE))
+		}
+		if d.IsDir() {
+			if err := w.add(q, announce); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// watchAddError explains a failure to set up a watch.
+func watchAddError(dir string, err error) error {
+	switch {
+	case errors.Is(err, syscall.ENOSPC):
+		return connect.NewError(connect.CodeResourceExhausted,
+			fmt.Errorf("watch %s: the sandbox's inotify watches are used up (fs.inotify.max_user_watches): watch a smaller tree, or non-recursively", dir))
+	case errors.Is(err, syscall.EMFILE):
+		return connect.NewError(connect.CodeResourceExhausted,
+			fmt.Errorf("watch %s: the sandbox's inotify instances are used up (fs.inotify.max_user_instances): stop other watches", dir))
+	case errors.Is(err, fs.ErrNotExist):
+		return connect.NewError(connect.CodeNotFound, fmt.Errorf("watch %s: %w", dir, err))
+	}
+	return envdFSError(fmt.Errorf("watch %s: %w", dir, err))
+}
+
+// failure is the error that ends a watch after fsnotify reports err.
+func (w *envdWatch) failure(err error) error {
+	if errors.Is(err, fsnotify.ErrEventOverflow) {
+		return connect.NewError(connect.CodeResourceExhausted,
+			fmt.Errorf("watch %s: the kernel dropped events (inotify queue overflow); start a new watch and re-read the directory", w.root))
+	}
+	return connect.NewError(connect.CodeInternal, fmt.Errorf("watch %s: %w", w.root, err))
+}
+
+// event is a filesystem event for path p.
+func (w *envdWatch) event(p string, t filesystem.EventType) *filesystem.FilesystemEvent {
+	name, err := filepath.Rel(w.root, p)
+	if err != nil {
+		name = p
+	}
+	ev := &filesystem.FilesystemEvent{Name: name, Type: t}
+	if w.includeEntry {
+		w.names.refresh()
+		if e, err := w.names.stat(p); err == nil {
+			ev.Entry = e
+		}
+	}
+	return ev
+}
+
+// handle turns one fsnotify event into envd's events (one per operation
+// it carries, in envd's order) and keeps the recursive watch in step: a
+// new directory is watched before its creation is reported, so a client
+// that writes into it once it sees the event is seen writing. It returns
+// an error when the watch cannot go on: its root went away.
+func (w *envdWatch) handle(e fsnotify.Event, emit func(*filesystem.FilesystemEvent)) error {
+	var found []*filesystem.FilesystemEvent
+	if w.recursive && e.Has(fsnotify.Create) {
+		if fi, err := os.Lstat(e.Name); err == nil && fi.IsDir() {
+			err := w.add(e.Name, func(ev *filesystem.FilesystemEvent) { found = append(found, ev) })
+			var ce *connect.Error
+			if err != nil && !(errors.As(err, &ce) && ce.Code() == connect.CodeNotFound) { // not removed meanwhile
+				return err
+			}
+		}
+	}
+	for _, op := range []struct {
+		op fsnotify.Op
+		t  filesystem.EventType
+	}{
+		{fsnotify.Create, filesystem.EventType_EVENT_TYPE_CREATE},
+		{fsnotify.Rename, filesystem.EventType_EVENT_TYPE_RENAME},
+		{fsnotify.Chmod, filesystem.EventType_EVENT_TYPE_CHMOD},
+		{fsnotify.Write, filesystem.EventType_EVENT_TYPE_WRITE},
+		{fsnotify.Remove, filesystem.EventType_EVENT_TYPE_REMOVE},
+	} {
+		if e.Has(op.op) {
+			emit(w.event(e.Name, op.t))
+		}
+	}
+	for _, ev := range found {
+		emit(ev)
+	}
+	if e.Name == w.root && (e.Has(fsnotify.Remove) || e.Has(fsnotify.Rename)) {
+		return connect.NewError(connect.CodeNotFound, fmt.Errorf("the watched directory %s was removed or moved", w.root))
+	}
+	if w.recursive && (e.Has(fsnotify.Remove) || e.Has(fsnotify.Rename)) {
+		w.forget(e.Name)
+	}
+	return nil
+}
+
+// forget drops the watches of a directory that went away and of those
+// under it (a moved directory keeps its inotify watches, which would go on
+// reporting under the old names).
+func (w *envdWatch) forget(dir string) {
+	if _, ok := w.dirs[dir]; !ok {
+		return
+	}
+	for d := range w.dirs {
+		if d == dir || strings.HasPrefix(d, dir+"/") {
+			delete(w.dirs, d)
+			_ = w.fw.Remove(d)
+		}
+	}
+}
+
+// envdPollWatcher collects a watch's events until they are polled.
+type envdPollWatcher struct {
+	id    string
+	watch *envdWatch
+	// done is closed when the collecting goroutine has returned.
+	done chan struct{}
+
+	// mu guards the fields below.
+	mu     sync.Mutex
+	events []*filesystem.FilesystemEvent
+	// err ended the watch; it is reported once the events before it are.
+	err    error
+	polled time.Time
+}
+
+func (p *envdPollWatcher) lastPolled() time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.polled
+}
+
+// run collects events until the watch ends.
+func (p *envdPollWatcher) run() {
+	defer close(p.done)
+	emit := func(ev *filesystem.FilesystemEvent) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.err != nil {
+			return
+		}
+		if len(p.events) >= envdMaxWatcherEvents {
+			p.err = connect.NewError(connect.CodeResourceExhausted,
+				fmt.Errorf("watcher %s: more than %d events since the last GetWatcherEvents, later ones were dropped: poll more often, then remove this watcher and create a new one", p.id, envdMaxWatcherEvents))
+			return
+		}
+		p.events = append(p.events, ev)
+	}
+	fail := func(err error) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.err == nil {
+			p.err = err
+		}
+	}
+	for {
+		select {
+		case err, ok := <-p.watch.fw.Errors:
+			if !ok {
+				return
+			}
+			fail(p.watch.failure(err))
+			p.watch.close()
+		case e, ok := <-p.watch.fw.Events:
+			if !ok {
+				return
+			}
+			if err := p.watch.handle(e, emit); err != nil {
+				fail(err)
+				p.watch.close()
+			}
+		}
+	}
+}
+
+// close ends the watch and waits for the collecting goroutine.
+func (p *envdPollWatcher) close() {
+	p.watch.close()
+	<-p.done
+}
+
+// CreateWatcher starts a watch whose events GetWatcherEvents returns.
+func (f *envdFilesystem) CreateWatcher(ctx context.Context, req *connect.Request[filesystem.CreateWatcherRequest]) (*connect.Response[filesystem.CreateWatcherResponse], error) {
+	root, err := f.watchTarget(ctx, req.Msg.GetPath(), req.Msg.GetAllowNetworkMounts())
+	if err != nil {
+		return nil, err
+	}
+	if err := f.acquireWatch(); err != nil {
+		return nil, err
+	}
+	w, err := newEnvdWatch(root, req.Msg.GetRecursive(), req.Msg.GetIncludeEntry())
+	if err != nil {
+		f.releaseWatch()
+		return nil, err
+	}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	p := &envdPollWatcher{id: "w" + hex.EncodeToString(b[:]), watch: w, done: make(chan struct{}), polled: f.s.cfg.Now()}
+	go p.run()
+	f.watchMu.Lock()
+	if f.watchers == nil {
+		f.watchers = map[string]*envdPollWatcher{}
+	}
+	f.watchers[p.id] = p
+	f.open--
+	f.watchMu.Unlock()
+	return connect.NewResponse(&filesystem.CreateWatcherResponse{WatcherId: p.id}), nil
+}
+
+func (f *envdFilesystem) watcher(id string) (*envdPollWatcher, error) {
+	f.watchMu.Lock()
+	defer f.watchMu.Unlock()
+	p, ok := f.watchers[id]
+	if !ok {
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("watcher %q not found (removed, reclaimed after %v unpolled, or from before the daemon restarted)", id, envdWatcherIdle))
+	}
+	return p, nil
+}
+
+// GetWatcherEvents returns the events since the last call; once the watch
+// has failed, the error, after the events before it.
+func (f *envdFilesystem) GetWatcherEvents(ctx context.Context, req *connect.Request[filesystem.GetWatcherEventsRequest]) (*connect.Response[filesystem.GetWatcherEventsResponse], error) {
+	p, err := f.watcher(req.Msg.GetWatcherId())
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.polled = f.s.cfg.Now()
+	if len(p.events) == 0 && p.err != nil {
+		return nil, p.err
+	}
+	events := p.events
+	p.events = nil
+	if events == nil {
+		events = []*filesystem.FilesystemEvent{}
+	}
+	return connect.NewResponse(&filesystem.GetWatcherEventsResponse{Events: events}), nil
+}
+
+func (f *envdFilesystem) RemoveWatcher(ctx context.Context, req *connect.Request[filesystem.RemoveWatcherRequest]) (*connect.Response[filesystem.RemoveWatcherResponse], error) {
+	id := req.Msg.GetWatcherId()
+	f.watchMu.Lock()
+	p, ok := f.watchers[id]
+	delete(f.watchers, id)
+	f.watchMu.Unlock()
+	if !ok {
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("watcher %q not found", id))
+	}
+	p.close()
+	return connect.NewResponse(&filesystem.RemoveWatcherResponse{}), nil
 }
