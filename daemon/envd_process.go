@@ -573,13 +573,13 @@ func (s *Server) spawnPTY(cmd *exec.Cmd, cols, rows uint16) (p *proc, retErr err
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
 	cmd.SysProcAttr.Setpgid = false // setsid makes a new group
 	cmd.SysProcAttr.Setsid, cmd.SysProcAttr.Setctty, cmd.SysProcAttr.Ctty = true, true, 0
-	exit, err := s.reaper.Start(cmd)
+	pid, exit, err := s.reaper.Start(cmd)
 	if err != nil {
 		in.Close()
 		return nil, classifyStart(cmd, err)
 	}
-	s.addGroup(cmd.Process.Pid)
-	return &proc{pid: cmd.Process.Pid, exit: exit, stdout: master, stdin: in, start: time.Now()}, nil
+	s.addGroup(pid)
+	return &proc{pid: pid, exit: exit, stdout: master, stdin: in, start: time.Now()}, nil
 }
 
 // openPTY opens a pseudo-terminal pair. It does its own ioctls, through
