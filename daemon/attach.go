@@ -101,10 +101,9 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) {
 			}
 			cmd.Stdin, cmd.Stdout, cmd.Stderr = ptsFile, ptsFile, ptsFile
 			cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
-			exit, startErr = s.reaper.Start(cmd)
+			pgid, exit, startErr = s.reaper.Start(cmd)
 			ptsFile.Close()
 			if startErr == nil {
-				pgid = cmd.Process.Pid
 				s.addGroup(pgid)
 				stdin, outputs = ptmx, []*os.File{ptmx}
 				resize = func(w, h uint16) { _ = pty.Setsize(ptmx, &pty.Winsize{Cols: w, Rows: h}) }

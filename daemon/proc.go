@@ -217,15 +217,15 @@ func (s *Server) spawn(cmd *exec.Cmd, withStdin bool) (p *proc, retErr error) {
 		cmd.Stdin = inR
 	}
 	cmd.Stdout, cmd.Stderr = outW, errW
-	exit, err := s.reaper.Start(cmd)
+	pid, exit, err := s.reaper.Start(cmd)
 	if err != nil {
 		if inW != nil {
 			inW.Close()
 		}
 		return nil, classifyStart(cmd, err)
 	}
-	s.addGroup(cmd.Process.Pid)
-	return &proc{pid: cmd.Process.Pid, exit: exit, stdout: outR, stderr: errR, stdin: inW, start: time.Now()}, nil
+	s.addGroup(pid)
+	return &proc{pid: pid, exit: exit, stdout: outR, stderr: errR, stdin: inW, start: time.Now()}, nil
 }
 
 func classifyStart(cmd *exec.Cmd, err error) error {

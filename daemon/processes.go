@@ -34,6 +34,12 @@ type process struct {
 	// done is closed when the process has exited and its output is complete.
 	done chan struct{}
 
+	// envd is set, before the process is listed, for processes started
+	// through envd's process service.
+	envd *envdMeta
+	// inputMu serialises envd's writes to stdin.
+	inputMu sync.Mutex
+
 	// mu guards the fields below.
 	mu       sync.Mutex
 	stdin    *os.File
@@ -112,6 +118,17 @@ func (t *processTable) remove(id string) {
 	delete(t.byID, id)
 }
 
+// snapshot returns every process in the table, in no order.
+func (t *processTable) snapshot() []*process {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ps := make([]*process, 0, len(t.byID))
+	for _, p := range t.byID {
+		ps = append(ps, p)
+	}
+	return ps
+}
+
 func (t *processTable) list() []api.Process {
 	t.mu.Lock()
 	ps := make([]*process, 0, len(t.byID))
@@ -130,34 +147,58 @@ func (t *processTable) list() []api.Process {
 // startBackground starts cmd as a tracked process whose output is retained.
 // It holds a process slot and counts as running until the process exits.
 func (s *Server) startBackground(id string, cmd *exec.Cmd, withStdin bool, timeout time.Duration, tag string, tee func(stream string, p []byte)) (*process, error) {
+	return s.startTracked(trackSpec{id: id, argv: cmd.Args, tag: tag, timeout: timeout, tee: tee},
+		func() (*proc, error) { return s.spawn(cmd, withStdin) })
+}
+
+// trackSpec is what startTracked records about a process and how it keeps it.
+type trackSpec struct {
+	id, tag string
+	argv    []string
+	// timeout, when positive, KILLs the process group after it.
+	timeout time.Duration
+	// tee, when set, also receives the output.
+	tee  func(stream string, p []byte)
+	envd *envdMeta
+}
+
+// startTracked takes a process slot, starts a process with spawn and tracks
+// it: its output is retained (a terminal's, whose proc has no stderr, as
+// stdout), it counts as running, and its slot is released once it has
+// exited.
+func (s *Server) startTracked(spec trackSpec, spawn func() (*proc, error)) (*process, error) {
 	if err := s.acquire(); err != nil {
 		return nil, err
 	}
-	pr, err := s.spawn(cmd, withStdin)
+	pr, err := spawn()
 	if err != nil {
 		s.release()
 		return nil, err
 	}
 	s.running.Add(1)
 	p := &process{
-		id: id, pid: pr.pid, cmd: cmd.Args, tag: tag, started: pr.start,
-		out: newOutputBuffer(s.cfg.ProcessOutputBytes), done: make(chan struct{}), stdin: pr.stdin,
+		id: spec.id, pid: pr.pid, cmd: spec.argv, tag: spec.tag, started: pr.start,
+		out: newOutputBuffer(s.cfg.ProcessOutputBytes), done: make(chan struct{}), stdin: pr.stdin, envd: spec.envd,
 	}
 	s.procs.add(p)
 
 	chunks := make(chan chunk, 16)
+	outputs := 1
 	go pump(pr.stdout, api.EventStdout, chunks)
-	go pump(pr.stderr, api.EventStderr, chunks)
+	if pr.stderr != nil {
+		outputs++
+		go pump(pr.stderr, api.EventStderr, chunks)
+	}
 	go func() {
 		defer s.release()
 		defer s.running.Add(-1)
 		var timer <-chan time.Time
-		if timeout > 0 {
-			t := time.NewTimer(timeout)
+		if spec.timeout > 0 {
+			t := time.NewTimer(spec.timeout)
 			defer t.Stop()
 			timer = t.C
 		}
-		open, exited := 2, false
+		open, exited := outputs, false
 		var (
 			drainer *exitDrain
 			drain   <-chan time.Time
@@ -171,8 +212,8 @@ func (s *Server) startBackground(id string, cmd *exec.Cmd, withStdin bool, timeo
 				} else if c.data != nil {
 					drainer.output()
 					p.out.write(c.stream, c.data, s.cfg.Now())
-					if tee != nil {
-						tee(c.stream, c.data)
+					if spec.tee != nil {
+						spec.tee(c.stream, c.data)
 					}
 				}
 			case st := <-pr.exit:

@@ -43,13 +43,15 @@ func NewReaper(reapAll bool) *Reaper {
 	return &Reaper{reapAll: reapAll, waiting: map[int]waiter{}}
 }
 
-// Start starts cmd and returns a channel that receives its exit status once.
-// cmd must not be waited for by other means.
-func (r *Reaper) Start(cmd *exec.Cmd) (<-chan exitStatus, error) {
+// Start starts cmd and returns its pid and a channel that receives its exit
+// status once. cmd must not be waited for by other means, and its Process
+// not read after Start returns: a child that has exited may have been
+// released already, which sets Process.Pid to -1.
+func (r *Reaper) Start(cmd *exec.Cmd) (int, <-chan exitStatus, error) {
 	ch := make(chan exitStatus, 1)
 	if !r.reapAll {
 		if err := cmd.Start(); err != nil {
-			return nil, err
+			return 0, nil, err
 		}
 		pid := cmd.Process.Pid
 		unshieldOOM(pid)
@@ -57,17 +59,18 @@ func (r *Reaper) Start(cmd *exec.Cmd) (<-chan exitStatus, error) {
 			ch <- waitPID(pid)
 			_ = cmd.Process.Release()
 		}()
-		return ch, nil
+		return pid, ch, nil
 	}
 	r.once.Do(r.loop)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if err := cmd.Start(); err != nil {
-		return nil, err
+		return 0, nil, err
 	}
-	r.waiting[cmd.Process.Pid] = waiter{ch: ch, proc: cmd.Process}
-	unshieldOOM(cmd.Process.Pid)
-	return ch, nil
+	pid := cmd.Process.Pid
+	r.waiting[pid] = waiter{ch: ch, proc: cmd.Process}
+	unshieldOOM(pid)
+	return pid, ch, nil
 }
 
 // ownOOMScoreAdj is the daemon's own oom_score_adj, read once.
