@@ -38,6 +38,7 @@ var suites = []suite{
 	{"node", benchNode},
 	{"vk", benchVK},
 	{"image", benchImage},
+	{"e2b", benchE2B},
 	// deploy installs deploy/overlays/local: only when asked for (BENCH_SUITE=deploy).
 	{"deploy", benchDeploy},
 	// scale takes many minutes: only when asked for (BENCH_SUITE=scale).

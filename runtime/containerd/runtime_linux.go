@@ -59,6 +59,9 @@ type Runtime struct {
 	closed bool
 	// draining says why the node takes no binds (guarded by mu).
 	draining string
+	// releases counts Release calls tearing a sandbox down: Close lets
+	// them finish (within its context) rather than leave one half done.
+	releases sync.WaitGroup
 
 	// mu guards slots, byPod and creating; events are published under it.
 	mu       sync.Mutex
@@ -731,6 +734,7 @@ func (r *Runtime) Release(ctx context.Context, uid string, grace time.Duration) 
 			}
 			s.Ready = false
 			r.setLocked(s, runtime.StateReleasing)
+			r.releases.Add(1)
 			r.mu.Unlock()
 			break
 		}
@@ -740,6 +744,7 @@ func (r *Runtime) Release(ctx context.Context, uid string, grace time.Duration) 
 			return ctx.Err()
 		}
 	}
+	defer r.releases.Done()
 	r.mu.Lock()
 	s := r.byPod[uid]
 	ids := slices.Clone(s.containers)
@@ -863,6 +868,16 @@ func (r *Runtime) inventoryLocked() runtime.Inventory {
 // for the next agent to adopt.
 func (r *Runtime) Close(ctx context.Context) error {
 	r.end()
+	// A release under way (the overlay unmount of a sandbox that wrote a
+	// lot may wait seconds for the disk) finishes first: stopped halfway it
+	// would leave its containers to the next agent's recovery.
+	released := make(chan struct{})
+	go func() { r.releases.Wait(); close(released) }()
+	select {
+	case <-released:
+	case <-ctx.Done():
+		r.log.Warn("stopping with releases still under way", "err", ctx.Err())
+	}
 	ctx = r.nsCtx(ctx)
 	r.mu.Lock()
 	var warm []*slot
