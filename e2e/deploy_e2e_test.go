@@ -5,9 +5,12 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -17,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -29,6 +33,8 @@ import (
 
 	"github.com/sandman-dev/sandman/daemon/api"
 	"github.com/sandman-dev/sandman/daemon/client"
+	"github.com/sandman-dev/sandman/daemon/envd/spec/process"
+	"github.com/sandman-dev/sandman/daemon/envd/spec/process/processconnect"
 	"github.com/sandman-dev/sandman/e2e/framework"
 	"github.com/sandman-dev/sandman/runtime"
 	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
@@ -70,6 +76,7 @@ func TestDeployed(t *testing.T) {
 	t.Run("TrainerJob", d.trainerJob)
 	t.Run("KubectlExecLogsTop", func(t *testing.T) { box = d.kubectlExecLogsTop(t) })
 	t.Run("PoolShareReserved", d.poolShareReserved)
+	t.Run("E2BGateway", d.gateway)
 	t.Run("RollingUpdateKeepsSandboxes", func(t *testing.T) { d.rollingUpdate(t, box) })
 	t.Run("UnreachableContainerd", func(t *testing.T) { d.unreachableContainerd(t, box) })
 	t.Run("Uninstall", d.uninstall)
@@ -682,4 +689,96 @@ func nodeReady(n *corev1.Node) bool {
 		}
 	}
 	return false
+}
+
+// gateway: the installed sandman-gateway serves E2B's API through its
+// Service once the operator adds a key: a sandbox created through it runs
+// a command through its proxy (envd's protocol) and is deleted by it.
+func (d *deployed) gateway(t *testing.T) {
+	s := d.s
+	ctx := t.Context()
+	framework.Eventually(t, 2*time.Minute, "deployment sandman-gateway available", func(ctx context.Context) (bool, error) {
+		dep, err := s.Kube.AppsV1().Deployments(deployNS).Get(ctx, "sandman-gateway", metav1.GetOptions{})
+		return err == nil && dep.Status.AvailableReplicas >= 1, nil
+	})
+	key := "e2b_" + rand.String(32)
+	sum := sha256.Sum256([]byte(key))
+	entry, _ := json.Marshal(map[string]string{"sha256": hex.EncodeToString(sum[:]), "namespace": d.ns, "pool": deployPool})
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "sandman-gateway-keys", Namespace: deployNS}, Data: map[string][]byte{"e2e": entry}}
+	if _, err := s.Kube.CoreV1().Secrets(deployNS).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	svc, err := s.Kube.CoreV1().Services(deployNS).Get(ctx, "sandman-gateway", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "http://" + net.JoinHostPort(svc.Spec.ClusterIP, "3000")
+	var created struct {
+		SandboxID       string `json:"sandboxID"`
+		EnvdAccessToken string `json:"envdAccessToken"`
+	}
+	call := func(ctx context.Context, method, path, body string) (int, []byte, error) {
+		req, err := http.NewRequestWithContext(ctx, method, url+path, strings.NewReader(body))
+		if err != nil {
+			return 0, nil, err
+		}
+		req.Header.Set("X-API-Key", key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, nil, err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		return resp.StatusCode, b, err
+	}
+	// The key reaches the gateway through its watch of the Secret.
+	framework.Eventually(t, 2*time.Minute, "a sandbox created through the gateway's Service", func(ctx context.Context) (bool, error) {
+		code, b, err := call(ctx, http.MethodPost, "/v2/sandboxes", `{"templateID":"`+s.BusyboxImage+`","timeout":300}`)
+		if err != nil || code == http.StatusUnauthorized {
+			return false, nil
+		}
+		if code != http.StatusCreated {
+			return false, fmt.Errorf("create: %d %s", code, b)
+		}
+		return true, json.Unmarshal(b, &created)
+	})
+	pc := processconnect.NewProcessClient(&http.Client{Transport: headerTransport{
+		"E2b-Sandbox-Id": created.SandboxID, "E2b-Sandbox-Port": "49983", "X-Access-Token": created.EnvdAccessToken,
+	}}, url, connect.WithProtoJSON())
+	stream, err := pc.Start(ctx, connect.NewRequest(&process.StartRequest{Process: &process.ProcessConfig{Cmd: "/bin/sh", Args: []string{"-c", "echo deployed"}}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out string
+	exit := int32(-100)
+	for stream.Receive() {
+		ev := stream.Msg().GetEvent()
+		out += string(ev.GetData().GetStdout())
+		if end := ev.GetEnd(); end != nil {
+			exit = end.ExitCode
+		}
+	}
+	if err := stream.Err(); err != nil || out != "deployed\n" || exit != 0 {
+		t.Fatalf("a command through the gateway: %q exit %d %v", out, exit, err)
+	}
+	if code, b, err := call(ctx, http.MethodDelete, "/sandboxes/"+created.SandboxID, ""); err != nil || code != http.StatusNoContent {
+		t.Fatalf("kill: %d %s %v", code, b, err)
+	}
+	framework.Eventually(t, time.Minute, "the sandbox's pod gone", func(ctx context.Context) (bool, error) {
+		_, err := s.Kube.CoreV1().Pods(d.ns).Get(ctx, created.SandboxID, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+}
+
+// headerTransport adds headers to every request (the SDK's single-endpoint
+// routing headers and the access token).
+type headerTransport map[string]string
+
+func (h headerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	req = req.Clone(req.Context())
+	for k, v := range h {
+		req.Header.Set(k, v)
+	}
+	return http.DefaultTransport.RoundTrip(req)
 }
