@@ -143,11 +143,14 @@ test('files: watchDir', async () => {
   await sbx.files.makeDir('/tmp/watched')
   const events = []
   const w = await sbx.files.watchDir('/tmp/watched', (e) => events.push(`${e.type}:${e.name}`))
-  await sbx.files.write('/tmp/watched/new.txt', 'x')
-  await sbx.commands.run('rm /tmp/watched/new.txt')
-  await until('create and remove events', 10_000, () => events.some((e) => e.startsWith('create:new.txt')) && events.some((e) => e.startsWith('remove:new.txt')),
-    () => JSON.stringify(events))
-  await w.stop()
+  try {
+    await sbx.files.write('/tmp/watched/new.txt', 'x')
+    await sbx.commands.run('rm /tmp/watched/new.txt')
+    await until('create and remove events', 10_000, () => events.some((e) => e.startsWith('create:new.txt')) && events.some((e) => e.startsWith('remove:new.txt')),
+      () => JSON.stringify(events))
+  } finally {
+    await w.stop()
+  }
 })
 
 test('a wrong access token is refused', async () => {
