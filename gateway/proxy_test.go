@@ -69,6 +69,10 @@ func TestProxyStreams(t *testing.T) {
 			if (proto == "h2c") != (resp.ProtoMajor == 2) {
 				t.Fatalf("answered over %s", resp.Proto)
 			}
+			// A stream over HTTP/1.1 ends its connection (see newProxy).
+			if want := resp.ProtoMajor == 1; resp.Close != want {
+				t.Errorf("over %s the stream's connection closes after it: %v, want %v", resp.Proto, resp.Close, want)
+			}
 			if resp.StatusCode != http.StatusOK {
 				b, _ := io.ReadAll(resp.Body)
 				t.Fatalf("status %d: %s", resp.StatusCode, b)
