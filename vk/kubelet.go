@@ -51,7 +51,7 @@ func (p *Provider) daemonFor(namespace, podName, container string) (*client.Clie
 	case !running || ip == "":
 		return nil, vkerrdefs.InvalidInputf("pod %s/%s is not running", namespace, podName)
 	}
-	var opts []client.Option
+	opts := []client.Option{client.WithHTTPClient(p.daemonHTTP)}
 	if authed {
 		if len(p.cfg.PoolSecret) == 0 {
 			return nil, vkerrdefs.InvalidInputf("virtual node %s has no pool secret, so it holds no token for the sandbox of %s/%s", p.cfg.NodeName, namespace, podName)

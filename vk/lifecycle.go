@@ -184,7 +184,7 @@ func (p *Provider) checkIdle(ctx context.Context) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			c, err := client.New(d.ip+":"+strconv.Itoa(daemonapi.Port), client.WithRetries(0))
+			c, err := client.New(d.ip+":"+strconv.Itoa(daemonapi.Port), client.WithRetries(0), client.WithHTTPClient(p.daemonHTTP))
 			if err != nil {
 				return
 			}

@@ -7,6 +7,8 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"strings"
 	"sync"
 	"time"
@@ -88,6 +90,10 @@ type Provider struct {
 	cfg    Config
 	log    *slog.Logger
 	status workqueue.TypedRateLimitingInterface[string]
+	// daemonHTTP carries every call to sandbox daemons (idle checks,
+	// kubectl exec and logs): one connection pool rather than one per call,
+	// whose idle connections would each linger until their timeout.
+	daemonHTTP *http.Client
 
 	// ctx ends at Close: background work (releases and their retries)
 	// runs under it.
@@ -165,6 +171,10 @@ func New(cfg Config) (*Provider, error) {
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](10*time.Millisecond, 5*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "sandman-pod-status", Clock: cfg.Clock}),
 		ctx: ctx, cancel: cancel,
+		daemonHTTP: &http.Client{Transport: &http.Transport{
+			MaxIdleConns: 1024, MaxIdleConnsPerHost: 2, IdleConnTimeout: 30 * time.Second,
+			DialContext: (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		}},
 		byUID:   map[string]*sandbox{},
 		byKey:   map[string]string{},
 		orphans: map[string]time.Time{},
@@ -190,6 +200,7 @@ func (p *Provider) Close() {
 	p.cancel()
 	p.status.ShutDown()
 	p.wg.Wait()
+	p.daemonHTTP.CloseIdleConnections()
 }
 
 // goOwned runs f in a goroutine Close waits for; once the provider is
