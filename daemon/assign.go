@@ -18,6 +18,17 @@ type access struct {
 	assigned    bool
 }
 
+// accepts reports, in constant time, whether tok is one of the sandbox's
+// tokens.
+func (a *access) accepts(tok string) bool {
+	sum := sha256.Sum256([]byte(strings.TrimSpace(tok)))
+	match := 0
+	for _, h := range a.hashes {
+		match |= subtle.ConstantTimeCompare(sum[:], h[:])
+	}
+	return match == 1
+}
+
 // assign hands a waiting (hot) sandbox to a pod: POST /v1/assign with the
 // assign token as bearer. It works once.
 func (s *Server) assign(w http.ResponseWriter, r *http.Request) {

@@ -106,25 +106,16 @@ var errUnknownUser = errors.New("unknown user")
 
 // lookupPasswd finds name in a passwd file.
 func lookupPasswd(file, name string) (uid, gid int, home string, err error) {
-	f, err := os.Open(file)
-	if err != nil {
+	u, err := passwdEntry(file, name)
+	switch {
+	case errors.Is(err, errMalformedPasswd):
+		return 0, 0, "", fmt.Errorf("user %q: malformed line in %s", name, file)
+	case err != nil:
 		return 0, 0, "", fmt.Errorf("user %q: %w: cannot read %s: %w", name, errUnknownUser, file, err)
+	case u == nil:
+		return 0, 0, "", fmt.Errorf("user %q: %w: no such user in the sandbox's %s; name an existing user, or none for the default", name, errUnknownUser, file)
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Split(sc.Text(), ":")
-		if len(fields) < 7 || fields[0] != name {
-			continue
-		}
-		uid, err1 := strconv.Atoi(fields[2])
-		gid, err2 := strconv.Atoi(fields[3])
-		if err1 != nil || err2 != nil {
-			return 0, 0, "", fmt.Errorf("user %q: malformed line in %s", name, file)
-		}
-		return uid, gid, fields[5], nil
-	}
-	return 0, 0, "", fmt.Errorf("user %q: %w: no such user in the sandbox's %s; name an existing user, or none for the default", name, errUnknownUser, file)
+	return int(u.uid), int(u.gid), u.home, nil
 }
 
 // envValue is KEY's value in a KEY=VALUE list (the last one wins).
@@ -228,6 +219,16 @@ func (f *envdFilesystem) user(ctx context.Context) (envdFSUser, error) {
 		return u, envdFSError(err)
 	}
 	return u, nil
+}
+
+// path is the caller's user and p resolved for them.
+func (f *envdFilesystem) path(ctx context.Context, p string) (envdFSUser, string, error) {
+	u, err := f.user(ctx)
+	if err != nil {
+		return u, "", err
+	}
+	p, err = u.resolve(p)
+	return u, p, err
 }
 
 // envdFSError turns an error of the OS (or of this file) into a Connect
@@ -417,11 +418,7 @@ func (n *envdNames) stat(p string) (*filesystem.EntryInfo, error) {
 }
 
 func (f *envdFilesystem) Stat(ctx context.Context, req *connect.Request[filesystem.StatRequest]) (*connect.Response[filesystem.StatResponse], error) {
-	u, err := f.user(ctx)
-	if err != nil {
-		return nil, err
-	}
-	p, err := u.resolve(req.Msg.GetPath())
+	_, p, err := f.path(ctx, req.Msg.GetPath())
 	if err != nil {
 		return nil, err
 	}
@@ -436,11 +433,7 @@ func (f *envdFilesystem) Stat(ctx context.Context, req *connect.Request[filesyst
 // caller; AlreadyExists if the directory is there (the SDKs' makeDir then
 // answers false).
 func (f *envdFilesystem) MakeDir(ctx context.Context, req *connect.Request[filesystem.MakeDirRequest]) (*connect.Response[filesystem.MakeDirResponse], error) {
-	u, err := f.user(ctx)
-	if err != nil {
-		return nil, err
-	}
-	p, err := u.resolve(req.Msg.GetPath())
+	u, p, err := f.path(ctx, req.Msg.GetPath())
 	if err != nil {
 		return nil, err
 	}
@@ -506,11 +499,7 @@ func (f *envdFilesystem) Move(ctx context.Context, req *connect.Request[filesyst
 }
 
 func (f *envdFilesystem) ListDir(ctx context.Context, req *connect.Request[filesystem.ListDirRequest]) (*connect.Response[filesystem.ListDirResponse], error) {
-	u, err := f.user(ctx)
-	if err != nil {
-		return nil, err
-	}
-	p, err := u.resolve(req.Msg.GetPath())
+	_, p, err := f.path(ctx, req.Msg.GetPath())
 	if err != nil {
 		return nil, err
 	}
@@ -601,11 +590,7 @@ var envdNetworkFS = map[int64]bool{0x6969: true, 0xFF534D42: true, 0x517B: true,
 
 // watchTarget resolves and checks the directory of a watch.
 func (f *envdFilesystem) watchTarget(ctx context.Context, path string, allowNetwork bool) (string, error) {
-	u, err := f.user(ctx)
-	if err != nil {
-		return "", err
-	}
-	p, err := u.resolve(path)
+	_, p, err := f.path(ctx, path)
 	if err != nil {
 		return "", err
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"net/http"
 	"os"
@@ -680,15 +681,36 @@ func lookupSandboxUser(name string) (*sandboxUser, error) {
 }
 
 func findPasswd(path, name string) (*sandboxUser, error) {
-	f, err := os.Open(path)
-	if err != nil {
+	u, err := passwdEntry(path, name)
+	var pe *fs.PathError
+	switch {
+	case errors.As(err, &pe):
 		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf(
 			"user %q: this sandbox has no readable %s (%v); send no user to run as the default one", name, path, unwrapPathErr(err)))
+	case err != nil:
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("user %q: malformed entry in %s", name, path))
+	case u == nil:
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf(
+			"user %q does not exist in this sandbox (not in %s): send an existing user, or none for the default one", name, path))
+	}
+	return u, nil
+}
+
+// errMalformedPasswd: the line of a passwd file that names a user has no
+// numeric uid or gid.
+var errMalformedPasswd = errors.New("malformed passwd entry")
+
+// passwdEntry reads name's line of a passwd file (name:password:uid:gid:
+// gecos:home:shell): nil when no line names it, an *fs.PathError when the
+// file cannot be read, errMalformedPasswd when its ids are not numbers.
+func passwdEntry(path, name string) (*sandboxUser, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		// name:password:uid:gid:gecos:home:shell
 		fields := strings.Split(sc.Text(), ":")
 		if len(fields) < 7 || fields[0] != name {
 			continue
@@ -696,12 +718,11 @@ func findPasswd(path, name string) (*sandboxUser, error) {
 		uid, err1 := strconv.ParseUint(fields[2], 10, 32)
 		gid, err2 := strconv.ParseUint(fields[3], 10, 32)
 		if err1 != nil || err2 != nil {
-			return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("user %q: malformed entry in %s", name, path))
+			return nil, errMalformedPasswd
 		}
 		return &sandboxUser{name: name, uid: uint32(uid), gid: uint32(gid), home: fields[5]}, nil
 	}
-	return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf(
-		"user %q does not exist in this sandbox (not in %s): send an existing user, or none for the default one", name, path))
+	return nil, nil
 }
 
 // supplementaryGroups lists the groups of /etc/group that name is a member

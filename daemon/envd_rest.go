@@ -4,8 +4,6 @@ import (
 	"bufio"
 	"compress/gzip"
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -124,7 +122,7 @@ func (x *envdREST) postInit(w http.ResponseWriter, r *http.Request) {
 		writeEnvdJSONError(w, http.StatusBadRequest, "malformed JSON body: %v", err)
 		return
 	}
-	if req.AccessToken != nil && !x.s.tokenAccepted(*req.AccessToken) {
+	if req.AccessToken != nil && !x.s.access.Load().accepts(*req.AccessToken) {
 		writeEnvdJSONError(w, http.StatusConflict,
 			"the access token is set when the sandbox is assigned (its envdAccessToken) and cannot be changed by /init")
 		return
@@ -170,16 +168,6 @@ func (x *envdREST) postInit(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusNoContent)
-}
-
-// tokenAccepted reports whether tok is one of the sandbox's tokens.
-func (s *Server) tokenAccepted(tok string) bool {
-	sum := sha256.Sum256([]byte(strings.TrimSpace(tok)))
-	match := 0
-	for _, h := range s.access.Load().hashes {
-		match |= subtle.ConstantTimeCompare(sum[:], h[:])
-	}
-	return match == 1
 }
 
 // restUser is the user of a /files call: the username parameter, else the
