@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"testing"
 
+	"github.com/sandman-dev/sandman/daemon"
 	"github.com/sandman-dev/sandman/daemon/api"
 	"github.com/sandman-dev/sandman/daemon/client"
 )
@@ -51,5 +52,37 @@ func TestAssign(t *testing.T) {
 	res, err := h.client.Exec(ctx, api.ExecRequest{Shell: "echo $POD_VAR"})
 	if err != nil || string(res.Stdout) != "set\n" {
 		t.Fatalf("exec after assignment: %v %q", err, res.Stdout)
+	}
+}
+
+// TestHealthWithoutTokenSaysOnlyUp: unauthenticated health tells whether
+// the daemon is up, not its version, activity or processes; with the
+// sandbox's token it tells everything.
+func TestHealthWithoutTokenSaysOnlyUp(t *testing.T) {
+	h := newHarness(t, func(c *daemon.Config) { c.Version = "v9.9.9" })
+	get := func(token string) map[string]any {
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, h.url+"/v1/health", nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var m map[string]any
+		if err := json.NewDecoder(resp.Body).Decode(&m); err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("health: %d %v", resp.StatusCode, err)
+		}
+		return m
+	}
+	if m := get(""); len(m) != 1 || m["status"] != "ok" {
+		t.Errorf("health without a token: %v, want only status ok", m)
+	}
+	if m := get("a-wrong-token"); len(m) != 1 {
+		t.Errorf("health with a wrong token: %v, want only status", m)
+	}
+	if m := get(testToken); m["version"] != "v9.9.9" || m["idle_seconds"] == nil {
+		t.Errorf("health with the token: %v, want version and idle_seconds", m)
 	}
 }

@@ -62,6 +62,14 @@ type Config struct {
 	// Always. Restarts back off from 1 s, doubling to 5 min.
 	RestartPolicy string
 
+	// StopSignals end Supervise as a pod stop does (default SIGTERM and
+	// SIGINT; as PID 1 of a sandbox, SIGTERM only).
+	StopSignals []os.Signal
+	// MaxConnsPerClient bounds the connections one client address holds
+	// open at once (default 256): one sandbox cannot exhaust another's
+	// daemon. Clients over it get 429 and the connection is closed.
+	MaxConnsPerClient int
+
 	Version string
 	Logger  *slog.Logger
 	// Now is the clock (default time.Now).
@@ -128,6 +136,12 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.MaxProcesses <= 0 {
 		cfg.MaxProcesses = 256
+	}
+	if len(cfg.StopSignals) == 0 {
+		cfg.StopSignals = []os.Signal{syscall.SIGTERM, syscall.SIGINT}
+	}
+	if cfg.MaxConnsPerClient <= 0 {
+		cfg.MaxConnsPerClient = 256
 	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = 16 << 20
@@ -293,6 +307,12 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	if !s.access.Load().assigned {
 		status = "waiting"
 	}
+	if !s.access.Load().assigned || !s.authorized(r) {
+		// Without the sandbox's token, health says only whether the daemon
+		// is up: not its version, its activity or its processes.
+		writeJSON(w, http.StatusOK, map[string]string{"status": status})
+		return
+	}
 	writeJSON(w, http.StatusOK, api.Health{
 		Status: status, Version: s.cfg.Version, IdleSeconds: s.IdleSeconds(), Running: int(s.running.Load()),
 		MainRestarts: int(s.mainRestarts.Load()),
@@ -400,6 +420,9 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		defer cancel()
 		_ = hs.Shutdown(sctx)
 	}()
+	if _, tcp := l.Addr().(*net.TCPAddr); tcp {
+		l = newClientLimit(l, s.cfg.MaxConnsPerClient, s.log)
+	}
 	if err := hs.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}

@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"syscall"
 	"time"
 )
 
@@ -52,14 +51,14 @@ func restartDelay(restarts int, ran time.Duration) time.Duration {
 //   - when main exits and its restart policy (Config.RestartPolicy, or the
 //     assignment's) does not start it again: its exit code, after the
 //     other process groups got TERM and up to grace to go;
-//   - on SIGTERM or SIGINT: TERM goes to every process group the daemon
+//   - on a stop signal (Config.StopSignals): TERM goes to every process group the daemon
 //     started, KILL after grace; the code is main's if it ended, else 0;
 //   - when ctx ends: as on SIGTERM.
 func (s *Server) Supervise(ctx context.Context, listeners []net.Listener, main []string, grace time.Duration) (int, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stop := make(chan os.Signal, 2)
-	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
+	signal.Notify(stop, s.cfg.StopSignals...)
 	defer signal.Stop(stop)
 
 	var mainDone <-chan struct{}

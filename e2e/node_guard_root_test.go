@@ -58,9 +58,9 @@ func TestRootNodeAPIUnreachableFromSandboxes(t *testing.T) {
 	})
 	t.Cleanup(func() { _ = c.Release(context.Background(), "guarded", 0) })
 	sb := daemonClient(t, slot)
-	framework.Eventually(t, time.Minute, "the sandbox to answer", func(ctx context.Context) (bool, error) {
-		_, err := sb.Health(ctx)
-		return err == nil, nil
+	framework.Eventually(t, time.Minute, "the sandbox to be assigned its pod", func(ctx context.Context) (bool, error) {
+		h, err := sb.Health(ctx)
+		return err == nil && h.Status == "ok", nil
 	})
 	wget := func(target string) *api.ExecResult {
 		// busybox-static's wget crashes without NSS libraries: use python3.

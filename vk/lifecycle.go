@@ -184,7 +184,12 @@ func (p *Provider) checkIdle(ctx context.Context) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			c, err := client.New(d.ip+":"+strconv.Itoa(daemonapi.Port), client.WithRetries(0), client.WithHTTPClient(p.daemonHTTP))
+			// Without the sandbox's token, health tells nothing but "up".
+			opts := []client.Option{client.WithRetries(0), client.WithHTTPClient(p.daemonHTTP)}
+			if len(p.cfg.PoolSecret) > 0 {
+				opts = append(opts, client.WithToken(ControlToken(p.cfg.PoolSecret, d.uid)))
+			}
+			c, err := client.New(d.ip+":"+strconv.Itoa(daemonapi.Port), opts...)
 			if err != nil {
 				return
 			}

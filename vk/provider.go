@@ -350,6 +350,9 @@ func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	if err == nil {
 		sb.idleTimeout, err = idleTimeout(pod)
 	}
+	if err == nil && sb.idleTimeout > 0 && !req.AllowUnauthenticated && len(p.cfg.PoolSecret) == 0 {
+		err = fmt.Errorf("annotation %s: virtual node %s has no pool secret, so it holds no token to ask the sandbox how long it has been idle: remove the annotation or give sandman-vk --pool-secret-file", AnnotationIdleTimeout, p.cfg.NodeName)
+	}
 	if err == nil {
 		sb.expiresAt, err = expiresAt(pod)
 	}

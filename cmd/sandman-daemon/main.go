@@ -2,6 +2,12 @@
 // API. It runs as PID 1 of every sandbox, mounted read-only into the
 // unmodified task image; arguments after the flags are the pod's command,
 // run as the main process.
+//
+// Its settings come only from its flags, which the node agent writes; it
+// reads none from the environment, which is the pod's and the image's. As
+// PID 1 it makes itself undumpable (sandbox code cannot read its memory,
+// environment or descriptors through /proc) and ignores every signal but
+// SIGTERM, which stops the sandbox as a pod stop does.
 package main
 
 import (
@@ -11,6 +17,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"time"
@@ -59,18 +66,18 @@ func main() {
 func run(args []string) (int, error) {
 	var o options
 	fs := flag.NewFlagSet("sandman-daemon", flag.ContinueOnError)
-	fs.StringVar(&o.listen, "listen", envOr("SANDMAN_LISTEN", fmt.Sprintf(":%d", api.Port)), "TCP address to serve on (env SANDMAN_LISTEN; empty: none)")
-	fs.StringVar(&o.socket, "socket", os.Getenv("SANDMAN_SOCKET"), "unix socket to serve on too (env SANDMAN_SOCKET)")
-	fs.Var(&o.hashes, "token-sha256", "hex SHA-256 of an accepted bearer token; repeatable (env SANDMAN_TOKEN_SHA256, comma-separated)")
+	fs.StringVar(&o.listen, "listen", fmt.Sprintf(":%d", api.Port), "TCP address to serve on (empty: none)")
+	fs.StringVar(&o.socket, "socket", "", "unix socket to serve on too")
+	fs.Var(&o.hashes, "token-sha256", "hex SHA-256 of an accepted bearer token; repeatable (the node agent does not use it: a command line is readable in /proc, so it assigns tokens over the API)")
 	fs.StringVar(&o.assignHash, "assign-token-sha256", "", "start unassigned (a hot slot): hex SHA-256 of the token the node agent assigns the sandbox with")
-	fs.BoolVar(&o.allowUnauth, "allow-unauthenticated", os.Getenv("SANDMAN_ALLOW_UNAUTHENTICATED") == "1", "accept calls without a token: local experiments only (env SANDMAN_ALLOW_UNAUTHENTICATED=1)")
-	fs.StringVar(&o.stateDir, "state-dir", envOr("SANDMAN_STATE_DIR", "/tmp/.sandman"), "private directory for session files (env SANDMAN_STATE_DIR)")
+	fs.BoolVar(&o.allowUnauth, "allow-unauthenticated", false, "accept calls without a token: local experiments only")
+	fs.StringVar(&o.stateDir, "state-dir", "/tmp/.sandman", "private directory for session files")
 	fs.IntVar(&o.maxProcesses, "max-processes", 256, "processes (execs, background, sessions) alive at once")
 	fs.StringVar(&o.restart, "restart-policy", "Never", "the main command's restart policy, as a pod's: Never, OnFailure or Always")
 	fs.Int64Var(&o.maxUpload, "max-upload-bytes", 0, "cap on one file upload (0: only the disk)")
 	fs.DurationVar(&o.grace, "grace", 10*time.Second, "on stop, how long processes get between TERM and KILL")
 	fs.BoolVar(&o.subreaper, "subreaper", false, "reap orphans as a child subreaper when not PID 1")
-	fs.StringVar(&o.logLevel, "log-level", envOr("SANDMAN_LOG_LEVEL", "info"), "debug, info, warn or error")
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&o.printVersion, "version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: sandman-daemon [flags] [--] [command [args...]]\n\n"+
@@ -85,9 +92,6 @@ func run(args []string) (int, error) {
 		fmt.Println(version)
 		return 0, nil
 	}
-	if v := os.Getenv("SANDMAN_TOKEN_SHA256"); v != "" {
-		o.hashes = append(o.hashes, strings.Split(v, ",")...)
-	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
 		return 2, fmt.Errorf("--log-level %q: %w", o.logLevel, err)
@@ -96,7 +100,7 @@ func run(args []string) (int, error) {
 
 	cfg := daemon.Config{
 		AllowUnauthenticated: o.allowUnauth,
-		Env:                  sandboxEnv(),
+		Env:                  os.Environ(),
 		StateDir:             o.stateDir,
 		MaxProcesses:         o.maxProcesses,
 		RestartPolicy:        o.restart,
@@ -119,6 +123,9 @@ func run(args []string) (int, error) {
 		cfg.AssignTokenHash = &sum
 	}
 	reapAll := os.Getpid() == 1
+	if reapAll {
+		hardenPID1(&cfg)
+	}
 	if !reapAll && o.subreaper {
 		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 			return 1, fmt.Errorf("become a child subreaper: %w", err)
@@ -156,25 +163,26 @@ func run(args []string) (int, error) {
 	return srv.Supervise(context.Background(), listeners, fs.Args(), o.grace)
 }
 
-// sandboxEnv is the daemon's environment without its own settings, which
-// commands in the sandbox must not see.
-func sandboxEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, "SANDMAN_") {
-			continue
-		}
-		env = append(env, kv)
+// hardenPID1 keeps sandbox code, which runs as the same user, from reading
+// the daemon through /proc (an undumpable process's memory, environ, fds and
+// maps need CAP_SYS_PTRACE, which sandboxes lack) and from ending it with a
+// signal: the kernel delivers to a namespace's init only the signals it
+// handles, and the daemon handles none but SIGTERM (and SIGCHLD, for
+// reaping). SIGKILL and SIGSTOP from inside never reach init at all.
+func hardenPID1(cfg *daemon.Config) {
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		cfg.Logger.Warn("could not make the daemon undumpable", "err", err)
 	}
-	if env == nil {
-		env = []string{}
-	}
-	return env
+	signal.Ignore(ignoredSignals...)
+	cfg.StopSignals = []os.Signal{unix.SIGTERM}
 }
 
-func envOr(k, def string) string {
-	if v, ok := os.LookupEnv(k); ok {
-		return v
-	}
-	return def
+// ignoredSignals are every catchable signal but SIGTERM and SIGCHLD, and
+// the synchronous fault signals (SIGSEGV, SIGBUS, SIGFPE), which Go already
+// ignores when another process sends them.
+var ignoredSignals = []os.Signal{
+	unix.SIGHUP, unix.SIGINT, unix.SIGQUIT, unix.SIGILL, unix.SIGTRAP, unix.SIGABRT,
+	unix.SIGUSR1, unix.SIGUSR2, unix.SIGPIPE, unix.SIGALRM, unix.SIGSTKFLT, unix.SIGCONT,
+	unix.SIGTSTP, unix.SIGTTIN, unix.SIGTTOU, unix.SIGURG, unix.SIGXCPU, unix.SIGXFSZ,
+	unix.SIGVTALRM, unix.SIGPROF, unix.SIGWINCH, unix.SIGIO, unix.SIGPWR, unix.SIGSYS,
 }

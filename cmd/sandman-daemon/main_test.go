@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -174,4 +176,52 @@ func alive(pid int) bool {
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	return i > 0 && len(s) > i+2 && s[i+2] != 'Z'
+}
+
+// TestEnvironmentIsNotSettings: the pod's and the image's environment reach
+// commands but never the daemon's settings: SANDMAN_ALLOW_UNAUTHENTICATED=1
+// does not turn authentication off and SANDMAN_TOKEN_SHA256 adds no token.
+func TestEnvironmentIsNotSettings(t *testing.T) {
+	bin := build(t)
+	const token, backdoor = "the-pods-token", "an-images-backdoor"
+	sock := filepath.Join(t.TempDir(), "d.sock")
+	cmd := exec.Command(bin, "--listen", "", "--socket", sock, "--subreaper", "--state-dir", t.TempDir(),
+		"--token-sha256", hashHex(token))
+	cmd.Env = append(os.Environ(), "SANDMAN_ALLOW_UNAUTHENTICATED=1", "SANDMAN_TOKEN_SHA256="+hashHex(backdoor),
+		"SANDMAN_SOCKET=/tmp/elsewhere.sock")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	owner, err := client.New("unix://"+sock, client.WithRetries(0), client.WithToken(token))
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := owner.Health(t.Context()); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("daemon did not answer on its --socket: %s", out.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for name, tok := range map[string]string{"no token": "", "the image's backdoor token": backdoor} {
+		c, _ := client.New("unix://"+sock, client.WithRetries(0), client.WithToken(tok))
+		if _, err := c.Exec(t.Context(), api.ExecRequest{Cmd: []string{"true"}}); !client.IsCode(err, api.CodeUnauthorized) {
+			t.Errorf("exec with %s: %v, want unauthorized", name, err)
+		}
+	}
+	res, err := owner.Exec(t.Context(), api.ExecRequest{Shell: "echo $SANDMAN_ALLOW_UNAUTHENTICATED"})
+	if err != nil || strings.TrimSpace(string(res.Stdout)) != "1" {
+		t.Fatalf("the environment should reach commands unchanged: %+v %v", res, err)
+	}
+}
+
+func hashHex(token string) string {
+	sum := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(sum[:])
 }

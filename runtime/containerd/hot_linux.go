@@ -142,7 +142,7 @@ func (r *Runtime) startHotWork(ctx context.Context, s *slot, image string) error
 		Containers: []runtime.ContainerSpec{{Name: "task", Image: image}},
 	}
 	id := s.ID + "-hot"
-	spec, err := r.specOpts(s, req, 0, img, hex.EncodeToString(sum[:]))
+	spec, err := r.specOpts(s, req, 0, img, hex.EncodeToString(sum[:]), true)
 	if err != nil {
 		return err
 	}

@@ -482,9 +482,13 @@ func (r *Runtime) start(ctx context.Context, s *slot, req runtime.BindRequest) e
 		images[i] = img
 	}
 	r.metrics.observePhase("image", t)
+	a := newAssignment(req)
+	if err := a.save(s.dir); err != nil {
+		return fmt.Errorf("bind %s: %w", req.Pod.UID, err)
+	}
 	for i, c := range req.Containers {
 		id := s.ID + "-" + c.Name
-		spec, err := r.specOpts(s, req, i, images[i], "")
+		spec, err := r.specOpts(s, req, i, images[i], a.hash(), false)
 		if err != nil {
 			return err
 		}
@@ -683,19 +687,29 @@ func (r *Runtime) watchReady(s *slot, uid string) {
 	r.mu.Lock()
 	s.stopReady = cancel
 	url := "http://" + s.IP + ":" + strconv.Itoa(api.Port) + "/v1/health"
+	ip, dir := s.IP, s.dir
 	key := ""
 	if s.Pod != nil {
 		key = s.Pod.Namespace + "/" + s.Pod.Name
 	}
 	r.mu.Unlock()
+	// Ready is when every daemon took the pod's tokens (or, for a sandbox
+	// assigned before an agent restart, when its daemon answers).
+	a := loadAssignment(dir)
 	started := r.goOwned(func() {
 		defer cancel()
 		for {
-			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-			if resp, err := r.health.Do(req); err == nil {
-				resp.Body.Close()
-				if resp.StatusCode == http.StatusOK {
+			if a != nil {
+				if r.assign(ctx, ip, dir, a) == nil {
 					break
+				}
+			} else {
+				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+				if resp, err := r.health.Do(req); err == nil {
+					resp.Body.Close()
+					if resp.StatusCode == http.StatusOK {
+						break
+					}
 				}
 			}
 			if !r.sleep(ctx, 5*time.Millisecond) {
@@ -757,6 +771,7 @@ func (r *Runtime) Release(ctx context.Context, uid string, grace time.Duration) 
 	delete(r.byPod, uid)
 	s.Pod, s.Image, s.Resources, s.containers, s.assignToken = nil, "", runtime.Resources{}, nil, ""
 	s.diskLimits, s.evicted = nil, ""
+	_ = os.Remove(filepath.Join(s.dir, assignmentFile))
 	if err != nil {
 		s.Reason, s.leftovers = err.Error(), ids
 		r.setLocked(s, runtime.StateBroken)

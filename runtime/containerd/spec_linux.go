@@ -25,7 +25,10 @@ var droppedCapabilities = []string{"CAP_NET_RAW", "CAP_MKNOD", "CAP_AUDIT_WRITE"
 
 // specOpts builds container i of the pod: the unmodified image with the
 // daemon bind-mounted read-only as PID 1, in the slot's network namespace.
-func (r *Runtime) specOpts(s *slot, req runtime.BindRequest, i int, img ctrd.Image, assignHash string) ([]oci.SpecOpts, error) {
+// The daemon starts unassigned, waiting for the holder of the assign token
+// (the agent) to hand it the pod's tokens: nothing secret is on its command
+// line. A hot sandbox (hot) also waits for the pod's env and command.
+func (r *Runtime) specOpts(s *slot, req runtime.BindRequest, i int, img ctrd.Image, assignHash string, hot bool) ([]oci.SpecOpts, error) {
 	c := req.Containers[i]
 	r.mu.Lock()
 	group := s.group
@@ -34,17 +37,7 @@ func (r *Runtime) specOpts(s *slot, req runtime.BindRequest, i int, img ctrd.Ima
 	}
 	r.mu.Unlock()
 	// Containers share the network namespace: each daemon has its own port.
-	args := []string{DaemonMountPath, "--listen", ":" + strconv.Itoa(api.Port+i)}
-	for _, h := range req.TokenHashes {
-		args = append(args, "--token-sha256", h)
-	}
-	if req.AllowUnauthenticated {
-		args = append(args, "--allow-unauthenticated")
-	}
-	if assignHash != "" {
-		// A hot sandbox: the pod's tokens, env and command come with the assignment.
-		args = append(args, "--assign-token-sha256", assignHash)
-	}
+	args := []string{DaemonMountPath, "--listen", ":" + strconv.Itoa(api.Port+i), "--assign-token-sha256", assignHash}
 	main, err := mainCommand(context.Background(), c, img)
 	if err != nil {
 		return nil, err
@@ -99,7 +92,7 @@ func (r *Runtime) specOpts(s *slot, req runtime.BindRequest, i int, img ctrd.Ima
 	}
 	// Exclusive cores for this container, or the shared pool.
 	id := s.ID + "-" + c.Name
-	if assignHash != "" {
+	if hot {
 		id = s.ID + "-hot"
 	}
 	r.mu.Lock()
