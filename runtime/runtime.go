@@ -186,6 +186,27 @@ type ContainerSpec struct {
 	WorkingDir string   `json:"working_dir,omitempty"`
 	// User is "uid" or "uid:gid"; empty: the image's user.
 	User string `json:"user,omitempty"`
+	// Group, with no User, replaces the primary group of the image's user
+	// (a pod's runAsGroup without runAsUser).
+	Group *int64 `json:"group,omitempty"`
+	// SupplementalGroups are added to the process's groups.
+	SupplementalGroups []int64 `json:"supplemental_groups,omitempty"`
+	// RunAsNonRoot refuses to start the container as uid 0; with no User
+	// the node checks the image's user.
+	RunAsNonRoot bool `json:"run_as_non_root,omitempty"`
+	// ReadOnlyRootFS mounts the image's filesystem read-only (the daemon
+	// keeps its state on a small tmpfs of its own).
+	ReadOnlyRootFS bool `json:"read_only_root_fs,omitempty"`
+	// DropCapabilities are removed from SandboxCapabilities: CAP_ names,
+	// or "ALL" for every one. A pod can only narrow the set, never widen it.
+	DropCapabilities []string `json:"drop_capabilities,omitempty"`
+	// SeccompLocalhost is a seccomp profile (OCI JSON) by its path under
+	// the node's profile root, as a pod's seccompProfile Localhost; empty:
+	// the runtime's default profile.
+	SeccompLocalhost string `json:"seccomp_localhost,omitempty"`
+	// PidsLimit bounds the container's processes; the node applies the
+	// lower of it and its own limit (0: the node's).
+	PidsLimit int64 `json:"pids_limit,omitempty"`
 	// Requests and Limits; a limit of 0 means none.
 	Requests Resources `json:"requests,omitzero"`
 	Limits   Resources `json:"limits,omitzero"`
@@ -195,6 +216,24 @@ type ContainerSpec struct {
 	// DiskBytes caps what the container may write to its filesystem (its
 	// ephemeral-storage limit); 0: the node's default.
 	DiskBytes int64 `json:"disk_bytes,omitempty"`
+}
+
+// SandboxCapabilities are the capabilities a sandbox's processes have:
+// containerd's default set without CAP_NET_RAW, CAP_MKNOD, CAP_AUDIT_WRITE
+// and CAP_SETFCAP (no raw sockets, device nodes, audit writes or file
+// capabilities). A pod may drop from them (DropCapabilities), never add.
+var SandboxCapabilities = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_SETGID", "CAP_SETUID",
+	"CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL",
+}
+
+// DefaultSecurity reports whether the container runs as any sandbox of its
+// image does before a pod is known: the image's user and groups, a
+// writable root, every SandboxCapabilities, the default seccomp profile.
+// Only such containers may take a hot slot's running sandbox.
+func (c ContainerSpec) DefaultSecurity() bool {
+	return c.User == "" && c.Group == nil && len(c.SupplementalGroups) == 0 && !c.RunAsNonRoot &&
+		!c.ReadOnlyRootFS && len(c.DropCapabilities) == 0 && c.SeccompLocalhost == ""
 }
 
 // EventType says what an Event reports.

@@ -3,7 +3,12 @@ package runtime
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"math"
+	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -12,7 +17,8 @@ import (
 
 // Validate checks what a bind request needs before any work: a pod UID,
 // at least one container with a name and an image, unique names, sane
-// resources (whose sum does not wrap), and token hashes the daemon takes.
+// resources (whose sum does not wrap), security settings a sandbox can
+// honour safely, and token hashes the daemon takes.
 // Errors are errdefs.ErrInvalidArgument with what to fix.
 func (r BindRequest) Validate() error {
 	if r.Pod.UID == "" {
@@ -39,6 +45,9 @@ func (r BindRequest) Validate() error {
 			return fmt.Errorf("bind %s: container %q CPU limit %dm is below 10m: %w", r.Pod.UID, c.Name, c.Limits.MilliCPU, errdefs.ErrInvalidArgument)
 		case c.ExclusiveCPUs < 0:
 			return fmt.Errorf("bind %s: container %q asks for %d exclusive CPUs: %w", r.Pod.UID, c.Name, c.ExclusiveCPUs, errdefs.ErrInvalidArgument)
+		}
+		if err := c.validateSecurity(); err != nil {
+			return fmt.Errorf("bind %s: container %q: %w: %w", r.Pod.UID, c.Name, err, errdefs.ErrInvalidArgument)
 		}
 		seen[c.Name] = true
 		// Non-negative values that wrap when added come out negative.
@@ -77,4 +86,68 @@ func (r BindRequest) Requests() Resources {
 func InvalidSpecEvent(req BindRequest, err error, now time.Time) Event {
 	pod := req.Pod
 	return Event{Type: EventBindFailed, Time: now, Slot: Slot{Pod: &pod, State: StateWarm}, Reason: ReasonInvalidSpec, Message: err.Error()}
+}
+
+// capName is a capability as the OCI spec names it.
+var capName = regexp.MustCompile(`^CAP_[A-Z0-9_]+$`)
+
+// validateSecurity refuses what a sandbox cannot honour safely, though the
+// virtual node has refused it already (the node API is the control
+// plane's only, but a request is checked where it is run).
+func (c ContainerSpec) validateSecurity() error {
+	id := func(what string, v int64) error {
+		if v < 0 || v > math.MaxInt32 {
+			return fmt.Errorf("%s %d is out of range: want 0 to %d", what, v, math.MaxInt32)
+		}
+		return nil
+	}
+	uid := int64(-1)
+	if c.User != "" {
+		u, g, hasGroup := strings.Cut(c.User, ":")
+		n, err := strconv.ParseInt(u, 10, 64)
+		if err != nil {
+			return fmt.Errorf("user %q: want a numeric uid or uid:gid", c.User)
+		}
+		if err := id("uid", n); err != nil {
+			return err
+		}
+		uid = n
+		if hasGroup {
+			n, err := strconv.ParseInt(g, 10, 64)
+			if err != nil {
+				return fmt.Errorf("user %q: want a numeric uid or uid:gid", c.User)
+			}
+			if err := id("gid", n); err != nil {
+				return err
+			}
+		}
+		if c.Group != nil {
+			return errors.New("both user and group are set: give the group in user (uid:gid)")
+		}
+	}
+	if c.Group != nil {
+		if err := id("gid", *c.Group); err != nil {
+			return err
+		}
+	}
+	for _, g := range c.SupplementalGroups {
+		if err := id("supplemental gid", g); err != nil {
+			return err
+		}
+	}
+	if c.RunAsNonRoot && uid == 0 {
+		return errors.New("runAsNonRoot with user 0: run as a non-zero uid or drop runAsNonRoot")
+	}
+	for _, cp := range c.DropCapabilities {
+		if cp != "ALL" && !capName.MatchString(cp) {
+			return fmt.Errorf("capability %q to drop: want a CAP_ name or ALL", cp)
+		}
+	}
+	if p := c.SeccompLocalhost; p != "" && !filepath.IsLocal(p) {
+		return fmt.Errorf("seccomp profile %q: want a relative path under the node's profile directory, without ..", p)
+	}
+	if c.PidsLimit < 0 {
+		return fmt.Errorf("pids limit %d is negative", c.PidsLimit)
+	}
+	return nil
 }

@@ -72,6 +72,15 @@ type Config struct {
 	// deadlines, retries, the reconciler, delayed status pushes (default
 	// clock.RealClock). Tests pass a fake clock and move it.
 	Clock
+	// DefaultLimits are the limits of a container that sets none (cpu,
+	// memory, ephemeral-storage; absent: none); a container whose request
+	// or limit is above MaxLimits is refused (absent: no maximum).
+	// Requests still default to the pod's own limits only, so a pod
+	// without requests takes no reserved share of a worker.
+	DefaultLimits, MaxLimits corev1.ResourceList
+	// PidsLimit bounds each container's processes (0: the node agent's
+	// limit; the lower of the two applies).
+	PidsLimit int64
 	// SelfUsage, when set, is the virtual node's own CPU time and memory
 	// (sandman-vk's process): they count in the node's figures, as a
 	// kubelet's node figures count the kubelet, so a node with no sandbox
@@ -144,6 +153,12 @@ func New(cfg Config) (*Provider, error) {
 		return nil, fmt.Errorf("vk: Pool is required")
 	case cfg.Client == nil:
 		return nil, fmt.Errorf("vk: Client is required")
+	}
+	if err := checkPoolLimits(cfg.DefaultLimits, cfg.MaxLimits); err != nil {
+		return nil, err
+	}
+	if cfg.PidsLimit < 0 {
+		return nil, fmt.Errorf("vk: PidsLimit %d is negative", cfg.PidsLimit)
 	}
 	if cfg.ReconcileInterval <= 0 {
 		cfg.ReconcileInterval = 10 * time.Second
@@ -650,9 +665,15 @@ func (p *Provider) bindRequest(pod *corev1.Pod) (runtime.BindRequest, error) {
 	if len(pod.Spec.InitContainers) > 0 {
 		return req, fmt.Errorf("pod %s/%s has init containers, which sandboxes do not run: remove them", pod.Namespace, pod.Name)
 	}
+	if err := podSecurity(pod); err != nil {
+		return req, err
+	}
 	for _, c := range pod.Spec.Containers {
 		cs, err := containerSpec(pod, c)
 		if err != nil {
+			return req, err
+		}
+		if err := p.poolLimits(c, &cs); err != nil {
 			return req, err
 		}
 		req.Containers = append(req.Containers, cs)

@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	kfake "k8s.io/client-go/kubernetes/fake"
 	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
 
 	"github.com/sandman-dev/sandman/pool"
 	"github.com/sandman-dev/sandman/runtime"
@@ -232,6 +233,12 @@ func TestBadPodsFailWithAReason(t *testing.T) {
 			p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Mi")}
 		}, "4 MiB"},
 		{"init containers", func(p *corev1.Pod) { p.Spec.InitContainers = []corev1.Container{{Name: "i", Image: "img"}} }, "init containers"},
+		{"privileged", func(p *corev1.Pod) {
+			p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
+		}, "spec.containers[task].securityContext.privileged"},
+		{"hostPath volume", func(p *corev1.Pod) {
+			p.Spec.Volumes = []corev1.Volume{{Name: "host", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}}}
+		}, "spec.volumes[host].hostPath"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, 1)

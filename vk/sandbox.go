@@ -2,7 +2,6 @@ package vk
 
 import (
 	"fmt"
-	"strconv"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -297,12 +296,8 @@ func containerSpec(pod *corev1.Pod, c corev1.Container) (runtime.ContainerSpec, 
 		}
 		cs.Env = append(cs.Env, e.Name+"="+e.Value)
 	}
-	uid, gid := runAs(pod, c)
-	switch {
-	case uid != nil && gid != nil:
-		cs.User = strconv.FormatInt(*uid, 10) + ":" + strconv.FormatInt(*gid, 10)
-	case uid != nil:
-		cs.User = strconv.FormatInt(*uid, 10)
+	if err := containerSecurity(pod, c, &cs); err != nil {
+		return cs, err
 	}
 	// The apiserver admits quantities too large for an int64, which
 	// MilliValue and Value would wrap (1e30 cores reads as none).
@@ -347,21 +342,6 @@ func containerSpec(pod *corev1.Pod, c corev1.Container) (runtime.ContainerSpec, 
 		return cs, fmt.Errorf("container %q has no image", c.Name)
 	}
 	return cs, nil
-}
-
-func runAs(pod *corev1.Pod, c corev1.Container) (uid, gid *int64) {
-	if psc := pod.Spec.SecurityContext; psc != nil {
-		uid, gid = psc.RunAsUser, psc.RunAsGroup
-	}
-	if sc := c.SecurityContext; sc != nil {
-		if sc.RunAsUser != nil {
-			uid = sc.RunAsUser
-		}
-		if sc.RunAsGroup != nil {
-			gid = sc.RunAsGroup
-		}
-	}
-	return uid, gid
 }
 
 // qosClass follows Kubernetes: Guaranteed when every container has CPU and

@@ -155,6 +155,10 @@ func checkContainer(t *testing.T, pod *corev1.Pod, c corev1.Container, cs runtim
 	} else if cs.User != "" {
 		t.Fatalf("container %q runs as %q without runAsUser", c.Name, cs.User)
 	}
+	// runAsGroup alone: the image's user with that group.
+	if (uid == nil && gid != nil) != (cs.Group != nil) || cs.Group != nil && *cs.Group != *gid {
+		t.Fatalf("container %q: group %v with runAsUser %v and runAsGroup %v", c.Name, cs.Group, uid, gid)
+	}
 
 	// Resources: what the pod asks, within rounding up to the unit (a
 	// quantity too large to hold must be refused, not wrapped).

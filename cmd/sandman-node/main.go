@@ -48,6 +48,7 @@ type options struct {
 	prePull                                     []string
 	prePullConcurrency                          int
 	pidsLimit                                   int64
+	seccompRoot                                 string
 }
 
 func main() {
@@ -83,7 +84,8 @@ func run(args []string) error {
 	fs.StringVar(&o.tokenFile, "token-file", "", "file with the pool secret callers must present (or env SANDMAN_POOL_TOKEN)")
 	fs.StringVar(&o.cpu, "cpu", "", "CPU sandboxes may request in total, e.g. 8 (default: all cores)")
 	fs.StringVar(&o.memory, "memory", "", "memory sandboxes may request in total, e.g. 16Gi (default: all memory)")
-	fs.Int64Var(&o.pidsLimit, "pids-limit", 1024, "processes per sandbox container")
+	fs.Int64Var(&o.pidsLimit, "pids-limit", 1024, "processes per sandbox container (a pod's lower limit from its pool applies instead)")
+	fs.StringVar(&o.seccompRoot, "seccomp-profile-root", "/var/lib/kubelet/seccomp", "directory of the seccomp profiles pods name with seccompProfile Localhost, as the kubelet's (in a pod: under --host-root)")
 	fs.StringVar(&o.imageCache, "image-cache-bytes", "", "disk budget for images, e.g. 50Gi; least recently used images no slot uses are removed above it (default: no budget)")
 	fs.StringVar(&o.hostsDir, "registry-hosts-dir", "", "per-registry settings in containerd's hosts.toml layout (<dir>/<host>/hosts.toml: mirrors, plain HTTP, CA, skip_verify)")
 	fs.Func("prepull", "image kept unpacked on this node (repeatable, or comma-separated)", func(v string) error {
@@ -320,7 +322,8 @@ func connect(ctx context.Context, o options, res runtime.Resources, cacheBytes i
 		Client: client, Namespace: o.namespace, Node: o.node, Slots: o.slots, WarmSlots: o.warmSlots,
 		Resources: res, StateDir: o.stateDir, DaemonPath: o.daemonPath,
 		CNIConfDir: o.cniConfDir, CNIBinDir: cniBinDir, PidsLimit: o.pidsLimit, Logger: log,
-		RegistryHostsDir: o.hostsDir, ImageCacheBytes: cacheBytes, PrePull: o.prePull, PrePullConcurrency: o.prePullConcurrency,
+		SeccompProfileRoot: o.seccompRoot,
+		RegistryHostsDir:   o.hostsDir, ImageCacheBytes: cacheBytes, PrePull: o.prePull, PrePullConcurrency: o.prePullConcurrency,
 	})
 	if err != nil {
 		client.Close()

@@ -58,6 +58,8 @@ type options struct {
 	maxQueued                              int
 	resync, reconcile, orphanGrace, lost   time.Duration
 	metricsListen, logLevel                string
+	defaultLimits, maxLimits               resourceList
+	pidsLimit                              int64
 }
 
 func main() {
@@ -106,6 +108,10 @@ func run(args []string) (retErr error) {
 	fs.DurationVar(&o.lost, "lost-after", 2*time.Minute, "how long a node agent may be unreachable before its running pods are failed as lost")
 	fs.StringVar(&o.metricsListen, "metrics-listen", "127.0.0.1:9652", "Prometheus /metrics and /healthz address")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	o.defaultLimits, o.maxLimits = mustResourceList(defaultLimits), mustResourceList(maxLimits)
+	fs.Var(&o.defaultLimits, "default-limits", "limits of a sandbox container that sets none: cpu, memory, ephemeral-storage (a larger request is the limit instead; empty: none)")
+	fs.Var(&o.maxLimits, "max-limits", "largest request or limit a sandbox container may ask for: cpu, memory, ephemeral-storage (pods above are refused; empty: no maximum)")
+	fs.Int64Var(&o.pidsLimit, "pids-limit", 1024, "processes per sandbox container (the node agent's own --pids-limit applies when lower; 0: the agent's)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -325,6 +331,7 @@ func run(args []string) (retErr error) {
 			NodeName: o.nodeName, Pool: pl, Client: client, Pods: pc.Pods, Secrets: pc.Secrets, Recorder: recorder,
 			NodeIP: o.nodeIP, AllowUnauthenticated: o.allowUnauthenticated, PoolSecret: []byte(poolSecret),
 			ReconcileInterval: o.reconcile, OrphanGrace: o.orphanGrace, Logger: log, SelfUsage: selfUsage,
+			DefaultLimits: o.defaultLimits.l, MaxLimits: o.maxLimits.l, PidsLimit: o.pidsLimit,
 		})
 		return provider, np, err
 	}, opts...)

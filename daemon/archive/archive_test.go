@@ -223,6 +223,18 @@ func TestExtractRefusesToEscape(t *testing.T) {
 		{name: "hard link through a link it made", entries: func(string) []entry {
 			return []entry{sym("esc", "../outside"), hard("pwned", "esc/secret")}
 		}},
+		{name: "file through a link two levels up it made", entries: func(string) []entry {
+			return []entry{dir("a/"), sym("a/evil", "../../outside"), reg("a/evil/passwd", "x")}
+		}},
+		{name: "directory and file through a link it made", entries: func(outside string) []entry {
+			return []entry{sym("evil", outside), dir("evil/sub/"), reg("evil/sub/passwd", "x")}
+		}},
+		{name: "hard link with an absolute target", entries: func(outside string) []entry {
+			return []entry{hard("pwned", filepath.Join(outside, "secret"))}
+		}},
+		{name: "file through a hard link to a link it made", entries: func(string) []entry {
+			return []entry{sym("esc", "../outside"), hard("esc2", "esc"), reg("esc2/pwned", "x")}
+		}},
 		{name: "file through a link already there", setup: func(t *testing.T, dst, outside string) {
 			symlink(t, outside, filepath.Join(dst, "esc"))
 		}, entries: func(string) []entry { return []entry{reg("esc/pwned", "x")} }},

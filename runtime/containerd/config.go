@@ -57,6 +57,11 @@ type Config struct {
 	Snapshotter string
 	// PidsLimit bounds processes per container (default 1024).
 	PidsLimit int64
+	// SeccompProfileRoot holds the seccomp profiles (OCI JSON) pods name
+	// with seccompProfile Localhost, as the kubelet's (default
+	// /var/lib/kubelet/seccomp). The operator owns it: a profile there is
+	// trusted as the node's own.
+	SeccompProfileRoot string
 	// RegistryHostsDir holds per-registry settings in containerd's
 	// hosts.toml layout (<dir>/<host>/hosts.toml: mirrors, plain HTTP, CA
 	// files, skip_verify). Empty: localhost registries may speak plain HTTP,
@@ -152,6 +157,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.PidsLimit <= 0 {
 		c.PidsLimit = 1024
+	}
+	if c.SeccompProfileRoot == "" {
+		c.SeccompProfileRoot = "/var/lib/kubelet/seccomp"
 	}
 	if c.HotMixWindow <= 0 {
 		c.HotMixWindow = 100

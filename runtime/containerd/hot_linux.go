@@ -202,7 +202,7 @@ func (r *Runtime) assignHot(ctx context.Context, s *slot, req runtime.BindReques
 	if err != nil {
 		return err
 	}
-	if res := linuxResources(c); res != nil {
+	if res := linuxResources(c, r.cfg.PidsLimit); res != nil {
 		// Writing the cgroup directly takes microseconds; runc update
 		// (task.Update) forks runc and takes tens of milliseconds.
 		if err := updateCgroup("/"+r.cfg.Namespace+"/"+id, res); err != nil {
@@ -290,9 +290,16 @@ func (r *Runtime) coolDown(s *slot) {
 	r.wake()
 }
 
-func linuxResources(c runtime.ContainerSpec) *specs.LinuxResources {
+// linuxResources are the limits to write to a hot sandbox's cgroup for c:
+// its memory and CPU, and its pids limit when below the node's (nodePids,
+// which the hot sandbox started with).
+func linuxResources(c runtime.ContainerSpec, nodePids int64) *specs.LinuxResources {
 	var res specs.LinuxResources
 	set := false
+	if p := c.PidsLimit; p > 0 && p < nodePids {
+		res.Pids = &specs.LinuxPids{Limit: &p}
+		set = true
+	}
 	if m := c.Limits.MemoryBytes; m > 0 {
 		res.Memory = &specs.LinuxMemory{Limit: &m, Swap: &m}
 		set = true
@@ -362,6 +369,11 @@ func updateCgroupV1(path string, res *specs.LinuxResources) error {
 		}
 		if m.Swap != nil {
 			_ = write("memory", "memory.memsw.limit_in_bytes", *m.Swap) // absent without swap accounting
+		}
+	}
+	if p := res.Pids; p != nil && p.Limit != nil {
+		if err := write("pids", "pids.max", *p.Limit); err != nil {
+			return err
 		}
 	}
 	if c := res.CPU; c != nil {

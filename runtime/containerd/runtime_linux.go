@@ -406,7 +406,11 @@ func (r *Runtime) reserve(ctx context.Context, req runtime.BindRequest) (*slot, 
 	}
 	var used runtime.Resources
 	var warm, hot *slot
-	hotOK := len(req.Containers) == 1 && req.Containers[0].User == "" && req.Containers[0].ExclusiveCPUs == 0
+	// A hot sandbox runs as any sandbox of its image does: a pod that sets
+	// its user or groups or narrows what it may do (read-only root, dropped
+	// capabilities, its own seccomp profile, runAsNonRoot, checked against
+	// the user when the container is made) takes the generic path.
+	hotOK := len(req.Containers) == 1 && req.Containers[0].DefaultSecurity() && req.Containers[0].ExclusiveCPUs == 0
 	exclusive := 0
 	for _, c := range req.Containers {
 		exclusive += c.ExclusiveCPUs

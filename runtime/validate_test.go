@@ -1,0 +1,67 @@
+package runtime
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/containerd/errdefs"
+)
+
+// TestValidateSecurity: the node agent refuses a container whose security
+// settings a sandbox cannot honour safely, and accepts the ones it honours.
+func TestValidateSecurity(t *testing.T) {
+	gid := func(v int64) *int64 { return &v }
+	for _, tc := range []struct {
+		name string
+		c    ContainerSpec
+		want string // "": accepted
+	}{
+		{name: "defaults", c: ContainerSpec{}},
+		{name: "uid", c: ContainerSpec{User: "1000"}},
+		{name: "uid and gid", c: ContainerSpec{User: "1000:2000", RunAsNonRoot: true}},
+		{name: "group alone", c: ContainerSpec{Group: gid(0), SupplementalGroups: []int64{5, 6}}},
+		{name: "narrowing", c: ContainerSpec{ReadOnlyRootFS: true, DropCapabilities: []string{"ALL", "CAP_KILL"},
+			SeccompLocalhost: "profiles/audit.json", PidsLimit: 64}},
+		{name: "user name", c: ContainerSpec{User: "root"}, want: "numeric uid"},
+		{name: "group name", c: ContainerSpec{User: "1:wheel"}, want: "numeric uid"},
+		{name: "negative uid", c: ContainerSpec{User: "-1"}, want: "out of range"},
+		{name: "huge gid", c: ContainerSpec{Group: gid(1 << 40)}, want: "out of range"},
+		{name: "user and group", c: ContainerSpec{User: "1", Group: gid(2)}, want: "uid:gid"},
+		{name: "negative supplemental group", c: ContainerSpec{SupplementalGroups: []int64{-3}}, want: "supplemental gid"},
+		{name: "non-root as root", c: ContainerSpec{User: "0:0", RunAsNonRoot: true}, want: "runAsNonRoot"},
+		{name: "bad capability", c: ContainerSpec{DropCapabilities: []string{"net_raw"}}, want: "CAP_"},
+		{name: "absolute seccomp profile", c: ContainerSpec{SeccompLocalhost: "/etc/shadow"}, want: "seccomp profile"},
+		{name: "seccomp profile outside", c: ContainerSpec{SeccompLocalhost: "a/../../x.json"}, want: "seccomp profile"},
+		{name: "negative pids limit", c: ContainerSpec{PidsLimit: -1}, want: "pids limit"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := tc.c
+			c.Name, c.Image = "main", "img"
+			req := BindRequest{Pod: PodRef{UID: "u1"}, Containers: []ContainerSpec{c}, AllowUnauthenticated: true}
+			err := req.Validate()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.want != "" && (err == nil || !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), `"main"`)):
+				t.Fatalf("err = %v, want InvalidArgument naming the container and saying %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestDefaultSecurity: any narrowing or user setting keeps a container off
+// a hot slot's sandbox.
+func TestDefaultSecurity(t *testing.T) {
+	g := int64(5)
+	if !(ContainerSpec{Name: "a", Image: "i", PidsLimit: 100, Env: []string{"A=1"}}).DefaultSecurity() {
+		t.Fatal("a container without security settings is not default")
+	}
+	for _, c := range []ContainerSpec{
+		{User: "1"}, {Group: &g}, {SupplementalGroups: []int64{1}}, {RunAsNonRoot: true},
+		{ReadOnlyRootFS: true}, {DropCapabilities: []string{"CAP_KILL"}}, {SeccompLocalhost: "p.json"},
+	} {
+		if c.DefaultSecurity() {
+			t.Errorf("%+v counts as default", c)
+		}
+	}
+}
