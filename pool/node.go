@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -418,4 +419,40 @@ func (p *Pool) checkLost() {
 	for _, u := range updates {
 		p.cfg.OnUpdate(u)
 	}
+}
+
+// WaitBindsSettled waits until no node agent reports a slot still binding,
+// or ctx ends. A new leader calls it before it adopts what the agents hold:
+// the binds its predecessor left running (cancelled when it stopped or
+// died, or about to finish) end bound, and are adopted, or warm again, and
+// their pods are placed anew, never both. It polls every interval on the
+// pool's clock.
+func (p *Pool) WaitBindsSettled(ctx context.Context, interval time.Duration) error {
+	t := p.cfg.Clock.NewTicker(interval)
+	defer t.Stop()
+	for {
+		if p.bindingSlots() == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%d slots still binding: %w", p.bindingSlots(), ctx.Err())
+		case <-t.C():
+		}
+	}
+}
+
+// bindingSlots counts the slots the node agents report binding.
+func (p *Pool) bindingSlots() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, nd := range p.nodes {
+		for _, s := range nd.slots {
+			if s.State == runtime.StateBinding {
+				n++
+			}
+		}
+	}
+	return n
 }

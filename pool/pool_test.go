@@ -389,3 +389,37 @@ func TestReservationCountersBalance(t *testing.T) {
 	}
 	eventually(t, "released and balanced", func() bool { return balanced() && len(p.Slots()) == 0 })
 }
+
+// TestWaitBindsSettled: a new leader waits for the binds its predecessor
+// left running on an agent before it adopts what the agent holds.
+func TestWaitBindsSettled(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Now())
+	n := fakeNode(t, "n1", 2, func(c *fake.Config) { c.Clock, c.BindLatency = clk, time.Minute })
+	p, _ := newPool(t, Config{}, n)
+	// The old leader's bind, straight to the agent.
+	bound := make(chan error, 1)
+	go func() {
+		_, err := n.Bind(context.Background(), request("old", "j", "busybox", 0).Bind)
+		bound <- err
+	}()
+	eventually(t, "the pool to see the slot binding", func() bool { return p.bindingSlots() == 1 })
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
+	err := p.WaitBindsSettled(ctx, time.Millisecond)
+	cancel()
+	if err == nil {
+		t.Fatal("WaitBindsSettled returned while a slot was binding")
+	}
+	settled := make(chan error, 1)
+	go func() { settled <- p.WaitBindsSettled(t.Context(), time.Millisecond) }()
+	eventually(t, "the bind to wait on the clock", func() bool { return clk.HasWaiters() })
+	clk.Step(time.Minute)
+	if err := <-bound; err != nil {
+		t.Fatalf("bind: %v", err)
+	}
+	if err := <-settled; err != nil {
+		t.Fatalf("WaitBindsSettled: %v", err)
+	}
+	if slots := p.Slots(); len(slots) != 1 || slots[0].Slot.Pod.UID != "old" || slots[0].Slot.State != runtime.StateBound {
+		t.Fatalf("slots after settling: %+v, want the old leader's pod bound", slots)
+	}
+}

@@ -125,7 +125,7 @@ type Provider struct {
 	byKey map[string]string // namespace/name → UID of the newest pod
 	// orphans: slots holding pods the provider does not know, since when.
 	orphans map[string]time.Time
-	// started is when the provider was made (the node's start time).
+	// started is when the provider was made or took over (Adopt): the node's start time.
 	started time.Time
 	// recentReady: create→Ready of recent sandboxes (the capacity page).
 	recentReady readyRing

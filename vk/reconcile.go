@@ -16,7 +16,7 @@ import (
 )
 
 // Adopt takes over the sandboxes the node agents hold for pods of this
-// virtual node, after a restart: pods whose UID matches a bound slot are
+// virtual node, after a restart or when a standby takes the lead: pods whose UID matches a bound slot are
 // recorded as placed there (and not placed again); slots whose pod no
 // longer exists are released. Call it after the pool has synced and before
 // virtual-kubelet's pod controller starts.
@@ -31,6 +31,11 @@ func (p *Provider) Adopt(ctx context.Context) error {
 	for i := range pods.Items {
 		byUID[string(pods.Items[i].UID)] = &pods.Items[i]
 	}
+	// A standby made the provider long before it took over: the pods it
+	// waits for count LostAfter from the takeover.
+	p.mu.Lock()
+	p.started = p.cfg.Now()
+	p.mu.Unlock()
 	adopted, released := 0, 0
 	for _, b := range p.cfg.Pool.Slots() {
 		uid := b.Slot.Pod.UID

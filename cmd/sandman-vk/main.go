@@ -16,6 +16,7 @@ import (
 	"os/signal"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -30,6 +31,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
@@ -60,6 +62,10 @@ type options struct {
 	metricsListen, logLevel                string
 	defaultLimits, maxLimits               resourceList
 	pidsLimit                              int64
+	leaderElect                            bool
+	leaderElectNamespace                   string
+	leaseDuration, renewDeadline           time.Duration
+	retryPeriod                            time.Duration
 }
 
 func main() {
@@ -75,7 +81,8 @@ func run(args []string) (retErr error) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig (default: in-cluster)")
 	fs.StringVar(&o.poolName, "pool", "default", "pool name: the node's sandman.io/pool label and taint")
 	fs.StringVar(&o.nodeName, "node-name", "", "virtual node name (default sandman-<pool>)")
-	fs.StringVar(&o.nodeIP, "node-ip", "", "the virtual node's InternalIP: where the apiserver reaches --kubelet-listen (in a cluster with hostNetwork: the worker's status.hostIP); the IP in a --serving-cert=csr certificate")
+	fs.StringVar(&o.nodeIP, "node-ip", "", "the virtual node's InternalIP while this process leads: where the apiserver reaches --kubelet-listen "+
+		"(in a cluster with hostNetwork: the worker's status.hostIP); the IP in a --serving-cert=csr certificate. Default: env POD_IP")
 	fs.StringVar(&o.kubeletListen, "kubelet-listen", ":10250", "kubelet API address (TLS; in a cluster next to a real kubelet, which owns 10250, use :10260)")
 	fs.StringVar(&o.servingCert, "serving-cert", "", "where the kubelet serving certificate comes from: file (--tls-cert-file/--tls-key-file) or csr "+
 		"(a kubernetes.io/kubelet-serving CertificateSigningRequest for system:node:<node-name> with --node-ip, which sandman-vk approves itself "+
@@ -112,11 +119,21 @@ func run(args []string) (retErr error) {
 	fs.Var(&o.defaultLimits, "default-limits", "limits of a sandbox container that sets none: cpu, memory, ephemeral-storage (a larger request is the limit instead; empty: none)")
 	fs.Var(&o.maxLimits, "max-limits", "largest request or limit a sandbox container may ask for: cpu, memory, ephemeral-storage (pods above are refused; empty: no maximum)")
 	fs.Int64Var(&o.pidsLimit, "pids-limit", 1024, "processes per sandbox container (the node agent's own --pids-limit applies when lower; 0: the agent's)")
+	fs.BoolVar(&o.leaderElect, "leader-elect", false, "run as one of several replicas: only the holder of the Lease sandman-vk-<node-name> places pods and runs the virtual node; "+
+		"the others stand by warm (agents watched, informers synced) and take over when it goes. Off: this process is the only one")
+	fs.StringVar(&o.leaderElectNamespace, "leader-elect-namespace", "", "namespace of the leader Lease (default: the pod's, from POD_NAMESPACE or the service account)")
+	fs.DurationVar(&o.leaseDuration, "leader-elect-lease-duration", 15*time.Second, "how long standbys wait after the leader's last renewal before taking the Lease")
+	fs.DurationVar(&o.renewDeadline, "leader-elect-renew-deadline", 10*time.Second, "how long the leader keeps trying to renew before it stops placing and exits (less than the lease duration)")
+	fs.DurationVar(&o.retryPeriod, "leader-elect-retry-period", 2*time.Second, "how often the Lease is tried (to take it, or to renew it)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if o.nodeName == "" {
 		o.nodeName = "sandman-" + o.poolName
+	}
+	if o.nodeIP == "" {
+		// Each replica advertises its own address when it leads.
+		o.nodeIP = os.Getenv("POD_IP")
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
@@ -213,25 +230,22 @@ func run(args []string) (retErr error) {
 	defer broadcaster.Shutdown()
 	recorder := vk.QuietRecorder{EventRecorder: broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "sandman-vk", Host: o.nodeName})}
 
-	// The pool, the provider's reconciler and the virtual node run until a
-	// signal or until one of them fails: then the others are stopped, the
-	// provider's background work too, and sandman-vk exits with the first
-	// error.
+	// Every replica stands by warm: it follows the node agents (the pool's
+	// watch streams), syncs the pod, secret, config map and service
+	// informers and has its kubelet serving certificate. Only the leader
+	// (or the only process, without --leader-elect) runs what writes: the
+	// pool's placement and binds, the provider's reconciler, the pod and
+	// node controllers (and the kubelet port), the node's owner.
 	var provider *vk.Provider
-	g, ctx := errgroup.WithContext(ctx)
-	running := true
 	defer func() {
-		if running {
-			// Returning early: stop what already runs and wait for it.
-			stop()
-			if err := g.Wait(); err != nil && retErr == nil {
-				retErr = err
-			}
-		}
 		if provider != nil {
 			provider.Close()
 		}
 	}()
+	// leaderEpoch is sent with every node API call once this process leads
+	// (0: no leader election, no epoch).
+	var leaderEpoch atomic.Uint64
+	var clients agentClients
 	pl, err := pool.New(pool.Config{
 		Name: o.poolName, MaxQueued: o.maxQueued, BindsPerNode: o.bindsPerNode, LostAfter: o.lost, Logger: log,
 		OnUpdate: func(u pool.Update) { provider.OnUpdate(u) },
@@ -241,7 +255,9 @@ func run(args []string) (retErr error) {
 	}
 	connect := func(a vk.Agent) {
 		log.Info("node agent", "node", a.Name, "addr", a.Addr)
-		pl.AddNode(ctx, a.Name, nodeapi.NewClient(a.Addr, token, nil))
+		c := nodeapi.NewClient(a.Addr, token, nil).WithLeaderEpoch(leaderEpoch.Load)
+		clients.set(a.Name, c)
+		pl.AddNode(ctx, a.Name, c)
 	}
 	if o.agents != "" {
 		agents, err := vk.ParseAgents(o.agents)
@@ -254,12 +270,6 @@ func run(args []string) (retErr error) {
 	} else if err := vk.DiscoverAgents(ctx, client, o.agentNamespace, o.agentSelector, o.agentPort, connect); err != nil {
 		return fmt.Errorf("discover node agents: %w", err)
 	}
-	g.Go(func() error {
-		if err := pl.Run(ctx); err != nil {
-			return fmt.Errorf("pool: %w", err)
-		}
-		return nil
-	})
 	// Adopt what the node agents hold before the pod controller starts,
 	// so no running sandbox is placed twice.
 	syncCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
@@ -283,6 +293,10 @@ func run(args []string) (retErr error) {
 	spec := vk.NodeSpec(nodeCfg, capa, agents)
 
 	mux := http.NewServeMux()
+	// The informers virtual-kubelet's pod controller reads, started here
+	// (below) so a standby holds them synced; the virtual node's own start
+	// of them when it leads finds them running.
+	var informers []cache.SharedIndexInformer
 	opts := []nodeutil.NodeOpt{
 		nodeutil.WithClient(client),
 		func(c *nodeutil.NodeConfig) error {
@@ -301,6 +315,8 @@ func run(args []string) (retErr error) {
 			if err := c.PodInformer.Informer().SetTransform(vk.TrimPod); err != nil {
 				return err
 			}
+			informers = []cache.SharedIndexInformer{c.PodInformer.Informer(), c.SecretInformer.Informer(),
+				c.ConfigMapInformer.Informer(), c.ServiceInformer.Informer()}
 			// Bursts: no token-bucket throttling, per-item back-off only;
 			// pods that wait for capacity wait in the pool, not here.
 			c.SyncPodsFromKubernetesRateLimiter = workqueue.NewTypedItemExponentialFailureRateLimiter[any](5*time.Millisecond, 10*time.Second)
@@ -340,15 +356,9 @@ func run(args []string) (retErr error) {
 	}
 	// sandman's own routes (images, pre-pull) beside the kubelet API.
 	provider.AttachAPI(mux)
-	if err := provider.Adopt(ctx); err != nil {
-		return fmt.Errorf("adopt running sandboxes: %w", err)
+	if err := syncInformers(ctx, informers); err != nil {
+		return err
 	}
-	g.Go(func() error {
-		if err := provider.Run(ctx); err != nil {
-			return fmt.Errorf("provider: %w", err)
-		}
-		return nil
-	})
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -373,27 +383,92 @@ func run(args []string) (retErr error) {
 	go func() { _ = msrv.Serve(ml) }()
 	defer msrv.Close()
 
-	if o.ownerNamespace != "" {
+	// lead runs what only the leader runs until ctx ends (a signal, a lost
+	// Lease) or one part fails: then the others stop too, and lead returns
+	// the first error once they have.
+	lead := func(ctx context.Context, epoch uint64) error {
+		leaderEpoch.Store(epoch)
+		if epoch > 0 {
+			// From here on the agents refuse the previous leader.
+			if err := clients.claim(ctx, log); err != nil {
+				return fmt.Errorf("a newer leader has claimed the node agents: %w", err)
+			}
+			// The binds the previous leader left running end (bound: adopted
+			// below; or not: placed anew), so none is bound twice.
+			sctx, cancel := context.WithTimeout(ctx, takeoverSettle)
+			if err := pl.WaitBindsSettled(sctx, 100*time.Millisecond); err != nil {
+				log.Warn("the previous leader's binds have not all ended; adopting what is bound or binding now", "err", err)
+			}
+			cancel()
+		}
+		if err := provider.Adopt(ctx); err != nil {
+			return fmt.Errorf("adopt running sandboxes: %w", err)
+		}
+		g, ctx := errgroup.WithContext(ctx)
 		g.Go(func() error {
-			ownNode(ctx, client, o.nodeName, o.ownerNamespace, log)
+			if err := pl.Run(ctx); err != nil {
+				return fmt.Errorf("pool: %w", err)
+			}
 			return nil
 		})
+		g.Go(func() error {
+			if err := provider.Run(ctx); err != nil {
+				return fmt.Errorf("provider: %w", err)
+			}
+			return nil
+		})
+		if o.ownerNamespace != "" {
+			g.Go(func() error {
+				ownNode(ctx, client, o.nodeName, o.ownerNamespace, log)
+				return nil
+			})
+		}
+		log.Info("virtual node starting", "vnode", o.nodeName, "pool", o.poolName, "agents", pl.NodeNames(), "ip", o.nodeIP, "epoch", epoch)
+		g.Go(func() error {
+			err := vnode.Run(ctx)
+			if errors.Is(err, context.Canceled) {
+				return nil // stopped: by a signal, a lost Lease, or another part's failure
+			}
+			if err != nil {
+				return fmt.Errorf("virtual node: %w", err)
+			}
+			return nil
+		})
+		return g.Wait()
 	}
-	log.Info("virtual node starting", "vnode", o.nodeName, "pool", o.poolName, "agents", pl.NodeNames())
-	g.Go(func() error {
-		err := vnode.Run(ctx)
-		if errors.Is(err, context.Canceled) {
-			return nil // stopped: by a signal, or by another part's failure
-		}
-		if err != nil {
-			return fmt.Errorf("virtual node: %w", err)
-		}
-		return nil
-	})
-	// Until a signal, or until one part fails and the others stop.
-	err = g.Wait()
-	running = false
-	return err
+	if !o.leaderElect {
+		return lead(ctx, 0)
+	}
+	if o.nodeIP == "" {
+		log.Warn("--leader-elect without --node-ip or POD_IP: the node's address does not follow the leader, so kubectl exec and logs reach no replica")
+	}
+	ns, err := leaseNamespace(o.leaderElectNamespace, os.Getenv("POD_NAMESPACE"))
+	if err != nil {
+		return err
+	}
+	return election{
+		Client: client, Namespace: ns, Name: "sandman-vk-" + o.nodeName, Identity: leaseIdentity(os.Getenv("POD_NAME")),
+		LeaseDuration: o.leaseDuration, RenewDeadline: o.renewDeadline, RetryPeriod: o.retryPeriod, Logger: log,
+	}.run(ctx, lead)
+}
+
+// takeoverSettle bounds how long a new leader waits for the binds its
+// predecessor left running (cancelled when it stopped or died, so they
+// end within moments; a cold pull inside one may take longer).
+const takeoverSettle = 30 * time.Second
+
+// syncInformers starts informers and waits until they have synced (or ctx
+// ends); they run until ctx ends.
+func syncInformers(ctx context.Context, informers []cache.SharedIndexInformer) error {
+	synced := make([]cache.InformerSynced, 0, len(informers))
+	for _, inf := range informers {
+		go inf.Run(ctx.Done())
+		synced = append(synced, inf.HasSynced)
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		return fmt.Errorf("pod, secret, config map and service informers: %w", context.Cause(ctx))
+	}
+	return nil
 }
 
 // inClusterCA is the cluster CA as every pod sees it.

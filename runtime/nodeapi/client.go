@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -25,6 +26,9 @@ type Client struct {
 	base  string
 	token string
 	hc    *http.Client
+	// epoch, when set, is the caller's leader epoch, sent with every call
+	// (HeaderLeaderEpoch) while it is not 0.
+	epoch func() uint64
 }
 
 // NewClient returns a client for the agent at addr ("host:port" or a URL).
@@ -36,6 +40,23 @@ func NewClient(addr, token string, hc *http.Client) *Client {
 		hc = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}}
 	}
 	return &Client{base: strings.TrimSuffix(addr, "/"), token: token, hc: hc}
+}
+
+// WithLeaderEpoch makes every call carry the caller's current leader epoch
+// (0: none yet, no header). Set it before the client is used.
+func (c *Client) WithLeaderEpoch(epoch func() uint64) *Client {
+	c.epoch = epoch
+	return c
+}
+
+// setHeaders adds the token and the leader epoch.
+func (c *Client) setHeaders(req *http.Request) {
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	if c.epoch != nil {
+		if e := c.epoch(); e > 0 {
+			req.Header.Set(HeaderLeaderEpoch, strconv.FormatUint(e, 10))
+		}
+	}
 }
 
 func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
@@ -51,7 +72,7 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	if err != nil {
 		return err
 	}
-	req.Header.Set("Authorization", "Bearer "+c.token)
+	c.setHeaders(req)
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
@@ -136,6 +157,14 @@ func (c *Client) Drain(ctx context.Context, why string) error {
 	return c.do(ctx, http.MethodPost, "/v1/drain", drainRequest{Reason: why}, nil)
 }
 
+// Claim tells the agent that the caller leads with its epoch
+// (WithLeaderEpoch): from then on it refuses every mutating call of an
+// older leader. It fails with ErrStaleLeader when a newer one has claimed
+// it already.
+func (c *Client) Claim(ctx context.Context) error {
+	return c.do(ctx, http.MethodPost, "/v1/leader", struct{}{}, nil)
+}
+
 // Undrain asks the agent to take binds again.
 func (c *Client) Undrain(ctx context.Context) error {
 	return c.do(ctx, http.MethodPost, "/v1/undrain", struct{}{}, nil)
@@ -181,7 +210,7 @@ func (c *Client) Watch(ctx context.Context) (runtime.Inventory, <-chan runtime.E
 		cancel()
 		return runtime.Inventory{}, nil, err
 	}
-	req.Header.Set("Authorization", "Bearer "+c.token)
+	c.setHeaders(req)
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		cancel()

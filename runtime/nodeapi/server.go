@@ -53,7 +53,9 @@ var codes = []struct {
 	status int
 	err    error
 }{
-	// First: an image error also carries the errdefs class of its cause.
+	// First: an image error also carries the errdefs class of its cause,
+	// a stale leader that of a conflict.
+	{func(err error) bool { return errors.Is(err, ErrStaleLeader) }, "stale_leader", http.StatusConflict, ErrStaleLeader},
 	{func(err error) bool { return errors.Is(err, runtime.ErrImagePull) }, "image_pull", http.StatusBadGateway, runtime.ErrImagePull},
 	{errdefs.IsInvalidArgument, "invalid_argument", http.StatusBadRequest, errdefs.ErrInvalidArgument},
 	{errdefs.IsNotFound, "not_found", http.StatusNotFound, errdefs.ErrNotFound},
@@ -69,6 +71,8 @@ type Server struct {
 	rt    runtime.Runtime
 	token [sha256.Size]byte
 	log   *slog.Logger
+	// fence refuses mutating calls of deposed leaders.
+	fence fence
 }
 
 // ServerConfig configures a Server.
@@ -99,14 +103,17 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("ok")) })
 	mux.Handle("GET /v1/inventory", s.auth(s.inventory))
 	mux.Handle("GET /v1/watch", s.auth(s.watch))
-	mux.Handle("POST /v1/bind", s.auth(s.bind))
-	mux.Handle("POST /v1/release", s.auth(s.release))
 	mux.Handle("GET /v1/stats", s.auth(s.stats))
 	mux.Handle("GET /v1/images", s.auth(s.images))
-	mux.Handle("POST /v1/images/prepull", s.auth(s.imageList(runtime.ImageCache.PrePull)))
-	mux.Handle("POST /v1/images/unpin", s.auth(s.imageList(runtime.ImageCache.Unpin)))
-	mux.Handle("POST /v1/drain", s.auth(s.drain))
-	mux.Handle("POST /v1/undrain", s.auth(s.undrain))
+	// Every call that changes something is fenced: only the current
+	// leader's (HeaderLeaderEpoch) pass.
+	mux.Handle("POST /v1/bind", s.auth(s.fenced(s.bind)))
+	mux.Handle("POST /v1/release", s.auth(s.fenced(s.release)))
+	mux.Handle("POST /v1/images/prepull", s.auth(s.fenced(s.imageList(runtime.ImageCache.PrePull))))
+	mux.Handle("POST /v1/images/unpin", s.auth(s.fenced(s.imageList(runtime.ImageCache.Unpin))))
+	mux.Handle("POST /v1/drain", s.auth(s.fenced(s.drain)))
+	mux.Handle("POST /v1/undrain", s.auth(s.fenced(s.undrain)))
+	mux.Handle("POST /v1/leader", s.auth(s.fenced(s.leader)))
 	return mux
 }
 
