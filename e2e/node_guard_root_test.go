@@ -49,7 +49,10 @@ func TestRootNodeAPIUnreachableFromSandboxes(t *testing.T) {
 	a := startAgent(t, buildNode(t, s.Root), []string{"--node", node, "--containerd-address", s.ContainerdAddress,
 		"--namespace", runtimeNamespace, "--slots", "2", "--warm-slots", "1", "--state-dir", stateDir,
 		"--daemon-path", buildDaemon(t, s.Root), "--cni-conf-dir", s.CNIConfDir, "--cni-bin-dir", s.CNIBinDir,
-		"--listen", addr, "--guard-from", s.Env["BRIDGE_CIDR"], "--log-level", "warn"})
+		"--listen", addr, "--guard-from", s.Env["BRIDGE_CIDR"], "--log-level", "warn",
+		// The sandbox firewall would stop the sandbox at the node's address
+		// anyway: let it through, so that the guard alone is tested.
+		"--sandbox-egress-allow", bridgeIP + "/32"})
 	c := nodeapi.NewClient(addr, "pool-secret", nil)
 	var slot runtime.Slot
 	framework.Eventually(t, time.Minute, "a bind through the agent", func(ctx context.Context) (bool, error) {

@@ -171,6 +171,11 @@ type BindRequest struct {
 	// RestartPolicy is the pod's (Never, OnFailure, Always; empty: Never)
 	// for each container's main command: the daemon restarts it in place.
 	RestartPolicy string `json:"restart_policy,omitempty"`
+	// Egress narrows what the sandbox may reach on the internet to these
+	// IPv4 CIDRs (the pod's sandman.io/egress); empty: what the pool
+	// allows. It never widens the pool's policy: a pool without internet
+	// egress refuses it.
+	Egress []string `json:"egress,omitempty"`
 }
 
 // ContainerSpec is one container of a pod.
@@ -216,6 +221,16 @@ type ContainerSpec struct {
 	// DiskBytes caps what the container may write to its filesystem (its
 	// ephemeral-storage limit); 0: the node's default.
 	DiskBytes int64 `json:"disk_bytes,omitempty"`
+	// Ports are the container's declared ports: inbound connections to them
+	// pass the sandbox's firewall (besides the daemons' ports).
+	Ports []Port `json:"ports,omitempty"`
+}
+
+// Port is a declared container port.
+type Port struct {
+	Port int32 `json:"port"`
+	// Protocol is TCP (default) or UDP.
+	Protocol string `json:"protocol,omitempty"`
 }
 
 // SandboxCapabilities are the capabilities a sandbox's processes have:

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/netip"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -46,6 +47,11 @@ func (r BindRequest) Validate() error {
 		case c.ExclusiveCPUs < 0:
 			return fmt.Errorf("bind %s: container %q asks for %d exclusive CPUs: %w", r.Pod.UID, c.Name, c.ExclusiveCPUs, errdefs.ErrInvalidArgument)
 		}
+		for _, p := range c.Ports {
+			if p.Port < 1 || p.Port > 65535 || (p.Protocol != "" && p.Protocol != "TCP" && p.Protocol != "UDP") {
+				return fmt.Errorf("bind %s: container %q port %d/%s: want 1-65535, TCP or UDP: %w", r.Pod.UID, c.Name, p.Port, p.Protocol, errdefs.ErrInvalidArgument)
+			}
+		}
 		if err := c.validateSecurity(); err != nil {
 			return fmt.Errorf("bind %s: container %q: %w: %w", r.Pod.UID, c.Name, err, errdefs.ErrInvalidArgument)
 		}
@@ -64,6 +70,11 @@ func (r BindRequest) Validate() error {
 		// As the daemon's --token-sha256 reads it.
 		if b, err := hex.DecodeString(strings.TrimSpace(h)); err != nil || len(b) != sha256.Size {
 			return fmt.Errorf("bind %s: token hash %q: want 64 hex digits (the SHA-256 of a token): %w", r.Pod.UID, h, errdefs.ErrInvalidArgument)
+		}
+	}
+	for _, e := range r.Egress {
+		if p, err := netip.ParsePrefix(e); err != nil || !p.Addr().Is4() {
+			return fmt.Errorf("bind %s: egress %q: want an IPv4 CIDR such as 203.0.113.0/24: %w", r.Pod.UID, e, errdefs.ErrInvalidArgument)
 		}
 	}
 	if len(r.TokenHashes) == 0 && !r.AllowUnauthenticated {

@@ -5,6 +5,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -27,6 +28,7 @@ import (
 
 	"github.com/sandman-dev/sandman/pool"
 	"github.com/sandman-dev/sandman/runtime"
+	"github.com/sandman-dev/sandman/runtime/sandboxnet"
 )
 
 // Pod contract annotations and labels.
@@ -34,6 +36,10 @@ const (
 	// AnnotationTokenSHA256 is the hex SHA-256 of the bearer token the pod's
 	// creator keeps (several may be given, separated by commas).
 	AnnotationTokenSHA256 = "sandman.io/token-sha256"
+	// AnnotationEgress narrows what the sandbox may reach on the internet
+	// to these comma-separated IPv4 CIDRs (or addresses), within what its
+	// pool allows.
+	AnnotationEgress = "sandman.io/egress"
 	// LabelJob names the trainer job a pod belongs to, for fair admission.
 	LabelJob = "sandman.io/job"
 	// LabelPool is the virtual node's pool label and taint key.
@@ -685,6 +691,18 @@ func (p *Provider) bindRequest(pod *corev1.Pod) (runtime.BindRequest, error) {
 				return req, fmt.Errorf("annotation %s: %q is not a hex SHA-256 (64 hex digits): give sha256(token) of the token you will send", AnnotationTokenSHA256, h)
 			}
 			req.TokenHashes = append(req.TokenHashes, h)
+		}
+	}
+	if v, ok := pod.Annotations[AnnotationEgress]; ok {
+		prefixes, err := sandboxnet.ParsePrefixes(v)
+		if err == nil && len(prefixes) == 0 {
+			err = errors.New("it lists nothing: give the CIDRs the sandbox may reach, or remove it")
+		}
+		if err != nil {
+			return req, fmt.Errorf("annotation %s: %v", AnnotationEgress, err)
+		}
+		for _, p := range prefixes {
+			req.Egress = append(req.Egress, p.String())
 		}
 	}
 	if len(req.TokenHashes) == 0 {

@@ -341,6 +341,17 @@ func containerSpec(pod *corev1.Pod, c corev1.Container) (runtime.ContainerSpec, 
 	if c.Image == "" {
 		return cs, fmt.Errorf("container %q has no image", c.Name)
 	}
+	for _, port := range c.Ports {
+		switch port.Protocol {
+		case "", corev1.ProtocolTCP, corev1.ProtocolUDP:
+		default:
+			return cs, fmt.Errorf("container %q port %d: protocol %s is not supported by sandboxes: use TCP or UDP", c.Name, port.ContainerPort, port.Protocol)
+		}
+		if port.HostPort != 0 || port.HostIP != "" {
+			return cs, fmt.Errorf("container %q port %d: hostPort/hostIP cannot be honoured on a virtual node (a sandbox has its own address): remove them", c.Name, port.ContainerPort)
+		}
+		cs.Ports = append(cs.Ports, runtime.Port{Port: port.ContainerPort, Protocol: string(port.Protocol)})
+	}
 	return cs, nil
 }
 

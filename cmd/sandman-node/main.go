@@ -33,6 +33,7 @@ import (
 	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
 	"github.com/sandman-dev/sandman/runtime/hostexec"
 	"github.com/sandman-dev/sandman/runtime/nodeapi"
+	"github.com/sandman-dev/sandman/runtime/sandboxnet"
 )
 
 type options struct {
@@ -49,6 +50,8 @@ type options struct {
 	prePullConcurrency                          int
 	pidsLimit                                   int64
 	seccompRoot                                 string
+	egress, egressAllow, egressDeny             string
+	noFirewall                                  bool
 }
 
 func main() {
@@ -101,6 +104,11 @@ func run(args []string) error {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig for --drain-when-cordoned outside a cluster (default: in-cluster credentials)")
 	fs.StringVar(&o.uninstallWhenGone, "uninstall-when-gone", "", "NAMESPACE/DAEMONSET: on SIGTERM, if that DaemonSet or its namespace is gone or being deleted (an uninstall, not a rolling update), release every sandbox and remove everything of sandman's from this worker (needs in-cluster credentials)")
 	fs.StringVar(&o.statusFile, "status-file", "", "write why the agent is not serving (or \"ok\") here; `sandman-node probe FILE` reads it (an exec readiness probe whose message lands in the pod's events)")
+	fs.StringVar(&o.egress, "sandbox-egress", "none", "what sandboxes reach beyond --sandbox-egress-allow: none, or internet (public addresses; pods may narrow it with sandman.io/egress). "+
+		"Private, link-local and reserved ranges and this node's addresses stay unreachable either way")
+	fs.StringVar(&o.egressAllow, "sandbox-egress-allow", "", "comma-separated CIDRs sandboxes reach whatever else says (a proxy, a DNS server, a package mirror)")
+	fs.StringVar(&o.egressDeny, "sandbox-egress-deny", "", "comma-separated CIDRs sandboxes never reach, besides the private and special ranges (e.g. public addresses of the cluster's own services)")
+	fs.BoolVar(&o.noFirewall, "no-sandbox-firewall", false, "UNSAFE: no rules in slot network namespaces, so sandboxes reach everything this node can (other sandboxes, the node, the cluster, metadata); for kernels without nf_tables")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -318,7 +326,30 @@ func connect(ctx context.Context, o options, res runtime.Resources, cacheBytes i
 		client.Close()
 		return nil, nil, fmt.Errorf("containerd unreachable at %s: %w", o.containerdAddress, err)
 	}
+	var internet bool
+	switch o.egress {
+	case "none":
+	case "internet":
+		internet = true
+	default:
+		client.Close()
+		return nil, nil, fmt.Errorf("--sandbox-egress %q: want none or internet", o.egress)
+	}
+	allow, err := sandboxnet.ParsePrefixes(o.egressAllow)
+	if err != nil {
+		client.Close()
+		return nil, nil, fmt.Errorf("--sandbox-egress-allow: %w", err)
+	}
+	deny, err := sandboxnet.ParsePrefixes(o.egressDeny)
+	if err != nil {
+		client.Close()
+		return nil, nil, fmt.Errorf("--sandbox-egress-deny: %w", err)
+	}
+	if o.noFirewall {
+		log.Warn("--no-sandbox-firewall: sandboxes reach everything this node can")
+	}
 	rt, err := rtcontainerd.New(ctx, rtcontainerd.Config{
+		EgressInternet: internet, EgressAllow: allow, EgressDeny: deny, NoFirewall: o.noFirewall,
 		Client: client, Namespace: o.namespace, Node: o.node, Slots: o.slots, WarmSlots: o.warmSlots,
 		Resources: res, StateDir: o.stateDir, DaemonPath: o.daemonPath,
 		CNIConfDir: o.cniConfDir, CNIBinDir: cniBinDir, PidsLimit: o.pidsLimit, Logger: log,

@@ -3,6 +3,7 @@ package containerd
 import (
 	"errors"
 	"log/slog"
+	"net/netip"
 	"os"
 	goruntime "runtime"
 	"time"
@@ -101,6 +102,18 @@ type Config struct {
 	// evicts pods over their ephemeral-storage limit.
 	DiskBytes         int64
 	DiskCheckInterval time.Duration
+	// EgressInternet lets sandboxes reach public addresses (default off:
+	// a sandbox reaches nothing). EgressAllow are reachable whatever else
+	// says (the pool's exceptions: a proxy, a DNS server); EgressDeny adds
+	// to what sandboxes never reach (sandboxnet.SpecialRanges: private,
+	// link-local, loopback and reserved ranges, and this node's addresses).
+	EgressInternet bool
+	EgressAllow    []netip.Prefix
+	EgressDeny     []netip.Prefix
+	// NoFirewall leaves slot namespaces without rules: a sandbox then
+	// reaches everything the node does (other sandboxes, the node, the
+	// cluster, metadata addresses). Unsafe; for kernels without nf_tables.
+	NoFirewall bool
 	// RefillConcurrency bounds warm-slot creation (default 2).
 	RefillConcurrency int
 	// ReadyTimeout bounds the wait for a sandbox's daemon to answer

@@ -219,6 +219,9 @@ func (r *Runtime) assignHot(ctx context.Context, s *slot, req runtime.BindReques
 	if len(hostname) > 63 {
 		hostname = hostname[:63]
 	}
+	if err := r.firewall(s.netns.GetPath(), &req); err != nil {
+		return err
+	}
 	tLimits := time.Now()
 	if err := setHostname(task.Pid(), hostname); err != nil {
 		return fmt.Errorf("set hostname of hot sandbox: %w", err)

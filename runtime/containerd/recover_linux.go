@@ -69,7 +69,9 @@ func (r *Runtime) recover(ctx context.Context) error {
 		}
 		dir := filepath.Join(r.slotsDir(), id)
 		meta, err := readMeta(dir)
-		if err == nil && meta.ID == id && meta.IP != "" && netnsMounted(meta.NetNS) && len(r.slots) < r.cfg.Slots {
+		// A warm slot of an older agent gets today's firewall.
+		if err == nil && meta.ID == id && meta.IP != "" && netnsMounted(meta.NetNS) && len(r.slots) < r.cfg.Slots &&
+			r.firewall(meta.NetNS, nil) == nil {
 			r.slots[id] = &slot{
 				Slot:  runtime.Slot{ID: id, State: runtime.StateWarm, IP: meta.IP, Since: r.cfg.Clock.Now()},
 				netns: netns.LoadNetNS(meta.NetNS), dir: dir, group: r.nextGroup(),

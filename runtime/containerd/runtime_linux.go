@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -41,6 +42,8 @@ type Runtime struct {
 	images  *nodeimage.Manager
 	health  *http.Client
 	metrics *metrics
+	// deny is what no sandbox reaches (nodeDeny).
+	deny []netip.Prefix
 	// cpus hands out exclusive cores (guarded by mu).
 	cpus *cpuSets
 	// groupSeq numbers slots for shim groups.
@@ -94,6 +97,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		health: &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}},
 		kick:   make(chan struct{}, 1), metrics: newMetrics(cfg.Node),
 		slots: map[string]*slot{}, byPod: map[string]*slot{},
+		deny: nodeDeny(cfg.EgressDeny),
 	}
 	r.life, r.endLife = context.WithCancel(r.nsCtx(context.Background()))
 	r.images, err = nodeimage.New(ctx, nodeimage.Config{
@@ -486,6 +490,9 @@ func (r *Runtime) start(ctx context.Context, s *slot, req runtime.BindRequest) e
 		images[i] = img
 	}
 	r.metrics.observePhase("image", t)
+	if err := r.firewall(s.netns.GetPath(), &req); err != nil {
+		return err
+	}
 	a := newAssignment(req)
 	if err := a.save(s.dir); err != nil {
 		return fmt.Errorf("bind %s: %w", req.Pod.UID, err)

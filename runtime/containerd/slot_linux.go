@@ -95,6 +95,9 @@ func (r *Runtime) makeSlot(ctx context.Context) (s *slot, retErr error) {
 	if ip == "" {
 		return nil, fmt.Errorf("slot %s: CNI gave no address", id)
 	}
+	if err := r.firewall(ns.GetPath(), nil); err != nil {
+		return nil, fmt.Errorf("slot %s: %w", id, err)
+	}
 	meta, _ := json.Marshal(slotMeta{ID: id, NetNS: ns.GetPath(), IP: ip})
 	if err := os.WriteFile(filepath.Join(dir, "slot.json"), meta, 0o600); err != nil {
 		return nil, err

@@ -1,0 +1,170 @@
+//go:build root
+
+package e2e
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/netip"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandman-dev/sandman/daemon/api"
+	"github.com/sandman-dev/sandman/e2e/framework"
+	"github.com/sandman-dev/sandman/runtime"
+	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
+	"github.com/sandman-dev/sandman/runtime/runtimetest"
+)
+
+// connectScript tries a TCP connection to each host:port argument and
+// prints "host:port ok" or "host:port <error>", one line each.
+const connectScript = `
+import socket, sys
+for target in sys.argv[1:]:
+    host, port = target.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=3).close()
+        print(target, "ok")
+    except Exception as e:
+        print(target, type(e).__name__)
+`
+
+// TestRootSandboxFirewall: a sandbox reaches nothing by default — not
+// another sandbox (its daemon or a port it serves), not the node (bridge
+// and primary addresses), not metadata — and fails fast; a pool with
+// internet egress lets it reach public addresses, and a pod's egress list
+// narrows that. Inbound, the node reaches the daemon and the pod's declared
+// port, and nothing else.
+func TestRootSandboxFirewall(t *testing.T) {
+	s := framework.Get(t)
+	ctx := t.Context()
+	// A "public" address on this machine, added after the runtime learnt
+	// the node's addresses, stands for the internet.
+	const public = "203.0.113.77"
+	rt := newContainerdRuntime(t, s, 6, 3, func(c *rtcontainerd.Config) { c.EgressInternet = true })
+	if out, err := exec.Command("ip", "addr", "add", public+"/32", "dev", "lo").CombinedOutput(); err != nil {
+		t.Fatalf("add %s to lo: %v %s", public, err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "addr", "del", public+"/32", "dev", "lo").Run() })
+
+	// A listener on every address of the host.
+	l, err := net.Listen("tcp", ":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = http.Serve(l, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {})) }()
+	t.Cleanup(func() { l.Close() })
+	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	bridgeIP := strings.TrimSuffix(s.Env["BRIDGE_CIDR"], ".0.0/16") + ".0.1"
+	primary := primaryAddr(t)
+
+	bind := func(uid string, mutate func(*runtime.BindRequest)) runtime.Slot {
+		req := runtimetest.Request(uid, s.DebianImage)
+		if mutate != nil {
+			mutate(&req)
+		}
+		slot, err := rt.Bind(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = rt.Release(context.Background(), uid, 0) })
+		framework.Eventually(t, time.Minute, uid+" to be assigned", func(ctx context.Context) (bool, error) {
+			_, err := sandboxExec(ctx, slot, runtimetest.Token, "true")
+			return err == nil, nil
+		})
+		return slot
+	}
+	connect := func(slot runtime.Slot, targets ...string) map[string]string {
+		t.Helper()
+		begin := time.Now()
+		out, err := sandboxExec(ctx, slot, runtimetest.Token, append([]string{"python3", "-c", connectScript}, targets...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A rejected connection fails at once; a dropped one would take
+		// the script's 3 s timeout per target.
+		if d := time.Since(begin); d > time.Duration(len(targets))*2*time.Second {
+			t.Errorf("connections took %v: refused connections should fail at once", d)
+		}
+		got := map[string]string{}
+		for line := range strings.SplitSeq(strings.TrimSpace(out), "\n") {
+			k, v, _ := strings.Cut(line, " ")
+			got[k] = v
+		}
+		t.Logf("from %s: %v", slot.IP, got)
+		return got
+	}
+
+	// B serves on a declared port and on one it did not declare.
+	b := bind("fw-b", func(r *runtime.BindRequest) {
+		r.Containers[0].Ports = []runtime.Port{{Port: 8080}}
+	})
+	for _, p := range []string{"8080", "9090"} {
+		if _, err := daemonClient(t, b).StartProcess(ctx, api.ProcessRequest{Cmd: []string{"python3", "-m", "http.server", p}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	framework.Eventually(t, 30*time.Second, "B's servers", func(ctx context.Context) (bool, error) {
+		out, err := sandboxExec(ctx, b, runtimetest.Token, "python3", "-c", connectScript, "127.0.0.1:8080", "127.0.0.1:9090")
+		return err == nil && strings.Count(out, " ok") == 2, nil
+	})
+	a := bind("fw-a", nil)
+
+	got := connect(a, b.IP+":49983", b.IP+":8080", bridgeIP+":"+port, primary+":"+port, "169.254.169.254:80", public+":"+port)
+	for _, target := range []string{b.IP + ":49983", b.IP + ":8080", bridgeIP + ":" + port, primary + ":" + port, "169.254.169.254:80"} {
+		if got[target] == "ok" || got[target] == "" {
+			t.Errorf("sandbox A reached %s: %q", target, got[target])
+		}
+	}
+	if got[public+":"+port] != "ok" {
+		t.Errorf("with internet egress, sandbox A could not reach a public address %s: %q", public, got[public+":"+port])
+	}
+
+	// Inbound from the node: the declared port answers, the other does not.
+	if c, err := net.DialTimeout("tcp", b.IP+":8080", 3*time.Second); err != nil {
+		t.Errorf("the node cannot reach B's declared port 8080: %v", err)
+	} else {
+		c.Close()
+	}
+	if c, err := net.DialTimeout("tcp", b.IP+":9090", 3*time.Second); err == nil {
+		c.Close()
+		t.Errorf("the node reached B's undeclared port 9090")
+	}
+
+	// A pod's egress list narrows the pool's internet egress.
+	narrow := bind("fw-narrow", func(r *runtime.BindRequest) { r.Egress = []string{"198.51.100.0/24"} })
+	if got := connect(narrow, public+":"+port); got[public+":"+port] == "ok" {
+		t.Errorf("a pod whose egress is 198.51.100.0/24 reached %s", public)
+	}
+	wide := bind("fw-listed", func(r *runtime.BindRequest) { r.Egress = []string{public + "/32", "10.0.0.0/8"} })
+	got = connect(wide, public+":"+port, bridgeIP+":"+port)
+	if got[public+":"+port] != "ok" {
+		t.Errorf("a pod whose egress lists %s could not reach it: %q", public, got[public+":"+port])
+	}
+	if got[bridgeIP+":"+port] == "ok" {
+		t.Errorf("a pod's egress list widened the pool's: it reached the node at %s", bridgeIP)
+	}
+}
+
+// primaryAddr is this machine's address on its default route.
+func primaryAddr(t *testing.T) string {
+	t.Helper()
+	out, err := exec.Command("ip", "-4", "-o", "route", "get", "192.0.2.1").Output()
+	if err != nil {
+		t.Fatalf("ip route get: %v", err)
+	}
+	f := strings.Fields(string(out))
+	for i, w := range f {
+		if w == "src" && i+1 < len(f) {
+			if _, err := netip.ParseAddr(f[i+1]); err == nil {
+				return f[i+1]
+			}
+		}
+	}
+	t.Fatalf("no source address in %q", out)
+	return ""
+}
