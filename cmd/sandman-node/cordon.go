@@ -23,19 +23,9 @@ import (
 // ends the drain when it is uncordoned: a drained worker holds no
 // sandbox. kubeconfig empty: in-cluster credentials.
 func watchCordon(ctx context.Context, kubeconfig, nodeName string, d runtime.Drainer, log *slog.Logger) error {
-	var cfg *rest.Config
-	var err error
-	if kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	} else {
-		cfg, err = rest.InClusterConfig()
-	}
+	client, err := kubeClient(kubeconfig)
 	if err != nil {
 		return fmt.Errorf("--drain-when-cordoned: %w", err)
-	}
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return err
 	}
 	f := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
@@ -83,4 +73,20 @@ func watchCordon(ctx context.Context, kubeconfig, nodeName string, d runtime.Dra
 		}
 	}()
 	return nil
+}
+
+// kubeClient is a clientset from kubeconfig, or from in-cluster credentials
+// when it is empty.
+func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
+	var cfg *rest.Config
+	var err error
+	if kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return kubernetes.NewForConfig(cfg)
 }

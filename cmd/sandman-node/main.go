@@ -32,6 +32,7 @@ import (
 	"github.com/sandman-dev/sandman/runtime"
 	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
 	"github.com/sandman-dev/sandman/runtime/hostexec"
+	"github.com/sandman-dev/sandman/runtime/netpolicy"
 	"github.com/sandman-dev/sandman/runtime/nodeapi"
 	"github.com/sandman-dev/sandman/runtime/sandboxnet"
 )
@@ -51,7 +52,8 @@ type options struct {
 	pidsLimit                                   int64
 	seccompRoot                                 string
 	egress, egressAllow, egressDeny             string
-	noFirewall                                  bool
+	noFirewall, networkPolicies                 bool
+	controlNamespaces                           string
 }
 
 func main() {
@@ -109,6 +111,9 @@ func run(args []string) error {
 	fs.StringVar(&o.egressAllow, "sandbox-egress-allow", "", "comma-separated CIDRs sandboxes reach whatever else says (a proxy, a DNS server, a package mirror)")
 	fs.StringVar(&o.egressDeny, "sandbox-egress-deny", "", "comma-separated CIDRs sandboxes never reach, besides the private and special ranges (e.g. public addresses of the cluster's own services)")
 	fs.BoolVar(&o.noFirewall, "no-sandbox-firewall", false, "UNSAFE: no rules in slot network namespaces, so sandboxes reach everything this node can (other sandboxes, the node, the cluster, metadata); for kernels without nf_tables")
+	fs.BoolVar(&o.networkPolicies, "network-policies", false, "enforce the NetworkPolicies that select sandbox pods on their slots, and let only the pod's own namespace and --control-namespaces reach a sandbox by default "+
+		"(needs in-cluster credentials or --kubeconfig, and list/watch on pods, namespaces and networkpolicies)")
+	fs.StringVar(&o.controlNamespaces, "control-namespaces", "sandman-system", "comma-separated namespaces whose pods (sandman-vk, the gateway) always reach sandbox daemons, whatever a policy says")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -237,8 +242,39 @@ func run(args []string) error {
 
 	var client *ctrd.Client
 	var rt *rtcontainerd.Runtime
+	// The policy engine is made first (the runtime asks it at every bind)
+	// and refreshes the runtime's firewalls once that exists.
+	var policies rtcontainerd.PolicySource
+	var refresh atomic.Pointer[rtcontainerd.Runtime]
+	if o.networkPolicies {
+		kc, err := kubeClient(o.kubeconfig)
+		if err != nil {
+			return fmt.Errorf("--network-policies: %w", err)
+		}
+		var cns []string
+		for n := range strings.SplitSeq(o.controlNamespaces, ",") {
+			if n = strings.TrimSpace(n); n != "" {
+				cns = append(cns, n)
+			}
+		}
+		engine, err := netpolicy.New(netpolicy.Config{Client: kc, ControlNamespaces: cns, Logger: log.With("subsystem", "netpolicy"),
+			OnChange: func() {
+				if rt := refresh.Load(); rt != nil {
+					rt.RefreshFirewalls()
+				}
+			}})
+		if err != nil {
+			return err
+		}
+		go func() {
+			if err := engine.Run(ctx); err != nil {
+				log.Error("network policies", "err", err)
+			}
+		}()
+		policies = engine
+	}
 	for delay := time.Second; ; delay = min(2*delay, 30*time.Second) {
-		client, rt, err = connect(ctx, o, res, cacheBytes, cniBinDir, log)
+		client, rt, err = connect(ctx, o, res, cacheBytes, cniBinDir, policies, log)
 		if err == nil {
 			break
 		}
@@ -252,6 +288,8 @@ func run(args []string) error {
 		}
 	}
 	defer client.Close()
+	refresh.Store(rt)
+	rt.RefreshFirewalls()
 	api, err := nodeapi.NewServer(nodeapi.ServerConfig{Runtime: rt, Token: token, Logger: log})
 	if err != nil {
 		return err
@@ -312,7 +350,7 @@ func probe(file string) int {
 
 // connect reaches containerd and builds the runtime (which loads the CNI
 // config and recovers what a previous agent left).
-func connect(ctx context.Context, o options, res runtime.Resources, cacheBytes int64, cniBinDir string, log *slog.Logger) (*ctrd.Client, *rtcontainerd.Runtime, error) {
+func connect(ctx context.Context, o options, res runtime.Resources, cacheBytes int64, cniBinDir string, policies rtcontainerd.PolicySource, log *slog.Logger) (*ctrd.Client, *rtcontainerd.Runtime, error) {
 	if _, err := os.Stat(o.containerdAddress); err != nil {
 		return nil, nil, fmt.Errorf("containerd unreachable at %s: %w (is --containerd-address the worker's containerd socket, mounted into the pod?)", o.containerdAddress, err)
 	}
@@ -349,7 +387,7 @@ func connect(ctx context.Context, o options, res runtime.Resources, cacheBytes i
 		log.Warn("--no-sandbox-firewall: sandboxes reach everything this node can")
 	}
 	rt, err := rtcontainerd.New(ctx, rtcontainerd.Config{
-		EgressInternet: internet, EgressAllow: allow, EgressDeny: deny, NoFirewall: o.noFirewall,
+		EgressInternet: internet, EgressAllow: allow, EgressDeny: deny, NoFirewall: o.noFirewall, Policies: policies,
 		Client: client, Namespace: o.namespace, Node: o.node, Slots: o.slots, WarmSlots: o.warmSlots,
 		Resources: res, StateDir: o.stateDir, DaemonPath: o.daemonPath,
 		CNIConfDir: o.cniConfDir, CNIBinDir: cniBinDir, PidsLimit: o.pidsLimit, Logger: log,

@@ -110,6 +110,11 @@ type Config struct {
 	EgressInternet bool
 	EgressAllow    []netip.Prefix
 	EgressDeny     []netip.Prefix
+	// Policies, when set, narrow who reaches a sandbox and what it reaches
+	// by the NetworkPolicies that select its pod (runtime/netpolicy);
+	// without it, the open ports take connections from anywhere the
+	// network routes.
+	Policies PolicySource
 	// NoFirewall leaves slot namespaces without rules: a sandbox then
 	// reaches everything the node does (other sandboxes, the node, the
 	// cluster, metadata addresses). Unsafe; for kernels without nf_tables.

@@ -222,6 +222,9 @@ func (r *Runtime) assignHot(ctx context.Context, s *slot, req runtime.BindReques
 	if err := r.firewall(s.netns.GetPath(), &req); err != nil {
 		return err
 	}
+	r.mu.Lock()
+	s.fwReq = firewallRequest(req)
+	r.mu.Unlock()
 	tLimits := time.Now()
 	if err := setHostname(task.Pid(), hostname); err != nil {
 		return fmt.Errorf("set hostname of hot sandbox: %w", err)

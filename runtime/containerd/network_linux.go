@@ -15,21 +15,26 @@ import (
 	"github.com/sandman-dev/sandman/runtime/sandboxnet"
 )
 
-// nodeDeny is what no sandbox may reach: sandboxnet.SpecialRanges, the
-// pool's EgressDeny and every address of this node.
-func nodeDeny(extra []netip.Prefix) []netip.Prefix {
-	deny := append(append([]netip.Prefix{}, sandboxnet.SpecialRanges...), extra...)
+// PolicySource answers the NetworkPolicy rules of a sandbox pod
+// (runtime/netpolicy.Engine).
+type PolicySource interface {
+	Rules(namespace, name string, daemonPorts []uint16) (ingress, egress []sandboxnet.Rule)
+}
+
+// nodeAddrs are this node's IPv4 addresses, each a /32.
+func nodeAddrs() []netip.Prefix {
+	var out []netip.Prefix
 	addrs, _ := net.InterfaceAddrs()
 	for _, a := range addrs {
 		n, ok := a.(*net.IPNet)
-		if !ok {
+		if !ok || n.IP.To4() == nil {
 			continue
 		}
-		if ip, ok := netip.AddrFromSlice(n.IP.To4()); ok && n.IP.To4() != nil {
-			deny = append(deny, netip.PrefixFrom(ip, 32))
+		if ip, ok := netip.AddrFromSlice(n.IP.To4()); ok {
+			out = append(out, netip.PrefixFrom(ip, 32))
 		}
 	}
-	return deny
+	return out
 }
 
 // policy is the firewall of a slot: the pool's egress, narrowed by the
@@ -53,7 +58,9 @@ func (r *Runtime) policy(req *runtime.BindRequest) (sandboxnet.Policy, error) {
 		p.Only = only
 	}
 	p.TCPPorts = nil
+	var daemons []uint16
 	for i, c := range req.Containers {
+		daemons = append(daemons, uint16(api.Port+i))
 		p.TCPPorts = append(p.TCPPorts, uint16(api.Port+i))
 		for _, port := range c.Ports {
 			if port.Protocol == "UDP" {
@@ -63,7 +70,44 @@ func (r *Runtime) policy(req *runtime.BindRequest) (sandboxnet.Policy, error) {
 			}
 		}
 	}
+	if r.cfg.Policies != nil {
+		in, out := r.cfg.Policies.Rules(req.Pod.Namespace, req.Pod.Name, daemons)
+		// The node itself (this agent, host-network components) always
+		// reaches the daemons.
+		var self []sandboxnet.Peer
+		for _, a := range r.self {
+			self = append(self, sandboxnet.Peer{Prefix: a})
+		}
+		var ports []sandboxnet.PortRange
+		for _, d := range daemons {
+			ports = append(ports, sandboxnet.PortRange{Proto: "TCP", Port: d})
+		}
+		p.IngressFrom = append(in, sandboxnet.Rule{Peers: self, Ports: ports})
+		p.EgressTo = out
+	}
 	return p, nil
+}
+
+// RefreshFirewalls writes again the firewall of every bound sandbox, for
+// a change of the policies that select them.
+func (r *Runtime) RefreshFirewalls() {
+	type bound struct {
+		ns  string
+		req runtime.BindRequest
+	}
+	var list []bound
+	r.mu.Lock()
+	for _, s := range r.slots {
+		if s.fwReq != nil && s.Pod != nil && s.State == runtime.StateBound {
+			list = append(list, bound{s.netns.GetPath(), *s.fwReq})
+		}
+	}
+	r.mu.Unlock()
+	for _, b := range list {
+		if err := r.firewall(b.ns, &b.req); err != nil {
+			r.log.Warn("refresh a sandbox's firewall", "pod", b.req.Pod.Namespace+"/"+b.req.Pod.Name, "err", err)
+		}
+	}
 }
 
 // firewall writes a slot's policy into its network namespace.
@@ -81,4 +125,13 @@ func (r *Runtime) firewall(nsPath string, req *runtime.BindRequest) error {
 	}
 	r.metrics.observePhase("firewall", t)
 	return nil
+}
+
+// firewallRequest keeps of req what its firewall needs.
+func firewallRequest(req runtime.BindRequest) *runtime.BindRequest {
+	fw := &runtime.BindRequest{Pod: req.Pod, Egress: req.Egress}
+	for _, c := range req.Containers {
+		fw.Containers = append(fw.Containers, runtime.ContainerSpec{Name: c.Name, Ports: c.Ports})
+	}
+	return fw
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/sandman-dev/sandman/daemon/api"
 	"github.com/sandman-dev/sandman/nodeimage"
 	"github.com/sandman-dev/sandman/runtime"
+	"github.com/sandman-dev/sandman/runtime/sandboxnet"
 )
 
 var _ runtime.Runtime = (*Runtime)(nil)
@@ -42,8 +43,9 @@ type Runtime struct {
 	images  *nodeimage.Manager
 	health  *http.Client
 	metrics *metrics
-	// deny is what no sandbox reaches (nodeDeny).
-	deny []netip.Prefix
+	// self are the node's addresses; deny is what no sandbox reaches
+	// (sandboxnet.SpecialRanges, Config.EgressDeny, self).
+	self, deny []netip.Prefix
 	// cpus hands out exclusive cores (guarded by mu).
 	cpus *cpuSets
 	// groupSeq numbers slots for shim groups.
@@ -97,8 +99,9 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		health: &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}},
 		kick:   make(chan struct{}, 1), metrics: newMetrics(cfg.Node),
 		slots: map[string]*slot{}, byPod: map[string]*slot{},
-		deny: nodeDeny(cfg.EgressDeny),
+		self: nodeAddrs(),
 	}
+	r.deny = slices.Concat(sandboxnet.SpecialRanges, cfg.EgressDeny, r.self)
 	r.life, r.endLife = context.WithCancel(r.nsCtx(context.Background()))
 	r.images, err = nodeimage.New(ctx, nodeimage.Config{
 		Client: cfg.Client, Namespace: cfg.Namespace, Node: cfg.Node, Snapshotter: cfg.Snapshotter,
@@ -493,6 +496,9 @@ func (r *Runtime) start(ctx context.Context, s *slot, req runtime.BindRequest) e
 	if err := r.firewall(s.netns.GetPath(), &req); err != nil {
 		return err
 	}
+	r.mu.Lock()
+	s.fwReq = firewallRequest(req)
+	r.mu.Unlock()
 	a := newAssignment(req)
 	if err := a.save(s.dir); err != nil {
 		return fmt.Errorf("bind %s: %w", req.Pod.UID, err)
@@ -781,7 +787,7 @@ func (r *Runtime) Release(ctx context.Context, uid string, grace time.Duration) 
 	defer r.mu.Unlock()
 	delete(r.byPod, uid)
 	s.Pod, s.Image, s.Resources, s.containers, s.assignToken = nil, "", runtime.Resources{}, nil, ""
-	s.diskLimits, s.evicted = nil, ""
+	s.diskLimits, s.evicted, s.fwReq = nil, "", nil
 	_ = os.Remove(filepath.Join(s.dir, assignmentFile))
 	if err != nil {
 		s.Reason, s.leftovers = err.Error(), ids

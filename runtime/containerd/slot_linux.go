@@ -39,6 +39,9 @@ type slot struct {
 	// could not remove; repairBroken tries again.
 	leftovers []string
 	repairing bool
+	// fwReq is what the bound pod's firewall is made from (its ref, ports
+	// and egress), kept to write it again when policies change.
+	fwReq *runtime.BindRequest
 	// stopReady ends the readiness poll of the bound pod.
 	stopReady context.CancelFunc
 }

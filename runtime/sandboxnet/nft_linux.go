@@ -31,60 +31,150 @@ func Apply(nsPath string, p Policy) error {
 	c.AddTable(t)
 	c.DelTable(t)
 	c.AddTable(t)
-	accept := nftables.ChainPolicyAccept
-	out := c.AddChain(&nftables.Chain{Name: "egress", Table: t, Type: nftables.ChainTypeFilter,
-		Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
-	in := c.AddChain(&nftables.Chain{Name: "ingress", Table: t, Type: nftables.ChainTypeFilter,
-		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
-	for _, r := range egressRules(p) {
-		c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: r})
-	}
-	for _, r := range ingressRules(p) {
-		c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: r})
-	}
+	(&builder{c: c, t: t}).build(p)
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("sandbox firewall: write the rules: %w", err)
 	}
 	return nil
 }
 
-func egressRules(p Policy) [][]expr.Any {
-	rules := [][]expr.Any{
-		cat(ifname(expr.MetaKeyOIFNAME, "lo"), verdict(expr.VerdictAccept)),
-		cat(ctReplies(), verdict(expr.VerdictAccept)),
-		cat(nfproto(unix.NFPROTO_IPV6), reject()),
+// builder writes a policy's chains into a table:
+//
+//	egress (output hook): lo, replies, IPv6 → [np_out →] pool
+//	pool: Allow, Deny, internet, Only — every path ends in a verdict
+//	np_out: a rule per EgressTo peer and port; a match jumps to pool
+//	ingress (input hook): lo, replies, ICMP, open ports → [from]
+//	from: a rule per IngressFrom peer and port; a match accepts
+//
+// A peer with exceptions gets a chain of its own whose exceptions return.
+type builder struct {
+	c      *nftables.Conn
+	t      *nftables.Table
+	chains int
+}
+
+func (b *builder) chain(name string, hook *nftables.ChainHook) *nftables.Chain {
+	ch := &nftables.Chain{Name: name, Table: b.t}
+	if hook != nil {
+		accept := nftables.ChainPolicyAccept
+		ch.Type, ch.Hooknum, ch.Priority, ch.Policy = nftables.ChainTypeFilter, hook, nftables.ChainPriorityFilter, &accept
 	}
+	return b.c.AddChain(ch)
+}
+
+func (b *builder) rule(ch *nftables.Chain, parts ...[]expr.Any) {
+	b.c.AddRule(&nftables.Rule{Table: b.t, Chain: ch, Exprs: cat(parts...)})
+}
+
+func (b *builder) build(p Policy) {
+	pool := b.chain("pool", nil)
+	for _, r := range poolRules(p) {
+		b.rule(pool, r)
+	}
+	out := b.chain("egress", nftables.ChainHookOutput)
+	b.rule(out, ifname(expr.MetaKeyOIFNAME, "lo"), verdict(expr.VerdictAccept))
+	b.rule(out, ctReplies(), verdict(expr.VerdictAccept))
+	b.rule(out, nfproto(unix.NFPROTO_IPV6), reject())
+	if p.EgressTo == nil {
+		b.rule(out, jump(expr.VerdictJump, "pool"))
+	} else {
+		npOut := b.chain("np_out", nil)
+		b.peerRules(npOut, p.EgressTo, daddrOffset, jump(expr.VerdictJump, "pool"))
+		b.rule(out, jump(expr.VerdictJump, "np_out"))
+		b.rule(out, reject())
+	}
+
+	in := b.chain("ingress", nftables.ChainHookInput)
+	b.rule(in, ifname(expr.MetaKeyIIFNAME, "lo"), verdict(expr.VerdictAccept))
+	b.rule(in, ctReplies(), verdict(expr.VerdictAccept))
+	b.rule(in, l4proto(unix.IPPROTO_ICMP), verdict(expr.VerdictAccept))
+	open := verdict(expr.VerdictAccept)
+	if p.IngressFrom != nil {
+		from := b.chain("from", nil)
+		b.peerRules(from, p.IngressFrom, saddrOffset, verdict(expr.VerdictAccept))
+		open = jump(expr.VerdictJump, "from")
+	}
+	for _, port := range p.TCPPorts {
+		b.rule(in, l4proto(unix.IPPROTO_TCP), dport(port, 0), open)
+	}
+	for _, port := range p.UDPPorts {
+		b.rule(in, l4proto(unix.IPPROTO_UDP), dport(port, 0), open)
+	}
+	b.rule(in, reject())
+}
+
+// peerRules writes into ch, for every rule, peer and port, a match on the
+// peer's address (at offset: source or destination) that ends in then.
+func (b *builder) peerRules(ch *nftables.Chain, rules []Rule, offset uint32, then []expr.Any) {
+	for _, r := range rules {
+		peers := r.Peers
+		if len(peers) == 0 {
+			peers = []Peer{{Prefix: netip.PrefixFrom(netip.IPv4Unspecified(), 0)}}
+		}
+		ports := portMatches(r.Ports)
+		for _, peer := range peers {
+			target := ch
+			if len(peer.Except) > 0 {
+				b.chains++
+				name := fmt.Sprintf("%s_%d", ch.Name, b.chains)
+				target = b.chain(name, nil)
+				for _, e := range peer.Except {
+					b.rule(target, nfproto(unix.NFPROTO_IPV4), addrMatch(offset, e), verdict(expr.VerdictReturn))
+				}
+				b.rule(ch, nfproto(unix.NFPROTO_IPV4), addrMatch(offset, peer.Prefix), jump(expr.VerdictJump, name))
+			}
+			for _, pm := range ports {
+				b.rule(target, nfproto(unix.NFPROTO_IPV4), addrMatch(offset, peer.Prefix), pm, then)
+			}
+		}
+	}
+}
+
+func poolRules(p Policy) [][]expr.Any {
+	var rules [][]expr.Any
 	for _, a := range p.Allow {
-		rules = append(rules, cat(nfproto(unix.NFPROTO_IPV4), daddr(a), verdict(expr.VerdictAccept)))
+		rules = append(rules, cat(nfproto(unix.NFPROTO_IPV4), addrMatch(daddrOffset, a), verdict(expr.VerdictAccept)))
 	}
 	for _, d := range p.Deny {
-		rules = append(rules, cat(nfproto(unix.NFPROTO_IPV4), daddr(d), reject()))
+		rules = append(rules, cat(nfproto(unix.NFPROTO_IPV4), addrMatch(daddrOffset, d), reject()))
 	}
 	switch {
 	case !p.Internet:
 		rules = append(rules, reject())
 	case len(p.Only) > 0:
 		for _, o := range p.Only {
-			rules = append(rules, cat(nfproto(unix.NFPROTO_IPV4), daddr(o), verdict(expr.VerdictAccept)))
+			rules = append(rules, cat(nfproto(unix.NFPROTO_IPV4), addrMatch(daddrOffset, o), verdict(expr.VerdictAccept)))
 		}
 		rules = append(rules, reject())
+	default:
+		rules = append(rules, verdict(expr.VerdictAccept))
 	}
 	return rules
 }
 
-func ingressRules(p Policy) [][]expr.Any {
-	rules := [][]expr.Any{
-		cat(ifname(expr.MetaKeyIIFNAME, "lo"), verdict(expr.VerdictAccept)),
-		cat(ctReplies(), verdict(expr.VerdictAccept)),
-		cat(l4proto(unix.IPPROTO_ICMP), verdict(expr.VerdictAccept)),
+// portMatches are the expressions of a rule's ports; no ports: one empty
+// match (any port).
+func portMatches(ports []PortRange) [][]expr.Any {
+	if len(ports) == 0 {
+		return [][]expr.Any{nil}
 	}
-	for _, port := range p.TCPPorts {
-		rules = append(rules, cat(l4proto(unix.IPPROTO_TCP), dport(port), verdict(expr.VerdictAccept)))
+	var out [][]expr.Any
+	for _, p := range ports {
+		proto := byte(unix.IPPROTO_TCP)
+		if p.Proto == "UDP" {
+			proto = unix.IPPROTO_UDP
+		}
+		if p.Port == 0 {
+			out = append(out, l4proto(proto))
+			continue
+		}
+		out = append(out, cat(l4proto(proto), dport(p.Port, p.EndPort)))
 	}
-	for _, port := range p.UDPPorts {
-		rules = append(rules, cat(l4proto(unix.IPPROTO_UDP), dport(port), verdict(expr.VerdictAccept)))
-	}
-	return append(rules, reject())
+	return out
+}
+
+func jump(kind expr.VerdictKind, chain string) []expr.Any {
+	return []expr.Any{&expr.Verdict{Kind: kind, Chain: chain}}
 }
 
 func cat(parts ...[]expr.Any) []expr.Any {
@@ -136,27 +226,36 @@ func l4proto(proto byte) []expr.Any {
 	}
 }
 
-// daddr matches an IPv4 destination in prefix (the header's bytes 16-19).
-func daddr(prefix netip.Prefix) []expr.Any {
+// Offsets of the source and destination in the IPv4 header.
+const (
+	saddrOffset = 12
+	daddrOffset = 16
+)
+
+// addrMatch matches the IPv4 address at offset against prefix.
+func addrMatch(offset uint32, prefix netip.Prefix) []expr.Any {
 	addr := prefix.Masked().Addr().As4()
 	mask := make([]byte, 4)
-	binary.BigEndian.PutUint32(mask, ^uint32(0)<<(32-prefix.Bits()))
-	if prefix.Bits() == 0 {
-		mask = make([]byte, 4)
+	if prefix.Bits() > 0 {
+		binary.BigEndian.PutUint32(mask, ^uint32(0)<<(32-prefix.Bits()))
 	}
 	return []expr.Any{
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
 		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: make([]byte, 4)},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: addr[:]},
 	}
 }
 
-// dport matches a TCP or UDP destination port (after an l4proto match).
-func dport(port uint16) []expr.Any {
+// dport matches a TCP or UDP destination port, or ports port to end (after
+// an l4proto match).
+func dport(port, end uint16) []expr.Any {
 	b := make([]byte, 2)
 	binary.BigEndian.PutUint16(b, port)
-	return []expr.Any{
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: b},
+	load := &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2}
+	if end > port {
+		e := make([]byte, 2)
+		binary.BigEndian.PutUint16(e, end)
+		return []expr.Any{load, &expr.Range{Op: expr.CmpOpEq, Register: 1, FromData: b, ToData: e}}
 	}
+	return []expr.Any{load, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: b}}
 }

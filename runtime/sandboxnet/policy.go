@@ -22,6 +22,61 @@ type Policy struct {
 	// ports and the pod's declared ports).
 	TCPPorts []uint16
 	UDPPorts []uint16
+	// IngressFrom, when not nil, narrows who may connect to the open ports:
+	// a connection must match one of its rules (an empty, non-nil list
+	// lets nobody in). The NetworkPolicies that select the pod, and who
+	// may reach a sandbox by default, come here.
+	IngressFrom []Rule
+	// EgressTo, when not nil, narrows egress further: a connection must
+	// match one of its rules and then pass the pool's rules above (the
+	// pod's egress NetworkPolicies).
+	EgressTo []Rule
+}
+
+// Rule lets connections from (ingress) or to (egress) any of Peers on any
+// of Ports. No peers: any address; no ports: any port.
+type Rule struct {
+	Peers []Peer
+	Ports []PortRange
+}
+
+// Peer is an address range less some of its parts (a NetworkPolicy
+// ipBlock; a pod is its address's /32).
+type Peer struct {
+	Prefix netip.Prefix
+	Except []netip.Prefix
+}
+
+// PortRange is Port, or Port to EndPort, of Proto ("TCP" or "UDP").
+type PortRange struct {
+	Proto   string
+	Port    uint16
+	EndPort uint16
+}
+
+func (r Rule) matches(addr netip.Addr, proto string, port uint16) bool {
+	peer := len(r.Peers) == 0
+	for _, p := range r.Peers {
+		if p.Prefix.Contains(addr) && !containsAny(p.Except, addr) {
+			peer = true
+		}
+	}
+	ok := len(r.Ports) == 0
+	for _, pr := range r.Ports {
+		if pr.Proto == proto && (port == pr.Port || (pr.EndPort > 0 && port >= pr.Port && port <= pr.EndPort)) {
+			ok = true
+		}
+	}
+	return peer && ok
+}
+
+func containsAny(ps []netip.Prefix, addr netip.Addr) bool {
+	for _, q := range ps {
+		if q.Contains(addr) {
+			return true
+		}
+	}
+	return false
 }
 
 // SpecialRanges are never a sandbox's business: private networks (where
@@ -72,25 +127,45 @@ func mustPrefixes(s ...string) []netip.Prefix {
 }
 
 // Reaches reports whether the policy lets the sandbox open a connection to
-// addr (what the rules do, for tests and for explaining a refusal).
-func (p Policy) Reaches(addr netip.Addr) bool {
-	in := func(ps []netip.Prefix) bool {
-		for _, q := range ps {
-			if q.Contains(addr) {
-				return true
-			}
-		}
+// addr:port over proto (what the rules do, for tests and explanations).
+func (p Policy) Reaches(addr netip.Addr, proto string, port uint16) bool {
+	if !addr.Is4() {
+		return false
+	}
+	if p.EgressTo != nil && !anyMatches(p.EgressTo, addr, proto, port) {
 		return false
 	}
 	switch {
-	case !addr.Is4():
-		return false
-	case in(p.Allow):
+	case containsAny(p.Allow, addr):
 		return true
-	case in(p.Deny), !p.Internet:
+	case containsAny(p.Deny, addr), !p.Internet:
 		return false
 	case len(p.Only) > 0:
-		return in(p.Only)
+		return containsAny(p.Only, addr)
 	}
 	return true
+}
+
+// Admits reports whether the policy lets a connection from addr in to
+// port over proto.
+func (p Policy) Admits(addr netip.Addr, proto string, port uint16) bool {
+	open := p.TCPPorts
+	if proto == "UDP" {
+		open = p.UDPPorts
+	}
+	for _, o := range open {
+		if o == port {
+			return p.IngressFrom == nil || anyMatches(p.IngressFrom, addr, proto, port)
+		}
+	}
+	return false
+}
+
+func anyMatches(rules []Rule, addr netip.Addr, proto string, port uint16) bool {
+	for _, r := range rules {
+		if r.matches(addr, proto, port) {
+			return true
+		}
+	}
+	return false
 }

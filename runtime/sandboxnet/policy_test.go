@@ -49,31 +49,73 @@ func TestReaches(t *testing.T) {
 		{"only never widens no internet", Policy{Deny: SpecialRanges, Only: only}, "203.0.113.5", false},
 		{"IPv6", Policy{Internet: true}, "2001:db8::1", false},
 	} {
-		if got := tc.p.Reaches(netip.MustParseAddr(tc.addr)); got != tc.reach {
+		if got := tc.p.Reaches(netip.MustParseAddr(tc.addr), "TCP", 443); got != tc.reach {
 			t.Errorf("%s: Reaches(%s) = %v, want %v", tc.name, tc.addr, got, tc.reach)
 		}
 	}
 }
 
-// TestRulesFollowPolicy: the rule list ends in a reject exactly when the
-// policy stops at something, and has one rule per listed prefix and port.
-func TestRulesFollowPolicy(t *testing.T) {
-	p := Policy{Allow: mustPrefixes("10.96.0.10"), Deny: SpecialRanges, TCPPorts: []uint16{49983, 8080}, UDPPorts: []uint16{53}}
-	// lo, replies, IPv6, allow, deny..., no internet.
-	if got, want := len(egressRules(p)), 3+1+len(SpecialRanges)+1; got != want {
-		t.Errorf("egress rules without internet: %d, want %d", got, want)
+// TestPoolRules: the pool chain ends in a verdict on every path, with one
+// rule per listed prefix.
+func TestPoolRules(t *testing.T) {
+	p := Policy{Allow: mustPrefixes("10.96.0.10"), Deny: SpecialRanges}
+	if got, want := len(poolRules(p)), 1+len(SpecialRanges)+1; got != want {
+		t.Errorf("pool rules without internet: %d, want %d (ending in reject)", got, want)
 	}
 	p.Internet = true
-	if got, want := len(egressRules(p)), 3+1+len(SpecialRanges); got != want {
-		t.Errorf("egress rules with internet: %d, want %d (no final reject)", got, want)
+	if got, want := len(poolRules(p)), 1+len(SpecialRanges)+1; got != want {
+		t.Errorf("pool rules with internet: %d, want %d (ending in accept)", got, want)
 	}
 	p.Only = mustPrefixes("203.0.113.0/24", "198.51.100.0/24")
-	if got, want := len(egressRules(p)), 3+1+len(SpecialRanges)+2+1; got != want {
-		t.Errorf("egress rules narrowed: %d, want %d", got, want)
+	if got, want := len(poolRules(p)), 1+len(SpecialRanges)+2+1; got != want {
+		t.Errorf("pool rules narrowed: %d, want %d", got, want)
 	}
-	// lo, replies, ICMP, 2 TCP, 1 UDP, reject.
-	if got := len(ingressRules(p)); got != 7 {
-		t.Errorf("ingress rules: %d, want 7", got)
+}
+
+// TestRules: NetworkPolicy-style rules narrow ingress and egress.
+func TestRules(t *testing.T) {
+	trainer := netip.MustParseAddr("10.244.1.5")
+	other := netip.MustParseAddr("10.244.2.9")
+	p := Policy{
+		Internet: true, Deny: SpecialRanges, TCPPorts: []uint16{49983, 8080},
+		IngressFrom: []Rule{
+			{Peers: []Peer{{Prefix: netip.PrefixFrom(trainer, 32)}}},
+			{Peers: []Peer{{Prefix: mustPrefixes("10.244.0.0/16")[0], Except: mustPrefixes("10.244.2.0/24")}}, Ports: []PortRange{{Proto: "TCP", Port: 8000, EndPort: 8100}}},
+		},
+		EgressTo: []Rule{{Peers: []Peer{{Prefix: mustPrefixes("203.0.113.0/24")[0]}}, Ports: []PortRange{{Proto: "TCP", Port: 443}}}},
+	}
+	for _, tc := range []struct {
+		name string
+		ok   bool
+	}{
+		{"trainer to the daemon", p.Admits(trainer, "TCP", 49983)},
+		{"trainer to 8080", p.Admits(trainer, "TCP", 8080)},
+		{"range peer to 8080 (in its port range)", p.Admits(netip.MustParseAddr("10.244.3.3"), "TCP", 8080)},
+	} {
+		if !tc.ok {
+			t.Errorf("%s: refused, want admitted", tc.name)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		ok   bool
+	}{
+		{"excepted peer", p.Admits(other, "TCP", 8080)},
+		{"range peer to the daemon (outside its ports)", p.Admits(netip.MustParseAddr("10.244.3.3"), "TCP", 49983)},
+		{"trainer to an unopened port", p.Admits(trainer, "TCP", 22)},
+		{"egress on another port", p.Reaches(netip.MustParseAddr("203.0.113.5"), "TCP", 80)},
+		{"egress to an address no rule lists", p.Reaches(netip.MustParseAddr("8.8.8.8"), "TCP", 443)},
+	} {
+		if tc.ok {
+			t.Errorf("%s: admitted, want refused", tc.name)
+		}
+	}
+	if !p.Reaches(netip.MustParseAddr("203.0.113.5"), "TCP", 443) {
+		t.Errorf("egress a rule allows, within the pool's: refused")
+	}
+	p.IngressFrom = []Rule{}
+	if p.Admits(trainer, "TCP", 49983) {
+		t.Errorf("an empty, non-nil IngressFrom admitted a connection")
 	}
 }
 
