@@ -77,6 +77,7 @@ func TestDeployed(t *testing.T) {
 	t.Run("KubectlExecLogsTop", func(t *testing.T) { box = d.kubectlExecLogsTop(t) })
 	t.Run("PoolShareReserved", d.poolShareReserved)
 	t.Run("E2BGateway", d.gateway)
+	t.Run("NetworkPolicy", d.networkPolicy)
 	t.Run("RollingUpdateKeepsSandboxes", func(t *testing.T) { d.rollingUpdate(t, box) })
 	t.Run("UnreachableContainerd", func(t *testing.T) { d.unreachableContainerd(t, box) })
 	t.Run("Uninstall", d.uninstall)
