@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -122,6 +123,11 @@ func run(args []string) (int, error) {
 		}
 		cfg.AssignTokenHash = &sum
 	}
+	// Hashes are parsed: wipe them from the command line, which any
+	// process of the sandbox can read in /proc/1/cmdline.
+	for _, h := range append([]string{o.assignHash}, o.hashes...) {
+		scrub(h)
+	}
 	reapAll := os.Getpid() == 1
 	if reapAll {
 		hardenPID1(&cfg)
@@ -185,4 +191,18 @@ var ignoredSignals = []os.Signal{
 	unix.SIGUSR1, unix.SIGUSR2, unix.SIGPIPE, unix.SIGALRM, unix.SIGSTKFLT, unix.SIGCONT,
 	unix.SIGTSTP, unix.SIGTTIN, unix.SIGTTOU, unix.SIGURG, unix.SIGXCPU, unix.SIGXFSZ,
 	unix.SIGVTALRM, unix.SIGPROF, unix.SIGWINCH, unix.SIGIO, unix.SIGPWR, unix.SIGSYS,
+}
+
+// scrub overwrites a command-line argument (or part of one) in place. Go's
+// os.Args strings share the memory of the process's argv, which is what
+// /proc/PID/cmdline shows; the flag values parsed from them are substrings
+// of those strings. The caller must not use s afterwards.
+func scrub(s string) {
+	if s == "" {
+		return
+	}
+	b := unsafe.Slice(unsafe.StringData(s), len(s))
+	for i := range b {
+		b[i] = '*'
+	}
 }

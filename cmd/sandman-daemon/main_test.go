@@ -225,3 +225,19 @@ func hashHex(token string) string {
 	sum := sha256.Sum256([]byte(token))
 	return hex.EncodeToString(sum[:])
 }
+
+// TestHashesNotOnTheCommandLine: token hashes given as flags are wiped from
+// the daemon's argv once parsed, so /proc/PID/cmdline does not show them.
+func TestHashesNotOnTheCommandLine(t *testing.T) {
+	bin := build(t)
+	h, assign := hashHex("a-token"), hashHex("an-assign-token")
+	r := start(t, bin, "--token-sha256", h, "--assign-token-sha256="+assign)
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(r.cmd.Process.Pid) + "/cmdline")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmdline := strings.ReplaceAll(string(b), "\x00", " ")
+	if strings.Contains(cmdline, h) || strings.Contains(cmdline, assign) || !strings.Contains(cmdline, "--token-sha256") {
+		t.Fatalf("cmdline %q: want the flags without their hashes", cmdline)
+	}
+}
