@@ -183,10 +183,11 @@ func hardenPID1(cfg *daemon.Config) {
 	cfg.StopSignals = []os.Signal{unix.SIGTERM}
 }
 
-// ignoredSignals are every catchable signal but SIGTERM and SIGCHLD, and
-// the synchronous fault signals (SIGSEGV, SIGBUS, SIGFPE), which Go already
-// ignores when another process sends them.
+// ignoredSignals are every catchable signal but SIGTERM and SIGCHLD. For
+// the fault signals (SIGSEGV, SIGBUS, SIGFPE, SIGILL) Go ignores only those
+// another process sends: a real fault still crashes the daemon.
 var ignoredSignals = []os.Signal{
+	unix.SIGSEGV, unix.SIGBUS, unix.SIGFPE,
 	unix.SIGHUP, unix.SIGINT, unix.SIGQUIT, unix.SIGILL, unix.SIGTRAP, unix.SIGABRT,
 	unix.SIGUSR1, unix.SIGUSR2, unix.SIGPIPE, unix.SIGALRM, unix.SIGSTKFLT, unix.SIGCONT,
 	unix.SIGTSTP, unix.SIGTTIN, unix.SIGTTOU, unix.SIGURG, unix.SIGXCPU, unix.SIGXFSZ,
