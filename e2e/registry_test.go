@@ -141,6 +141,7 @@ func registryDo(t testing.TB, method, u string, body []byte, contentType, user, 
 type registryProxy struct {
 	Host     string
 	blobGets atomic.Int64
+	requests atomic.Int64
 	// bytesPerSecond throttles blob downloads (0: full speed).
 	bytesPerSecond atomic.Int64
 }
@@ -156,6 +157,7 @@ func startRegistryProxy(t testing.TB, target string) *registryProxy {
 		return nil
 	}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p.requests.Add(1)
 		if r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/blobs/") {
 			p.blobGets.Add(1)
 		}
@@ -167,6 +169,9 @@ func startRegistryProxy(t testing.TB, target string) *registryProxy {
 }
 
 func (p *registryProxy) BlobGets() int64 { return p.blobGets.Load() }
+
+// Requests counts every request the registry was sent through the proxy.
+func (p *registryProxy) Requests() int64 { return p.requests.Load() }
 
 // slowReader reads at most bps bytes per second.
 type slowReader struct {

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	ctrd "github.com/containerd/containerd/v2/client"
@@ -62,7 +63,13 @@ type Config struct {
 	ProgressInterval time.Duration
 	// OnChange is called when the set of ready images changed.
 	OnChange func()
-	Logger   *slog.Logger
+	// AccessTTL is how long the registry's acceptance of a pod's
+	// credentials for a private image on the node is trusted (default
+	// 10 min); AccessRefusedTTL how long its refusal is (default 30 s), so
+	// a burst of binds costs one check and a fixed grant counts soon.
+	AccessTTL        time.Duration
+	AccessRefusedTTL time.Duration
+	Logger           *slog.Logger
 	// Clock tells the time and times the retry back-off (default
 	// clock.RealClock).
 	Clock clock.Clock
@@ -102,6 +109,12 @@ func (c *Config) setDefaults() error {
 	if c.OnChange == nil {
 		c.OnChange = func() {}
 	}
+	if c.AccessTTL <= 0 {
+		c.AccessTTL = 10 * time.Minute
+	}
+	if c.AccessRefusedTTL <= 0 {
+		c.AccessRefusedTTL = 30 * time.Second
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -126,6 +139,8 @@ type Progress struct {
 type Manager struct {
 	cfg     Config
 	metrics *metrics
+	// access remembers the registry's answers about private images.
+	access *accessCache
 	// ctx ends when Run returns: pulls in flight stop. wg counts the
 	// pulls and Run's pre-pull loop; Run waits for them.
 	ctx    context.Context
@@ -151,11 +166,14 @@ type Manager struct {
 type entry struct {
 	size     int64 // bytes on disk: content plus unpacked snapshots; 0 until measured
 	lastUsed time.Time
+	access   Access
 }
 
 // pull is one pull in flight; every Ensure of its image waits on done.
 type pull struct {
-	done     chan struct{}
+	done chan struct{}
+	// creds identifies the credentials it pulls with (credentialsKey).
+	creds    string
 	img      ctrd.Image
 	err      error
 	progress Progress
@@ -173,6 +191,10 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		wakePrePull: make(chan struct{}, 1), wakeGC: make(chan struct{}, 1),
 	}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
+	m.access = &accessCache{
+		now: cfg.Clock.Now, okTTL: cfg.AccessTTL, refusedTTL: cfg.AccessRefusedTTL,
+		start: m.goManaged, entries: map[accessKey]*accessCheck{},
+	}
 	for _, ref := range cfg.PrePull {
 		name, err := Normalize(ref)
 		if err != nil {
@@ -224,72 +246,110 @@ func (m *Manager) load(ctx context.Context) error {
 		if ok, err := img.IsUnpacked(ctx, m.cfg.Snapshotter); err != nil || !ok {
 			continue
 		}
-		m.images[img.Name()] = &entry{lastUsed: img.Metadata().UpdatedAt}
+		m.images[img.Name()] = &entry{lastUsed: img.Metadata().UpdatedAt, access: Access(img.Labels()[LabelAccess])}
 	}
 	return nil
 }
 
-// Ensure returns ref unpacked into the snapshotter, pulling it when needed:
-// one pull per image however many callers wait (they share its result and
-// error; one caller giving up does not cancel the pull for the others).
-// secrets are docker config JSON documents (a pod's imagePullSecrets).
-// Errors are *Error.
+// Ensure returns ref unpacked into the snapshotter for a pod, pulling it
+// when needed: one pull per image however many callers wait (they share its
+// result and error; one caller giving up does not cancel the pull for the
+// others). secrets are docker config JSON documents (the pod's
+// imagePullSecrets). A private image (one its registry serves only with
+// credentials) is handed out only when the registry accepts the pod's
+// credentials for it, pulled now or not (see Authorize). Errors are *Error.
 func (m *Manager) Ensure(ctx context.Context, ref string, secrets [][]byte) (ctrd.Image, error) {
 	name, err := Normalize(ref)
 	if err != nil {
 		return nil, err
 	}
 	ctx = m.ns(ctx)
-	m.mu.Lock()
-	if e, ok := m.images[name]; ok {
-		e.lastUsed = m.cfg.Clock.Now()
-		m.mu.Unlock()
-		img, err := m.cfg.Client.GetImage(ctx, name)
-		if err == nil {
-			return img, nil
-		}
-		if !errdefs.IsNotFound(err) {
-			return nil, classify(name, err)
-		}
-		// Removed behind our back: pull again.
+	creds := parseDockerConfigs(secrets)
+	img, err := m.ensure(ctx, name, creds)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.authorize(ctx, name, img, creds); err != nil {
+		return nil, err
+	}
+	return img, nil
+}
+
+// EnsureForNode returns ref unpacked for the node's own use (a hot
+// sandbox, a pre-pull), with no pod and so no access check: an image not on
+// the node is pulled without credentials. What it returns must not reach a
+// pod before Authorize accepts the pod's secrets for it.
+func (m *Manager) EnsureForNode(ctx context.Context, ref string) (ctrd.Image, error) {
+	name, err := Normalize(ref)
+	if err != nil {
+		return nil, err
+	}
+	return m.ensure(m.ns(ctx), name, nil)
+}
+
+// ensure returns name unpacked, pulling it with creds when it is not.
+func (m *Manager) ensure(ctx context.Context, name string, creds map[string][2]string) (ctrd.Image, error) {
+	key := credentialsKey(creds)
+	for retried := false; ; retried = true {
 		m.mu.Lock()
-		delete(m.images, name)
-	}
-	p, ok := m.pulls[name]
-	if !ok {
-		if m.stopped {
+		if e, ok := m.images[name]; ok {
+			e.lastUsed = m.cfg.Clock.Now()
 			m.mu.Unlock()
-			return nil, &Error{Image: name, Kind: KindUnreachable, Err: fmt.Errorf("the node's image manager has stopped: %w", errdefs.ErrUnavailable)}
+			img, err := m.cfg.Client.GetImage(ctx, name)
+			if err == nil {
+				return img, nil
+			}
+			if !errdefs.IsNotFound(err) {
+				return nil, classify(name, err)
+			}
+			// Removed behind our back: pull again.
+			m.mu.Lock()
+			delete(m.images, name)
 		}
-		p = &pull{done: make(chan struct{}), progress: Progress{Image: name}}
-		m.pulls[name] = p
-		// The pull serves every waiter: it keeps ctx's values (the
-		// namespace) but ends only with the manager.
-		pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-		stop := context.AfterFunc(m.ctx, cancel)
-		m.wg.Go(func() {
-			defer cancel()
-			defer stop()
-			m.run(pctx, name, p, secrets)
-		})
-	}
-	m.mu.Unlock()
-	select {
-	case <-p.done:
+		p, ok := m.pulls[name]
+		if !ok {
+			if m.stopped {
+				m.mu.Unlock()
+				return nil, &Error{Image: name, Kind: KindUnreachable, Err: fmt.Errorf("the node's image manager has stopped: %w", errdefs.ErrUnavailable)}
+			}
+			p = &pull{done: make(chan struct{}), creds: key, progress: Progress{Image: name}}
+			m.pulls[name] = p
+			// The pull serves every waiter: it keeps ctx's values (the
+			// namespace) but ends only with the manager.
+			pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+			stop := context.AfterFunc(m.ctx, cancel)
+			m.wg.Go(func() {
+				defer cancel()
+				defer stop()
+				m.run(pctx, name, p, creds)
+			})
+		}
+		m.mu.Unlock()
+		select {
+		case <-p.done:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if p.err != nil && KindOf(p.err) == KindUnauthorized && p.creds != key && !retried {
+			// The registry refused another pod's credentials (or none);
+			// this caller's may do: its own pull.
+			continue
+		}
 		return p.img, p.err
-	case <-ctx.Done():
-		return nil, ctx.Err()
 	}
 }
 
 // run pulls name with retries and publishes the result to p's waiters.
-func (m *Manager) run(ctx context.Context, name string, p *pull, secrets [][]byte) {
+func (m *Manager) run(ctx context.Context, name string, p *pull, creds map[string][2]string) {
 	begin := time.Now()
-	var img ctrd.Image
-	var perr *Error
+	var (
+		img       ctrd.Image
+		perr      *Error
+		usedCreds bool
+	)
 	for attempt := 1; ; attempt++ {
 		var err error
-		img, err = m.pullOnce(ctx, name, p, secrets)
+		img, usedCreds, err = m.pullOnce(ctx, name, p, creds)
 		if err == nil {
 			perr = nil
 			break
@@ -310,6 +370,14 @@ func (m *Manager) run(ctx context.Context, name string, p *pull, secrets [][]byt
 		}
 	}
 	elapsed := time.Since(begin)
+	var access Access
+	if perr == nil {
+		access = m.learnAccess(ctx, name, usedCreds)
+		if access == AccessPrivate {
+			// The registry accepted the puller's credentials for it.
+			m.access.put(accessKey{name, img.Target().Digest.String(), p.creds})
+		}
+	}
 	m.mu.Lock()
 	delete(m.pulls, name)
 	p.img = img
@@ -322,7 +390,7 @@ func (m *Manager) run(ctx context.Context, name string, p *pull, secrets [][]byt
 		m.metrics.pulls.WithLabelValues(string(perr.Kind)).Inc()
 	} else {
 		delete(m.failed, name)
-		m.images[name] = &entry{lastUsed: m.cfg.Clock.Now()}
+		m.images[name] = &entry{lastUsed: m.cfg.Clock.Now(), access: access}
 		m.metrics.pulls.WithLabelValues("ok").Inc()
 		m.metrics.pullSeconds.Observe(elapsed.Seconds())
 		m.metrics.pullBytes.Add(float64(final.BytesTotal))
@@ -331,7 +399,7 @@ func (m *Manager) run(ctx context.Context, name string, p *pull, secrets [][]byt
 	m.mu.Unlock()
 	m.cfg.OnProgress(final)
 	if perr == nil {
-		m.cfg.Logger.Info("image ready", "image", name, "bytes", final.BytesTotal, "seconds", elapsed.Seconds())
+		m.cfg.Logger.Info("image ready", "image", name, "access", access, "bytes", final.BytesTotal, "seconds", elapsed.Seconds())
 		m.cfg.OnChange()
 		m.kick(m.wakeGC)
 	} else {
@@ -351,8 +419,9 @@ func (m *Manager) sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// pullOnce pulls and unpacks name, reporting progress as it goes.
-func (m *Manager) pullOnce(ctx context.Context, name string, p *pull, secrets [][]byte) (ctrd.Image, error) {
+// pullOnce pulls and unpacks name, reporting progress as it goes. usedCreds
+// says whether the registry asked for credentials and was given some.
+func (m *Manager) pullOnce(ctx context.Context, name string, p *pull, creds map[string][2]string) (_ ctrd.Image, usedCreds bool, _ error) {
 	pctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	tr := newTracker(m.cfg.Client.ContentStore())
@@ -373,9 +442,10 @@ func (m *Manager) pullOnce(ctx context.Context, name string, p *pull, secrets []
 			m.cfg.OnProgress(prog)
 		}
 	}()
+	var used atomic.Bool
 	img, err := m.cfg.Client.Pull(pctx, name,
 		ctrd.WithPullUnpack, ctrd.WithPullSnapshotter(m.cfg.Snapshotter),
-		ctrd.WithResolver(m.resolver(pctx, secrets)),
+		ctrd.WithResolver(m.resolver(pctx, creds, &used)),
 		ctrd.WithImageHandler(tr.handler()))
 	cancel()
 	done, total := tr.progress(ctx)
@@ -383,23 +453,26 @@ func (m *Manager) pullOnce(ctx context.Context, name string, p *pull, secrets []
 	p.progress.BytesDone, p.progress.BytesTotal = done, total
 	m.mu.Unlock()
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	// Pull returns once content is fetched and layers are unpacked; check,
 	// so that a half-unpacked image is never handed out.
 	if ok, err := img.IsUnpacked(ctx, m.cfg.Snapshotter); err != nil || !ok {
-		return nil, fmt.Errorf("image %s is not unpacked after its pull (%v)", name, err)
+		return nil, false, fmt.Errorf("image %s is not unpacked after its pull (%v)", name, err)
 	}
-	return img, nil
+	return img, used.Load(), nil
 }
 
-// resolver talks to registries with the pod's pull secrets and the
-// per-registry settings of HostsDir.
-func (m *Manager) resolver(ctx context.Context, secrets [][]byte) remotes.Resolver {
-	creds := parseDockerConfigs(secrets)
+// resolver talks to registries with creds (host → user, password; a pod's
+// pull secrets) and the per-registry settings of HostsDir. used, when not
+// nil, is set once a registry asked for credentials and got some.
+func (m *Manager) resolver(ctx context.Context, creds map[string][2]string, used *atomic.Bool) remotes.Resolver {
 	opts := config.HostOptions{
 		Credentials: func(host string) (string, string, error) {
 			c := creds[host]
+			if used != nil && (c[0] != "" || c[1] != "") {
+				used.Store(true)
+			}
 			return c[0], c[1], nil
 		},
 	}
@@ -576,7 +649,7 @@ func (m *Manager) prePullLoop(ctx context.Context) {
 			}
 			m.wg.Go(func() {
 				defer func() { <-sem }()
-				_, _ = m.Ensure(ctx, name, nil)
+				_, _ = m.EnsureForNode(ctx, name)
 				mu.Lock()
 				delete(started, name)
 				mu.Unlock()

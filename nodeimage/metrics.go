@@ -12,6 +12,8 @@ type metrics struct {
 	pullSeconds prometheus.Histogram
 	pullBytes   prometheus.Counter
 	gcRemoved   prometheus.Counter
+	// accessChecks are registry checks of credentials for private images.
+	accessChecks *prometheus.CounterVec
 }
 
 func newMetrics(node string) *metrics {
@@ -34,6 +36,13 @@ func newMetrics(node string) *metrics {
 			Name: "sandman_node_image_gc_removed_total", ConstLabels: l,
 			Help: "Images removed to keep the cache within its budget.",
 		}),
+		accessChecks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sandman_node_image_access_checks_total", ConstLabels: l,
+			Help: "Registry checks (manifest HEAD) of whether credentials may read an image on the node, by result: allowed, refused, failed (no answer). Answers kept from earlier checks do not count.",
+		}, []string{"result"}),
+	}
+	for _, r := range []string{"allowed", "refused", "failed"} {
+		m.accessChecks.WithLabelValues(r)
 	}
 	// Every result exists from the start, so dashboards show zeros, not gaps.
 	for _, r := range []Kind{"ok", KindNotFound, KindUnauthorized, KindUnreachable, KindRuntimeUnavailable, KindDiskFull, KindInvalid, KindFailed} {
@@ -66,6 +75,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	c.m.metrics.pullSeconds.Describe(ch)
 	c.m.metrics.pullBytes.Describe(ch)
 	c.m.metrics.gcRemoved.Describe(ch)
+	c.m.metrics.accessChecks.Describe(ch)
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
@@ -80,4 +90,5 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	m.metrics.pullSeconds.Collect(ch)
 	m.metrics.pullBytes.Collect(ch)
 	m.metrics.gcRemoved.Collect(ch)
+	m.metrics.accessChecks.Collect(ch)
 }

@@ -129,9 +129,11 @@ func (r *Runtime) startHot(ctx context.Context, s *slot, image string) {
 }
 
 func (r *Runtime) startHotWork(ctx context.Context, s *slot, image string) error {
-	img, err := r.ensureImage(ctx, image, nil)
+	// No pod yet: a private image's hot sandbox is handed over only after
+	// Bind's authorizeImages.
+	img, err := r.images.EnsureForNode(ctx, image)
 	if err != nil {
-		return err
+		return markImagePull(err)
 	}
 	var tok [16]byte
 	_, _ = rand.Read(tok[:])

@@ -15,15 +15,40 @@ import (
 // Failures a pod can fix (missing image, refused credentials, registry
 // unreachable) are marked runtime.ErrImagePull; a full disk or containerd
 // not answering is not, so the pool tries another node or again later.
+// A private image is handed out only when the registry accepts secrets
+// for it (nodeimage.Manager.Ensure).
 func (r *Runtime) ensureImage(ctx context.Context, ref string, secrets [][]byte) (ctrd.Image, error) {
 	img, err := r.images.Ensure(ctx, ref, secrets)
-	if err == nil {
-		return img, nil
+	if err != nil {
+		return nil, markImagePull(err)
 	}
+	return img, nil
+}
+
+// authorizeImages checks, before a slot is taken, that the registry
+// accepts the pod's pull secrets for each private image already on the
+// node (public images and images not here cost nothing): a pod without
+// them fails as an unauthorized pull would, and no slot, hot sandbox or
+// image is touched. A hot sandbox runs before its pod is known, so this is
+// what keeps a private image's hot sandboxes from pods that may not pull it.
+func (r *Runtime) authorizeImages(ctx context.Context, req runtime.BindRequest) error {
+	for _, c := range req.Containers {
+		if err := r.images.Authorize(ctx, c.Image, req.PullSecrets); err != nil {
+			return fmt.Errorf("bind %s: %w", req.Pod.UID, markImagePull(err))
+		}
+	}
+	return nil
+}
+
+// markImagePull marks failures a pod can fix (missing image, refused
+// credentials, registry unreachable) runtime.ErrImagePull; a full disk or
+// containerd not answering is not, so the pool tries another node or again
+// later.
+func markImagePull(err error) error {
 	if k := nodeimage.KindOf(err); k == nodeimage.KindDiskFull || k == nodeimage.KindRuntimeUnavailable || k == "" {
-		return nil, err
+		return err
 	}
-	return nil, imagePullError{err}
+	return imagePullError{err}
 }
 
 type imagePullError struct{ err error }

@@ -322,6 +322,15 @@ func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Sl
 	}
 	ctx = r.nsCtx(ctx)
 	begin := time.Now()
+	if err := r.authorizeImages(ctx, req); err != nil {
+		reason := bindFailureReason(err)
+		r.metrics.failures.WithLabelValues(reason).Inc()
+		r.log.Warn("bind refused", "pod", req.Pod.Namespace+"/"+req.Pod.Name, "reason", reason, "err", err)
+		pod := req.Pod
+		r.hub.Publish(runtime.Event{Type: runtime.EventBindFailed, Time: r.cfg.Clock.Now(),
+			Slot: runtime.Slot{Pod: &pod, State: runtime.StateWarm}, Reason: reason, Message: err.Error()})
+		return runtime.Slot{}, err
+	}
 	s, err := r.reserve(ctx, req)
 	if err != nil {
 		if errdefs.IsResourceExhausted(err) {
@@ -331,15 +340,7 @@ func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Sl
 	}
 	r.metrics.observePhase("reserve", begin)
 	if err := r.start(ctx, s, req); err != nil {
-		reason := runtime.ReasonStartFailed
-		switch {
-		case errors.Is(err, runtime.ErrImagePull) && errdefs.IsNotFound(err):
-			reason = runtime.ReasonImageNotFound
-		case errors.Is(err, runtime.ErrImagePull):
-			reason = runtime.ReasonErrImagePull
-		case errdefs.IsInvalidArgument(err):
-			reason = runtime.ReasonInvalidSpec
-		}
+		reason := bindFailureReason(err)
 		r.metrics.failures.WithLabelValues(reason).Inc()
 		r.log.Warn("bind failed", "pod", req.Pod.Namespace+"/"+req.Pod.Name, "slot", s.ID, "reason", reason, "err", err)
 		cleanupErr := r.removeContainers(context.WithoutCancel(ctx), s, 0)
@@ -391,6 +392,19 @@ func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Sl
 	// share the CPU.
 	r.wake()
 	return s.Slot.Clone(), nil
+}
+
+// bindFailureReason is the Kubernetes-style reason of a failed bind.
+func bindFailureReason(err error) string {
+	switch {
+	case errors.Is(err, runtime.ErrImagePull) && errdefs.IsNotFound(err):
+		return runtime.ReasonImageNotFound
+	case errors.Is(err, runtime.ErrImagePull):
+		return runtime.ReasonErrImagePull
+	case errdefs.IsInvalidArgument(err):
+		return runtime.ReasonInvalidSpec
+	}
+	return runtime.ReasonStartFailed
 }
 
 // reserve takes a warm slot for the pod (making one when the node has room
@@ -481,6 +495,11 @@ func (r *Runtime) start(ctx context.Context, s *slot, req runtime.BindRequest) e
 	token := s.assignToken
 	r.mu.Unlock()
 	if token != "" {
+		// Checked before the slot was taken; asked again (usually an
+		// answer kept in memory) in case the image was pulled in between.
+		if err := r.authorizeImages(ctx, req); err != nil {
+			return err
+		}
 		return r.assignHot(ctx, s, req, token)
 	}
 	t := time.Now()
