@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -22,7 +23,9 @@ import (
 // clear exit event.
 func TestRootSandboxIsolation(t *testing.T) {
 	s := framework.Get(t)
-	rt := newContainerdRuntime(t, s, 4, 2, func(c *rtcontainerd.Config) { c.DiskCheckInterval = 200 * time.Millisecond })
+	rt := newContainerdRuntime(t, s, 4, 2, func(c *rtcontainerd.Config) {
+		c.DiskCheckInterval, c.DiskInodes = 200*time.Millisecond, 2000
+	})
 	ctx := t.Context()
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -101,6 +104,26 @@ func TestRootSandboxIsolation(t *testing.T) {
 		}
 	}
 
+	// Inodes: a sandbox that makes more files than the node allows is
+	// stopped alone, however few bytes they hold.
+	if err := rt.Release(ctx, "filler", time.Second); err != nil {
+		t.Fatal(err)
+	}
+	many, err := rt.Bind(ctx, runtimetest.Request("many-files", s.BusyboxImage))
+	if err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, time.Minute, "the file maker to answer", func(ctx context.Context) (bool, error) {
+		_, err := sandboxExec(ctx, many, runtimetest.Token, "true")
+		return err == nil, nil
+	})
+	_, _ = daemonClient(t, many).Exec(ctx, api.ExecRequest{Shell: "mkdir /many && cd /many && i=0; while [ $i -lt 5000 ]; do : > f$i; i=$((i+1)); done; sleep 30"})
+	waitExit(t, events, many.ID, func(ev runtime.Event) {
+		if ev.Reason != runtime.ReasonEvicted || !strings.Contains(ev.Message, "files and directories") {
+			t.Fatalf("file maker exit %+v: want reason Evicted for its files", ev)
+		}
+	})
+
 	// A shell command in an image without a shell: the main process cannot
 	// start, the sandbox exits 127 and says so.
 	c, err := rt.Bind(ctx, runtimetest.Request("no-shell-cmd", s.NoShellImage, "sh", "-c", "true"))
@@ -112,7 +135,7 @@ func TestRootSandboxIsolation(t *testing.T) {
 			t.Fatalf("exit event %+v: want 127 Error", ev)
 		}
 	})
-	for _, uid := range []string{"greedy", "neighbour", "filler", "no-shell-cmd"} {
+	for _, uid := range []string{"greedy", "neighbour", "many-files", "no-shell-cmd"} {
 		if err := rt.Release(ctx, uid, time.Second); err != nil {
 			t.Fatal(err)
 		}

@@ -53,6 +53,7 @@ type options struct {
 	seccompRoot                                 string
 	egress, egressAllow, egressDeny             string
 	noFirewall, networkPolicies                 bool
+	diskInodes                                  int64
 	controlNamespaces                           string
 }
 
@@ -111,6 +112,7 @@ func run(args []string) error {
 	fs.StringVar(&o.egressAllow, "sandbox-egress-allow", "", "comma-separated CIDRs sandboxes reach whatever else says (a proxy, a DNS server, a package mirror)")
 	fs.StringVar(&o.egressDeny, "sandbox-egress-deny", "", "comma-separated CIDRs sandboxes never reach, besides the private and special ranges (e.g. public addresses of the cluster's own services)")
 	fs.BoolVar(&o.noFirewall, "no-sandbox-firewall", false, "UNSAFE: no rules in slot network namespaces, so sandboxes reach everything this node can (other sandboxes, the node, the cluster, metadata); for kernels without nf_tables")
+	fs.Int64Var(&o.diskInodes, "disk-inodes", 1<<20, "files and directories a sandbox container may make in its writable layer; over it the sandbox is stopped (Evicted), as over its ephemeral-storage limit")
 	fs.BoolVar(&o.networkPolicies, "network-policies", false, "enforce the NetworkPolicies that select sandbox pods on their slots, and let only the pod's own namespace and --control-namespaces reach a sandbox by default "+
 		"(needs in-cluster credentials or --kubeconfig, and list/watch on pods, namespaces and networkpolicies)")
 	fs.StringVar(&o.controlNamespaces, "control-namespaces", "sandman-system", "comma-separated namespaces whose pods (sandman-vk, the gateway) always reach sandbox daemons, whatever a policy says")
@@ -388,7 +390,8 @@ func connect(ctx context.Context, o options, res runtime.Resources, cacheBytes i
 	}
 	rt, err := rtcontainerd.New(ctx, rtcontainerd.Config{
 		EgressInternet: internet, EgressAllow: allow, EgressDeny: deny, NoFirewall: o.noFirewall, Policies: policies,
-		Client: client, Namespace: o.namespace, Node: o.node, Slots: o.slots, WarmSlots: o.warmSlots,
+		DiskInodes: o.diskInodes,
+		Client:     client, Namespace: o.namespace, Node: o.node, Slots: o.slots, WarmSlots: o.warmSlots,
 		Resources: res, StateDir: o.stateDir, DaemonPath: o.daemonPath,
 		CNIConfDir: o.cniConfDir, CNIBinDir: cniBinDir, PidsLimit: o.pidsLimit, Logger: log,
 		SeccompProfileRoot: o.seccompRoot,

@@ -102,6 +102,10 @@ type Config struct {
 	// evicts pods over their ephemeral-storage limit.
 	DiskBytes         int64
 	DiskCheckInterval time.Duration
+	// DiskInodes bounds the files and directories a container may make in
+	// its writable layer (default 1,048,576), measured and enforced as
+	// DiskBytes is.
+	DiskInodes int64
 	// EgressInternet lets sandboxes reach public addresses (default off:
 	// a sandbox reaches nothing). EgressAllow are reachable whatever else
 	// says (the pool's exceptions: a proxy, a DNS server); EgressDeny adds
@@ -190,6 +194,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.DiskBytes <= 0 {
 		c.DiskBytes = 10 << 30
+	}
+	if c.DiskInodes <= 0 {
+		c.DiskInodes = 1 << 20
 	}
 	if c.DiskCheckInterval <= 0 {
 		c.DiskCheckInterval = 2 * time.Second

@@ -23,7 +23,8 @@ func (r *Runtime) setDiskLimitLocked(s *slot, id string, limit int64) {
 
 // watchDisk measures the writable layer of every bound container each
 // DiskCheckInterval and stops a sandbox whose container writes more than
-// its limit; only that sandbox goes, with an Evicted exit event.
+// its limit, or makes more than DiskInodes files; only that sandbox goes,
+// with an Evicted exit event.
 func (r *Runtime) watchDisk(ctx context.Context) {
 	t := r.cfg.Clock.NewTicker(r.cfg.DiskCheckInterval)
 	defer t.Stop()
@@ -52,10 +53,13 @@ func (r *Runtime) watchDisk(ctx context.Context) {
 		r.mu.Unlock()
 		for _, c := range checks {
 			u, err := snaps.Usage(ctx, c.id)
-			if err != nil || u.Size <= c.limit {
+			if err != nil || (u.Size <= c.limit && u.Inodes <= r.cfg.DiskInodes) {
 				continue
 			}
 			msg := fmt.Sprintf("container wrote %d bytes to its filesystem, over its limit of %d bytes", u.Size, c.limit)
+			if u.Size <= c.limit {
+				msg = fmt.Sprintf("container made %d files and directories in its filesystem, over its limit of %d", u.Inodes, r.cfg.DiskInodes)
+			}
 			r.mu.Lock()
 			if c.s.State != runtime.StateBound || c.s.evicted != "" {
 				r.mu.Unlock()
@@ -64,7 +68,7 @@ func (r *Runtime) watchDisk(ctx context.Context) {
 			c.s.evicted = msg
 			ids := append([]string(nil), c.s.containers...)
 			r.mu.Unlock()
-			r.log.Warn("stopping a sandbox over its disk limit", "slot", c.s.ID, "container", c.id, "bytes", u.Size, "limit", c.limit)
+			r.log.Warn("stopping a sandbox over its disk limit", "slot", c.s.ID, "container", c.id, "bytes", u.Size, "limit", c.limit, "inodes", u.Inodes, "inode_limit", r.cfg.DiskInodes)
 			r.metrics.failures.WithLabelValues(runtime.ReasonEvicted).Inc()
 			for _, id := range ids {
 				if container, err := r.client.LoadContainer(ctx, id); err == nil {
