@@ -176,6 +176,11 @@ type BindRequest struct {
 	// allows. It never widens the pool's policy: a pool without internet
 	// egress refuses it.
 	Egress []string `json:"egress,omitempty"`
+	// IngressBandwidth and EgressBandwidth cap the sandbox's traffic in
+	// bits per second (the pod's kubernetes.io/ingress-bandwidth and
+	// egress-bandwidth); 0: no cap.
+	IngressBandwidth int64 `json:"ingress_bandwidth,omitempty"`
+	EgressBandwidth  int64 `json:"egress_bandwidth,omitempty"`
 }
 
 // ContainerSpec is one container of a pod.

@@ -72,6 +72,11 @@ func (r BindRequest) Validate() error {
 			return fmt.Errorf("bind %s: token hash %q: want 64 hex digits (the SHA-256 of a token): %w", r.Pod.UID, h, errdefs.ErrInvalidArgument)
 		}
 	}
+	for _, b := range []int64{r.IngressBandwidth, r.EgressBandwidth} {
+		if b < 0 || (b > 0 && b < 1000) || b > 32e9 {
+			return fmt.Errorf("bind %s: bandwidth %d bit/s: want 1k to 32G bit/s: %w", r.Pod.UID, b, errdefs.ErrInvalidArgument)
+		}
+	}
 	for _, e := range r.Egress {
 		if p, err := netip.ParsePrefix(e); err != nil || !p.Addr().Is4() {
 			return fmt.Errorf("bind %s: egress %q: want an IPv4 CIDR such as 203.0.113.0/24: %w", r.Pod.UID, e, errdefs.ErrInvalidArgument)

@@ -19,6 +19,7 @@ import (
 	"github.com/virtual-kubelet/virtual-kubelet/node"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	corev1listers "k8s.io/client-go/listers/core/v1"
@@ -40,6 +41,11 @@ const (
 	// to these comma-separated IPv4 CIDRs (or addresses), within what its
 	// pool allows.
 	AnnotationEgress = "sandman.io/egress"
+	// AnnotationIngressBandwidth and AnnotationEgressBandwidth cap the
+	// sandbox's traffic in bits per second (e.g. 10M), the CNI bandwidth
+	// plugin's convention.
+	AnnotationIngressBandwidth = "kubernetes.io/ingress-bandwidth"
+	AnnotationEgressBandwidth  = "kubernetes.io/egress-bandwidth"
 	// LabelJob names the trainer job a pod belongs to, for fair admission.
 	LabelJob = "sandman.io/job"
 	// LabelPool is the virtual node's pool label and taint key.
@@ -692,6 +698,20 @@ func (p *Provider) bindRequest(pod *corev1.Pod) (runtime.BindRequest, error) {
 			}
 			req.TokenHashes = append(req.TokenHashes, h)
 		}
+	}
+	for _, bw := range []struct {
+		key string
+		to  *int64
+	}{{AnnotationIngressBandwidth, &req.IngressBandwidth}, {AnnotationEgressBandwidth, &req.EgressBandwidth}} {
+		v, ok := pod.Annotations[bw.key]
+		if !ok {
+			continue
+		}
+		q, err := resource.ParseQuantity(v)
+		if err != nil || q.Sign() <= 0 || q.Cmp(resource.MustParse("1k")) < 0 || q.Cmp(resource.MustParse("32G")) > 0 {
+			return req, fmt.Errorf("annotation %s: %q: want bits per second from 1k to 32G, such as 10M", bw.key, v)
+		}
+		*bw.to = q.Value()
 	}
 	if v, ok := pod.Annotations[AnnotationEgress]; ok {
 		prefixes, err := sandboxnet.ParsePrefixes(v)

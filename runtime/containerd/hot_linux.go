@@ -227,6 +227,9 @@ func (r *Runtime) assignHot(ctx context.Context, s *slot, req runtime.BindReques
 	r.mu.Lock()
 	s.fwReq = firewallRequest(req)
 	r.mu.Unlock()
+	if err := r.shape(s, &req); err != nil {
+		return err
+	}
 	tLimits := time.Now()
 	if err := setHostname(task.Pid(), hostname); err != nil {
 		return fmt.Errorf("set hostname of hot sandbox: %w", err)

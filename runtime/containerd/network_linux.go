@@ -135,3 +135,24 @@ func firewallRequest(req runtime.BindRequest) *runtime.BindRequest {
 	}
 	return fw
 }
+
+// shape sets the bound pod's bandwidth caps on its slot (and removes the
+// caps of the slot's previous pod).
+func (r *Runtime) shape(s *slot, req *runtime.BindRequest) error {
+	b := sandboxnet.Bandwidth{Ingress: req.IngressBandwidth, Egress: req.EgressBandwidth}
+	r.mu.Lock()
+	was := s.shaped
+	r.mu.Unlock()
+	if b == (sandboxnet.Bandwidth{}) && !was {
+		return nil
+	}
+	t := time.Now()
+	if err := sandboxnet.SetBandwidth(s.netns.GetPath(), b); err != nil {
+		return fmt.Errorf("bind %s: %w", req.Pod.UID, err)
+	}
+	r.mu.Lock()
+	s.shaped = b != (sandboxnet.Bandwidth{})
+	r.mu.Unlock()
+	r.metrics.observePhase("bandwidth", t)
+	return nil
+}

@@ -518,6 +518,9 @@ func (r *Runtime) start(ctx context.Context, s *slot, req runtime.BindRequest) e
 	r.mu.Lock()
 	s.fwReq = firewallRequest(req)
 	r.mu.Unlock()
+	if err := r.shape(s, &req); err != nil {
+		return err
+	}
 	a := newAssignment(req)
 	if err := a.save(s.dir); err != nil {
 		return fmt.Errorf("bind %s: %w", req.Pod.UID, err)

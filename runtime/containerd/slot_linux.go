@@ -39,6 +39,8 @@ type slot struct {
 	// could not remove; repairBroken tries again.
 	leftovers []string
 	repairing bool
+	// shaped: bandwidth caps are set on the slot's interfaces.
+	shaped bool
 	// fwReq is what the bound pod's firewall is made from (its ref, ports
 	// and egress), kept to write it again when policies change.
 	fwReq *runtime.BindRequest
