@@ -12,9 +12,10 @@ import (
 	vkapi "github.com/sandman-dev/sandman/vk/api"
 )
 
-// AttachAPI adds sandman's routes to mux (the kubelet API's, so the
-// apiserver's client certificate guards them): images, pre-pull, capacity
-// (JSON), and the capacity page. Their wire types are in package vk/api.
+// AttachAPI adds sandman's routes to mux (the kubelet API's, so they are
+// authorized as the kubelet port's other paths, by vk/kubeletauth: nodes/proxy
+// get to read, create to pre-pull): images, pre-pull, capacity (JSON), and
+// the capacity page. Their wire types are in package vk/api.
 func (p *Provider) AttachAPI(mux *http.ServeMux) {
 	mux.HandleFunc("GET "+vkapi.APIPrefix+"images", p.serveImages)
 	mux.HandleFunc("POST "+vkapi.APIPrefix+"prepull", p.servePrePull)

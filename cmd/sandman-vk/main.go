@@ -28,6 +28,7 @@ import (
 	"github.com/virtual-kubelet/virtual-kubelet/node/nodeutil"
 	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -40,6 +41,7 @@ import (
 	"github.com/sandman-dev/sandman/pool"
 	"github.com/sandman-dev/sandman/runtime/nodeapi"
 	"github.com/sandman-dev/sandman/vk"
+	"github.com/sandman-dev/sandman/vk/kubeletauth"
 	"github.com/sandman-dev/sandman/vk/kubeletcert"
 )
 
@@ -47,6 +49,9 @@ type options struct {
 	kubeconfig, nodeName, poolName, nodeIP string
 	kubeletListen                          string
 	tlsCert, tlsKey, clientCA              string
+	anonymousAuth, tokenWebhook            bool
+	authorizationMode                      string
+	tokenCacheTTL, allowTTL, denyTTL       time.Duration
 	servingCert                            string
 	servingCertTimeout                     time.Duration
 	agents, agentNamespace, agentSelector  string
@@ -91,8 +96,18 @@ func run(args []string) (retErr error) {
 	fs.DurationVar(&o.servingCertTimeout, "serving-cert-timeout", 2*time.Minute, "how long --serving-cert=csr waits for the first certificate before sandman-vk gives up")
 	fs.StringVar(&o.tlsCert, "tls-cert-file", "", "kubelet serving certificate file (signed by the cluster CA); implies --serving-cert=file")
 	fs.StringVar(&o.tlsKey, "tls-key-file", "", "kubelet serving key file")
-	fs.StringVar(&o.clientCA, "client-ca-file", "", "CA whose client certificates (the apiserver's kubelet client certificate) may call the kubelet API; "+
-		"others are refused. Default with --serving-cert=csr: the in-cluster CA ("+inClusterCA+"); otherwise none, and any client gets in")
+	fs.StringVar(&o.clientCA, "client-ca-file", "", "CA that verifies kubelet API client certificates (the apiserver's kubelet client, metrics-server): "+
+		"user = CN, groups = O, then authorized like any other (--authorization-mode); reloaded when the file changes. "+
+		"Default with --serving-cert=csr: the in-cluster CA ("+inClusterCA+"); otherwise none, and client certificates authenticate no one")
+	fs.BoolVar(&o.tokenWebhook, "authentication-token-webhook", true, "authenticate kubelet API bearer tokens with a TokenReview (RBAC: create tokenreviews)")
+	fs.DurationVar(&o.tokenCacheTTL, "authentication-token-webhook-cache-ttl", kubeletauth.DefaultTokenCacheTTL, "how long a TokenReview's answer is kept")
+	fs.BoolVar(&o.anonymousAuth, "anonymous-auth", false, "let kubelet API requests without a certificate or token through as system:anonymous (then authorized); "+
+		"off: they get 401")
+	fs.StringVar(&o.authorizationMode, "authorization-mode", string(kubeletauth.ModeWebhook), "how authenticated kubelet API requests are authorized: "+
+		"Webhook (a SubjectAccessReview for nodes/proxy, nodes/log, nodes/stats, nodes/metrics… of this node, as a kubelet; RBAC: create subjectaccessreviews) "+
+		"or AlwaysAllow (UNSAFE: whoever authenticates may exec into every sandbox; tests and local experiments only)")
+	fs.DurationVar(&o.allowTTL, "authorization-webhook-cache-authorized-ttl", kubeletauth.DefaultAllowCacheTTL, "how long an allowed SubjectAccessReview is kept")
+	fs.DurationVar(&o.denyTTL, "authorization-webhook-cache-unauthorized-ttl", kubeletauth.DefaultDenyCacheTTL, "how long a refused SubjectAccessReview is kept")
 	fs.StringVar(&o.agents, "node-agents", "", "static node agents: name=host:port,… (instead of discovery)")
 	fs.StringVar(&o.agentNamespace, "node-agent-namespace", "sandman-system", "namespace of the sandman-node DaemonSet's pods")
 	fs.StringVar(&o.ownerNamespace, "owner-namespace", "", "make this namespace (the install's) the owner of the virtual node object, so deleting the install deletes the node too")
@@ -130,6 +145,9 @@ func run(args []string) (retErr error) {
 	}
 	if o.nodeName == "" {
 		o.nodeName = "sandman-" + o.poolName
+	}
+	if m := kubeletauth.Mode(o.authorizationMode); m != kubeletauth.ModeWebhook && m != kubeletauth.ModeAlwaysAllow {
+		return fmt.Errorf("--authorization-mode: %q is neither %s nor %s", m, kubeletauth.ModeWebhook, kubeletauth.ModeAlwaysAllow)
 	}
 	if o.nodeIP == "" {
 		// Each replica advertises its own address when it leads.
@@ -293,6 +311,16 @@ func run(args []string) (retErr error) {
 	spec := vk.NodeSpec(nodeCfg, capa, agents)
 
 	mux := http.NewServeMux()
+	// Every request on the kubelet port is authenticated and authorized as
+	// a kubelet's is (vk/kubeletauth).
+	var kubeletHandler http.Handler = mux
+	if certs != nil || o.tlsCert != "" {
+		auth, err := kubeletAuth(certCtx, &wg, o, client, log)
+		if err != nil {
+			return err
+		}
+		kubeletHandler = auth.Handler(mux)
+	}
 	// The informers virtual-kubelet's pod controller reads, started here
 	// (below) so a standby holds them synced; the virtual node's own start
 	// of them when it leads finds them running.
@@ -305,7 +333,7 @@ func run(args []string) (retErr error) {
 			c.NumWorkers = o.workers
 			c.HTTPListenAddr = o.kubeletListen
 			c.EventRecorder = recorder
-			c.Handler = mux
+			c.Handler = kubeletHandler
 			return nil
 		},
 		nodeutil.AttachProviderRoutes(mux),
@@ -336,12 +364,6 @@ func run(args []string) (retErr error) {
 	default:
 		log.Warn("no --tls-cert-file and --serving-cert=file: the kubelet API (kubectl logs/exec) is not served")
 	}
-	switch {
-	case o.clientCA != "":
-		log.Info("kubelet API clients need a certificate from", "ca", o.clientCA)
-	case certs != nil || o.tlsCert != "":
-		log.Warn("no --client-ca-file: any client that reaches the kubelet API may exec into sandboxes", "listen", o.kubeletListen)
-	}
 	vnode, err := nodeutil.NewNode(o.nodeName, func(pc nodeutil.ProviderConfig) (nodeutil.Provider, node.NodeProvider, error) {
 		provider, err = vk.New(vk.Config{
 			NodeName: o.nodeName, Pool: pl, Client: client, Pods: pc.Pods, Secrets: pc.Secrets, Recorder: recorder,
@@ -364,6 +386,7 @@ func run(args []string) (retErr error) {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.MustRegister(pool.Collectors()...)
 	reg.MustRegister(vk.Collectors()...)
+	reg.MustRegister(kubeletauth.Collectors()...)
 	reg.MustRegister(pl.Collector(), provider.Collector())
 	metrics := http.NewServeMux()
 	metrics.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
@@ -502,8 +525,10 @@ func servingMode(o options) (string, error) {
 
 // kubeletTLSOptions configures the kubelet port's TLS: the serving
 // certificate from getCert (asked at every handshake, so a renewed one is
-// used without a restart) or else from files, and, with a client CA, only
-// clients with a certificate from it.
+// used without a restart) or else from files; with a client CA, client
+// certificates are asked for (naming the CA) but not required, as a kubelet
+// does: a client may bring a bearer token instead, and kubeletauth verifies
+// whichever it brings. Without one, none is asked for.
 func kubeletTLSOptions(certFile, keyFile, clientCA string, getCert func(*tls.ClientHelloInfo) (*tls.Certificate, error)) []func(*tls.Config) error {
 	var opts []func(*tls.Config) error
 	if getCert != nil {
@@ -514,13 +539,51 @@ func kubeletTLSOptions(certFile, keyFile, clientCA string, getCert func(*tls.Cli
 	} else {
 		opts = append(opts, nodeutil.WithKeyPairFromPath(certFile, keyFile))
 	}
-	if clientCA != "" {
-		opts = append(opts, nodeutil.WithCAFromPath(clientCA), func(c *tls.Config) error {
-			c.ClientAuth = tls.RequireAndVerifyClientCert
+	if clientCA == "" {
+		return append(opts, func(c *tls.Config) error {
+			c.ClientAuth = tls.NoClientCert
 			return nil
 		})
 	}
-	return opts
+	return append(opts, func(c *tls.Config) error {
+		pem, err := os.ReadFile(clientCA)
+		if err != nil {
+			return fmt.Errorf("--client-ca-file: %w", err)
+		}
+		c.ClientAuth = tls.RequestClientCert
+		return nodeutil.WithCACert(pem)(c)
+	})
+}
+
+// kubeletAuth builds what guards the kubelet port from the flags; the
+// client CA file is watched for changes until ctx ends (wg waits for it).
+func kubeletAuth(ctx context.Context, wg *sync.WaitGroup, o options, client kubernetes.Interface, log *slog.Logger) (*kubeletauth.Auth, error) {
+	cfg := kubeletauth.Config{
+		NodeName: o.nodeName, Client: client, TokenWebhook: o.tokenWebhook, Anonymous: o.anonymousAuth,
+		Mode: kubeletauth.Mode(o.authorizationMode), TokenCacheTTL: o.tokenCacheTTL, AllowCacheTTL: o.allowTTL, DenyCacheTTL: o.denyTTL,
+		Logger: log.With("subsystem", "kubelet-auth"),
+	}
+	if o.clientCA != "" {
+		ca, err := dynamiccertificates.NewDynamicCAContentFromFile("client-ca-bundle", o.clientCA)
+		if err != nil {
+			return nil, fmt.Errorf("--client-ca-file: %w", err)
+		}
+		wg.Go(func() { ca.Run(ctx, 1) })
+		cfg.ClientCA = ca
+	}
+	auth, err := kubeletauth.New(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kubelet API: %w", err)
+	}
+	log.Info("kubelet API clients", "client-ca", o.clientCA, "token-review", o.tokenWebhook, "anonymous", o.anonymousAuth, "authorization", o.authorizationMode)
+	if o.clientCA == "" {
+		log.Warn("no --client-ca-file: client certificates authenticate no one on the kubelet API, the apiserver's own included, " +
+			"so kubectl exec/logs through the apiserver get 401; only bearer tokens get in")
+	}
+	if cfg.Mode == kubeletauth.ModeAlwaysAllow {
+		log.Warn("--authorization-mode=AlwaysAllow: whoever authenticates to the kubelet API may exec into every sandbox (tests and local experiments only)", "anonymous", o.anonymousAuth)
+	}
+	return auth, nil
 }
 
 func retryAlways(ctx context.Context, key string, timesTried int, originallyAdded time.Time, err error) (*time.Duration, error) {

@@ -18,6 +18,9 @@ import (
 	"time"
 
 	"github.com/virtual-kubelet/virtual-kubelet/node/nodeutil"
+	"k8s.io/apiserver/pkg/server/dynamiccertificates"
+
+	"github.com/sandman-dev/sandman/vk/kubeletauth"
 )
 
 // testCert is a certificate and its key, signed by parent (nil: itself).
@@ -83,9 +86,11 @@ func writeFile(t *testing.T, name string, b []byte) string {
 	return p
 }
 
-// TestKubeletTLS checks the kubelet port's TLS as nodeutil builds it: the
-// serving certificate from the certificate manager or from files, and
-// client certificates from --client-ca-file required when it is given.
+// TestKubeletTLS checks the kubelet port's TLS as nodeutil builds it, with
+// kubeletauth behind it as main wires them: the serving certificate from the
+// certificate manager or from files; with --client-ca-file a client
+// certificate is asked for but not required (a token may come instead), and
+// one from the CA authenticates; without, none is asked for.
 func TestKubeletTLS(t *testing.T) {
 	clusterCA := newTestCert(t, nil, "cluster-ca", true)
 	otherCA := newTestCert(t, nil, "other-ca", true)
@@ -103,26 +108,46 @@ func TestKubeletTLS(t *testing.T) {
 		getCert  func(*tls.ClientHelloInfo) (*tls.Certificate, error)
 		clientCA string
 		client   *testCert
-		ok       bool
+		// status is kubeletauth's answer (AlwaysAllow: 200 for a
+		// certificate from the CA, 401 otherwise); without a CA, 200 and
+		// the handler checks that no certificate came.
+		status int
 	}{
-		{name: "manager, CA, apiserver's client cert", getCert: fromManager, clientCA: caFile, client: apiserver, ok: true},
-		{name: "manager, CA, no client cert", getCert: fromManager, clientCA: caFile},
-		{name: "manager, CA, client cert from another CA", getCert: fromManager, clientCA: caFile, client: stranger},
-		{name: "manager, no CA", getCert: fromManager, ok: true},
-		{name: "files, CA, apiserver's client cert", clientCA: caFile, client: apiserver, ok: true},
-		{name: "files, CA, no client cert", clientCA: caFile},
-		{name: "files, no CA", ok: true},
+		{name: "manager, CA, apiserver's client cert", getCert: fromManager, clientCA: caFile, client: apiserver, status: 200},
+		{name: "manager, CA, no client cert", getCert: fromManager, clientCA: caFile, status: 401},
+		{name: "manager, CA, client cert from another CA", getCert: fromManager, clientCA: caFile, client: stranger, status: 401},
+		{name: "manager, no CA, client cert not asked for", getCert: fromManager, client: apiserver, status: 200},
+		{name: "files, CA, apiserver's client cert", clientCA: caFile, client: apiserver, status: 200},
+		{name: "files, CA, no client cert", clientCA: caFile, status: 401},
+		{name: "files, no CA", status: 200},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var cfg nodeutil.NodeConfig
 			if err := nodeutil.WithTLSConfig(kubeletTLSOptions(certFile, keyFile, tc.clientCA, tc.getCert)...)(&cfg); err != nil {
 				t.Fatal(err)
 			}
+			var h http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if tc.clientCA == "" && len(r.TLS.PeerCertificates) > 0 {
+					t.Error("a client certificate was asked for without a client CA")
+				}
+			})
+			if tc.clientCA != "" {
+				// Static: the file's (main watches it) without a goroutine to stop.
+				ca, err := dynamiccertificates.NewStaticCAContent("client-ca", pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: clusterCA.cert.Raw}))
+				if err != nil {
+					t.Fatal(err)
+				}
+				auth, err := kubeletauth.New(kubeletauth.Config{NodeName: "sandman-default", ClientCA: ca, Mode: kubeletauth.ModeAlwaysAllow})
+				if err != nil {
+					t.Fatal(err)
+				}
+				h = auth.Handler(h)
+			}
 			l, err := tls.Listen("tcp", "127.0.0.1:0", cfg.TLSConfig)
 			if err != nil {
 				t.Fatal(err)
 			}
-			srv := &http.Server{Handler: http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}), ReadHeaderTimeout: 10 * time.Second}
+			srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 			go func() { _ = srv.Serve(l) }()
 			defer srv.Close()
 
@@ -135,16 +160,15 @@ func TestKubeletTLS(t *testing.T) {
 			tr := &http.Transport{TLSClientConfig: clientTLS}
 			defer tr.CloseIdleConnections()
 			resp, err := (&http.Client{Transport: tr}).Get("https://" + l.Addr().String() + "/pods")
-			if err == nil {
-				resp.Body.Close()
-			}
-			switch {
-			case tc.ok && err != nil:
+			if err != nil {
 				t.Fatalf("refused: %v", err)
-			case !tc.ok && err == nil:
-				t.Fatal("a client without a certificate from the client CA got in")
-			case err == nil && resp.TLS.PeerCertificates[0].Subject.CommonName != "system:node:sandman-default":
-				t.Fatalf("served %v", resp.TLS.PeerCertificates[0].Subject)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != tc.status {
+				t.Fatalf("status %d, want %d", resp.StatusCode, tc.status)
+			}
+			if cn := resp.TLS.PeerCertificates[0].Subject.CommonName; cn != "system:node:sandman-default" {
+				t.Fatalf("served %v", cn)
 			}
 		})
 	}
