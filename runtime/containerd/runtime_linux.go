@@ -368,7 +368,7 @@ func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Sl
 		r.hub.Publish(runtime.Event{Type: runtime.EventBindFailed, Time: r.cfg.Clock.Now(), Slot: s.Slot.Clone(), Reason: reason, Message: err.Error()})
 		delete(r.byPod, req.Pod.UID)
 		s.Pod, s.Image, s.Resources, s.Ready, s.containers, s.assignToken = nil, "", runtime.Resources{}, false, nil, ""
-		s.diskLimits, s.evicted = nil, ""
+		s.diskLimits, s.evicted, s.earlyExits = nil, "", nil
 		if cleanupErr != nil {
 			s.Reason, s.leftovers = cleanupErr.Error(), ids
 			r.setLocked(s, runtime.StateBroken)
@@ -388,6 +388,11 @@ func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Sl
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.setLocked(s, runtime.StateBound)
+	for _, ev := range s.earlyExits {
+		ev.Slot = s.Slot.Clone()
+		r.hub.Publish(ev)
+	}
+	s.earlyExits = nil
 	// Refill after the bind, not during it: on a small node the two would
 	// share the CPU.
 	r.wake()
@@ -667,11 +672,20 @@ func (r *Runtime) watchExit(s *slot, id, name string, exit <-chan ctrd.ExitStatu
 		r.goOwned(func() { r.coolDown(s) })
 		return
 	}
-	if s.State != runtime.StateBound || !slices.Contains(s.containers, id) {
-		return // released, or a failed bind being undone
+	if !slices.Contains(s.containers, id) {
+		return // released
 	}
-	r.hub.Publish(runtime.Event{Type: runtime.EventExit, Time: st.ExitTime(), Slot: s.Slot.Clone(),
-		Container: name, ExitCode: code, Reason: reason, Message: message})
+	ev := runtime.Event{Type: runtime.EventExit, Time: st.ExitTime(), Slot: s.Slot.Clone(),
+		Container: name, ExitCode: code, Reason: reason, Message: message}
+	switch s.State {
+	case runtime.StateBinding:
+		// A main command that ends at once can end before its bind
+		// returns: Bind publishes the exit once the slot is bound (a bind
+		// that fails drops it).
+		s.earlyExits = append(s.earlyExits, ev)
+	case runtime.StateBound:
+		r.hub.Publish(ev)
+	}
 }
 
 // rewait re-establishes the exit watch of container id after its wait

@@ -39,6 +39,9 @@ type slot struct {
 	// could not remove; repairBroken tries again.
 	leftovers []string
 	repairing bool
+	// earlyExits are exits of the pod's containers that came while its
+	// bind had not returned yet; Bind publishes them once bound.
+	earlyExits []runtime.Event
 	// shaped: bandwidth caps are set on the slot's interfaces.
 	shaped bool
 	// fwReq is what the bound pod's firewall is made from (its ref, ports
