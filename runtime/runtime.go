@@ -176,6 +176,11 @@ type BindRequest struct {
 	// allows. It never widens the pool's policy: a pool without internet
 	// egress refuses it.
 	Egress []string `json:"egress,omitempty"`
+	// HostUsers is the pod's hostUsers: false runs the sandbox in a user
+	// namespace (root inside is an unprivileged uid on the node), true on
+	// the node's users; nil leaves it to the node's default. A node that
+	// requires user namespaces refuses true.
+	HostUsers *bool `json:"host_users,omitempty"`
 }
 
 // ContainerSpec is one container of a pod.
