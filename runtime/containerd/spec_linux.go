@@ -76,9 +76,12 @@ func (r *Runtime) specOpts(s *slot, req runtime.BindRequest, i int, img ctrd.Ima
 		group = r.bindGroupLocked(s)
 	}
 	if userNS {
-		sp.idBase = r.idBaseLocked(s)
+		sp.idBase, err = r.idBaseLocked(s)
 	}
 	r.mu.Unlock()
+	if err != nil {
+		return sandboxSpec{}, err
+	}
 	// Containers share the network namespace: each daemon has its own port.
 	args := []string{DaemonMountPath, "--listen", ":" + strconv.Itoa(api.Port+i), "--state-dir", DaemonStateDir, "--assign-token-sha256", assignHash}
 	main, err := mainCommand(context.Background(), c, img)

@@ -61,9 +61,9 @@ func (r *Runtime) userNS(req runtime.BindRequest) (bool, error) {
 }
 
 // idBaseLocked is the first host id of s's range, taken now if s has none.
-func (r *Runtime) idBaseLocked(s *slot) uint32 {
+func (r *Runtime) idBaseLocked(s *slot) (uint32, error) {
 	if s.idBase != 0 {
-		return s.idBase
+		return s.idBase, nil
 	}
 	used := map[uint32]bool{}
 	for _, o := range r.slots {
@@ -72,14 +72,14 @@ func (r *Runtime) idBaseLocked(s *slot) uint32 {
 	for n := uint64(0); ; n++ {
 		base := uint64(r.cfg.UserNamespaceBase) + n*idsPerSandbox
 		if base+idsPerSandbox > 1<<32-1 {
-			// Cannot happen: setDefaults leaves room for Slots ranges, and
-			// a node never holds more slots than that (but for slots a
-			// restarted agent re-adopted beyond a lowered --slots).
-			panic("user namespace ranges exhausted")
+			// setDefaults leaves room for Slots ranges: only slots a
+			// restarted agent re-adopted beyond a lowered --slots get here.
+			return 0, fmt.Errorf("no free user namespace range of %d ids from %d below 2^32: %w",
+				idsPerSandbox, r.cfg.UserNamespaceBase, errdefs.ErrResourceExhausted)
 		}
 		if !used[uint32(base)] {
 			s.idBase = uint32(base)
-			return s.idBase
+			return s.idBase, nil
 		}
 	}
 }

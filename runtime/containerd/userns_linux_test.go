@@ -41,19 +41,25 @@ func TestIDRanges(t *testing.T) {
 	r := &Runtime{cfg: Config{UserNamespaceBase: 1 << 31}, slots: map[string]*slot{}}
 	a, b, c := &slot{}, &slot{}, &slot{}
 	r.slots["a"], r.slots["b"] = a, b
-	if got := r.idBaseLocked(a); got != 1<<31 {
+	if got, _ := r.idBaseLocked(a); got != 1<<31 {
 		t.Fatalf("first range %d", got)
 	}
-	if got := r.idBaseLocked(b); got != 1<<31+idsPerSandbox {
+	if got, _ := r.idBaseLocked(b); got != 1<<31+idsPerSandbox {
 		t.Fatalf("second range %d", got)
 	}
-	if got := r.idBaseLocked(a); got != 1<<31 {
+	if got, _ := r.idBaseLocked(a); got != 1<<31 {
 		t.Fatalf("a slot's range moved: %d", got)
 	}
 	delete(r.slots, "a")
 	r.slots["c"] = c
-	if got := r.idBaseLocked(c); got != 1<<31 {
+	if got, _ := r.idBaseLocked(c); got != 1<<31 {
 		t.Fatalf("a freed range is not reused: %d", got)
+	}
+	// No room below 2^32: an error, not a wrapped id.
+	r = &Runtime{cfg: Config{UserNamespaceBase: 1<<32 - idsPerSandbox}, slots: map[string]*slot{"a": a}}
+	a.idBase = 0
+	if _, err := r.idBaseLocked(a); !errdefs.IsResourceExhausted(err) {
+		t.Fatalf("past 2^32: %v", err)
 	}
 }
 
