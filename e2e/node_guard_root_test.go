@@ -48,7 +48,7 @@ func TestRootNodeAPIUnreachableFromSandboxes(t *testing.T) {
 	addr := bridgeIP + ":" + strconv.Itoa(port)
 	a := startAgent(t, buildNode(t, s.Root), []string{"--node", node, "--containerd-address", s.ContainerdAddress,
 		"--namespace", runtimeNamespace, "--slots", "2", "--warm-slots", "1", "--state-dir", stateDir,
-		"--daemon-path", buildDaemon(t, s.Root), "--cni-conf-dir", s.CNIConfDir, "--cni-bin-dir", s.CNIBinDir,
+		"--daemon-path", buildDaemon(t, s.Root), "--runc", s.RuncBin, "--cni-conf-dir", s.CNIConfDir, "--cni-bin-dir", s.CNIBinDir,
 		"--listen", addr, "--guard-from", s.Env["BRIDGE_CIDR"], "--log-level", "warn",
 		// The sandbox firewall would stop the sandbox at the node's address
 		// anyway: let it through, so that the guard alone is tested.

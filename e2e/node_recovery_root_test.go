@@ -34,7 +34,7 @@ func TestRootNodeAgentRecovers(t *testing.T) {
 	addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
 	args := []string{"--node", node, "--containerd-address", s.ContainerdAddress, "--namespace", runtimeNamespace,
 		"--slots", strconv.Itoa(pods + 4), "--warm-slots", "8", "--state-dir", stateDir,
-		"--daemon-path", buildDaemon(t, s.Root), "--cni-conf-dir", s.CNIConfDir, "--cni-bin-dir", s.CNIBinDir,
+		"--daemon-path", buildDaemon(t, s.Root), "--runc", s.RuncBin, "--cni-conf-dir", s.CNIConfDir, "--cni-bin-dir", s.CNIBinDir,
 		"--listen", addr, "--cpu", "1000", "--memory", "1000Gi", "--log-level", "warn"}
 	bin := buildNode(t, s.Root)
 	// Registered first, so it runs after the agents have stopped.

@@ -271,7 +271,7 @@ func TestRootImageKilledMidPull(t *testing.T) {
 	bin := buildNode(t, s.Root)
 	args := []string{"--node", node, "--containerd-address", s.ContainerdAddress,
 		"--namespace", ns, "--slots", "1", "--warm-slots", "1", "--state-dir", stateDir,
-		"--daemon-path", buildDaemon(t, s.Root), "--cni-conf-dir", s.CNIConfDir, "--cni-bin-dir", s.CNIBinDir,
+		"--daemon-path", buildDaemon(t, s.Root), "--runc", s.RuncBin, "--cni-conf-dir", s.CNIConfDir, "--cni-bin-dir", s.CNIBinDir,
 		"--listen", addr, "--prepull", ref, "--log-level", "warn"}
 	a := startAgent(t, bin, args)
 	c := nodeapi.NewClient(addr, "pool-secret", nil)

@@ -297,7 +297,7 @@ func TestSoakCycles(t *testing.T) {
 	addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
 	args := []string{"--node", name, "--containerd-address", s.ContainerdAddress, "--namespace", ca.namespace,
 		"--slots", strconv.Itoa(slots), "--warm-slots", strconv.Itoa(slots), "--cpu", "4", "--memory", "8Gi",
-		"--state-dir", ca.stateDir, "--daemon-path", buildDaemon(t, s.Root),
+		"--state-dir", ca.stateDir, "--daemon-path", buildDaemon(t, s.Root), "--runc", s.RuncBin,
 		"--cni-conf-dir", s.CNIConfDir, "--cni-bin-dir", s.CNIBinDir, "--listen", addr}
 	a := startAgent(t, buildNode(t, s.Root), args)
 	ca.client = nodeapi.NewClient(addr, "pool-secret", nil)

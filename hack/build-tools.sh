@@ -4,7 +4,9 @@
 #     from k8s.io/kubernetes (hack/tools/kube, staging modules at v0.37.2);
 #   containerd and containerd-shim-runc-v2 from the containerd module version
 #     that sandman's client uses;
-#   registry from github.com/distribution/distribution/v3.
+#   registry from github.com/distribution/distribution/v3;
+#   runc from github.com/opencontainers/runc (cgo, with seccomp: needs
+#     libseccomp-dev from hack/install-deps.sh).
 # Everything comes through the Go module proxy. Work already done is skipped;
 # the first run takes ~15 minutes on 2 cores.
 set -o errexit -o nounset -o pipefail
@@ -55,6 +57,23 @@ build_registry() {
 		"github.com/distribution/distribution/v3/cmd/registry@$REGISTRY_VERSION"
 }
 
+# runc for the sandboxes, as runc's Makefile builds it (seccomp, PIE) less the
+# libpathrs tag (a Rust library Debian does not ship: runc then uses its pure Go
+# path resolution). It links libseccomp dynamically, as Debian's runc does.
+build_runc() {
+	if [ -x "$RUNC_BIN" ]; then log "runc $RUNC_VERSION: cached in $RUNC_BIN"; return; fi
+	[ -f /usr/include/seccomp.h ] || die "libseccomp-dev not installed: run hack/install-deps.sh"
+	log "runc $RUNC_VERSION: building into $RUNC_BIN (~2 minutes)"
+	local dir tmp
+	dir=$(dirname "$RUNC_BIN")
+	tmp=$(mktemp -d)
+	mkdir -p "$dir"
+	GOBIN=$tmp CGO_ENABLED=1 go install -buildmode=pie -tags "seccomp urfave_cli_no_docs" \
+		-ldflags "$LDFLAGS -X main.gitCommit=$RUNC_VERSION" \
+		"github.com/opencontainers/runc@$RUNC_VERSION"
+	mv "$tmp/runc" "$RUNC_BIN" && rmdir "$tmp"
+}
+
 # metrics-server for `kubectl top` (hack/metrics-server.sh). Its own module
 # (hack/tools/metrics-server) with metrics-server's k8s.io versions, not the
 # stack's.
@@ -73,11 +92,12 @@ build_metrics_server() {
 }
 
 case "${1:-all}" in
-all) build_containerd; build_registry; build_kube; build_metrics_server ;;
+all) build_containerd; build_runc; build_registry; build_kube; build_metrics_server ;;
 kube) build_kube ;;
 containerd) build_containerd ;;
 registry) build_registry ;;
+runc) build_runc ;;
 metrics-server) build_metrics_server ;;
-*) die "usage: $0 [all|kube|containerd|registry|metrics-server]" ;;
+*) die "usage: $0 [all|kube|containerd|runc|registry|metrics-server]" ;;
 esac
 log "tools ready under $SANDMAN_CACHE"

@@ -23,4 +23,5 @@ if [ -z "${TAGS:-}" ] && sha=$(git -C "$SANDMAN_ROOT" rev-parse --short HEAD 2>/
 fi
 log "component images: building and pushing to $REGISTRY (tags $tags)"
 cd "$SANDMAN_ROOT"
-go run ./hack/imagebuild -registry "$REGISTRY" -tag "$tags" -images "${IMAGES:-all}" -print-digests "$@"
+need "$RUNC_BIN" "hack/build-tools.sh runc (the sandman-node image carries it)"
+go run ./hack/imagebuild -registry "$REGISTRY" -tag "$tags" -images "${IMAGES:-all}" -runc "$RUNC_BIN" -print-digests "$@"

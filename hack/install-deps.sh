@@ -6,7 +6,8 @@ set -o errexit -o nounset -o pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 PACKAGES=(
-	runc                          # OCI runtime under containerd's shim
+	runc                          # OCI runtime under containerd's shim (the kubelet's pods)
+	libseccomp-dev                # builds the sandboxes' pinned runc with seccomp (hack/build-tools.sh)
 	containernetworking-plugins   # bridge, host-local, loopback, portmap for slot networks
 	iptables iproute2             # CNI bridge masquerade, netns and veth
 	conntrack ethtool socat       # what the kubelet and kube-proxy expect on a worker

@@ -8,10 +8,15 @@ SANDMAN_STATE=${SANDMAN_STATE:-/var/lib/sandman-local}
 KUBE_VERSION=v1.37.2
 CONTAINERD_VERSION=v2.4.2
 REGISTRY_VERSION=v3.1.2
+RUNC_VERSION=v1.5.3
 
 KUBE_BIN=$SANDMAN_CACHE/kube-$KUBE_VERSION
 CONTAINERD_BIN=$SANDMAN_CACHE/containerd-$CONTAINERD_VERSION
 REGISTRY_BIN=$SANDMAN_CACHE/registry-$REGISTRY_VERSION
+# The runc that sandboxes run under (user namespaces need runc >= 1.2; Debian
+# bookworm has 1.1.5). The node agent names it per container; the stack's
+# containerd keeps the system runc for the kubelet's pods.
+RUNC_BIN=$SANDMAN_CACHE/runc-$RUNC_VERSION/runc
 METRICS_SERVER_VERSION=v0.8.0
 METRICS_SERVER_BIN=$SANDMAN_CACHE/metrics-server-$METRICS_SERVER_VERSION
 METRICS_SERVER_PORT=14443

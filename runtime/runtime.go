@@ -181,6 +181,11 @@ type BindRequest struct {
 	// egress-bandwidth); 0: no cap.
 	IngressBandwidth int64 `json:"ingress_bandwidth,omitempty"`
 	EgressBandwidth  int64 `json:"egress_bandwidth,omitempty"`
+	// HostUsers is the pod's hostUsers: false runs the sandbox in a user
+	// namespace (root inside is an unprivileged uid on the node), true on
+	// the node's users; nil leaves it to the node's default. A node that
+	// requires user namespaces refuses true.
+	HostUsers *bool `json:"host_users,omitempty"`
 }
 
 // ContainerSpec is one container of a pod.

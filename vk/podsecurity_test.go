@@ -281,3 +281,24 @@ func TestCheckPoolLimits(t *testing.T) {
 		}
 	}
 }
+
+// TestHostUsers: the pod's hostUsers reaches the node agent as it is (nil
+// leaves it to the node's --user-namespaces).
+func TestHostUsers(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		v    *bool
+	}{{"unset", nil}, {"false", ptr.To(false)}, {"true", ptr.To(true)}} {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := testPod("ok", "img")
+			pod.Spec.HostUsers = tc.v
+			req, err := translator().bindRequest(pod)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(req.HostUsers, tc.v) {
+				t.Fatalf("HostUsers = %v, want %v", req.HostUsers, tc.v)
+			}
+		})
+	}
+}

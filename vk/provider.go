@@ -673,6 +673,9 @@ func (p *Provider) bindRequest(pod *corev1.Pod) (runtime.BindRequest, error) {
 		// The daemon restarts a main command in place, as a kubelet restarts
 		// a container; the deadline still applies.
 		RestartPolicy: string(pod.Spec.RestartPolicy),
+		// false: a user namespace; the node agent's --user-namespaces
+		// decides when the pod does not say, and may refuse true.
+		HostUsers: pod.Spec.HostUsers,
 	}
 	if len(pod.Spec.InitContainers) > 0 {
 		return req, fmt.Errorf("pod %s/%s has init containers, which sandboxes do not run: remove them", pod.Namespace, pod.Name)

@@ -55,6 +55,8 @@ type options struct {
 	noFirewall, networkPolicies                 bool
 	diskInodes                                  int64
 	controlNamespaces                           string
+	runc, runcSource, userNS                    string
+	userNSBase                                  uint
 }
 
 func main() {
@@ -82,6 +84,10 @@ func run(args []string) error {
 	fs.StringVar(&o.stateDir, "state-dir", "/var/lib/sandman-node", "slot state and network namespaces")
 	fs.StringVar(&o.daemonPath, "daemon-path", "/usr/local/lib/sandman/sandman-daemon", "host path of the static sandman-daemon that sandboxes mount")
 	fs.StringVar(&o.daemonSource, "daemon-source", "", "copy this sandman-daemon (the one in the agent's image) to --daemon-path at start (pod mode)")
+	fs.StringVar(&o.runc, "runc", "", "host path of the runc that runs sandboxes (>= 1.2 for user namespaces; hack/build-tools.sh builds the pinned one); default: the runc containerd's shim finds")
+	fs.StringVar(&o.runcSource, "runc-source", "", "copy this runc (the one in the agent's image) to --runc at start (pod mode; the shim runs it on the host)")
+	fs.StringVar(&o.userNS, "user-namespaces", "on", "on: sandboxes run in a user namespace, root in one an unprivileged uid of the node (a pod's hostUsers: true opts out); required: hostUsers: true is refused; off: only pods with hostUsers: false get one. Needs runc >= 1.2 (--runc) and Linux >= 5.19")
+	fs.UintVar(&o.userNSBase, "user-namespace-base", 1<<31, "first host uid/gid of sandboxes' user namespaces: slot n maps 0-65535 inside to base+n*65536 onwards; keep it apart from other subordinate id ranges of the node (/etc/subuid, a kubelet's user-namespaced pods)")
 	fs.StringVar(&o.hostRoot, "host-root", "", "where the host's root is mounted when the agent runs in a pod: CNI plugins (--cni-bin-dir, a host path) and iptables run from there")
 	fs.StringVar(&o.cniConfDir, "cni-conf-dir", "/etc/cni/net.d", "CNI configuration directory")
 	fs.StringVar(&o.cniBinDir, "cni-bin-dir", "/opt/cni/bin", "CNI plugin directory")
@@ -180,9 +186,20 @@ func run(args []string) error {
 		cniBinDir = dir
 	}
 	if o.daemonSource != "" {
-		if err := installDaemon(o.daemonSource, o.daemonPath); err != nil {
-			return err
+		if err := installBinary(o.daemonSource, o.daemonPath); err != nil {
+			return fmt.Errorf("--daemon-source, --daemon-path: %w", err)
 		}
+	}
+	if o.runcSource != "" {
+		if o.runc == "" {
+			return errors.New("--runc-source needs --runc, the host path to copy it to")
+		}
+		if err := installBinary(o.runcSource, o.runc); err != nil {
+			return fmt.Errorf("--runc-source, --runc: %w", err)
+		}
+	}
+	if o.userNSBase > 1<<32-1 {
+		return fmt.Errorf("--user-namespace-base %d: want a uid below 2^32", o.userNSBase)
 	}
 	var uw *uninstallWatch
 	if o.uninstallWhenGone != "" {
@@ -327,6 +344,9 @@ func run(args []string) error {
 			if o.daemonSource != "" {
 				errs = append(errs, os.Remove(o.daemonPath))
 			}
+			if o.runcSource != "" {
+				errs = append(errs, os.Remove(o.runc))
+			}
 			return errors.Join(errs...)
 		}
 	}
@@ -395,7 +415,8 @@ func connect(ctx context.Context, o options, res runtime.Resources, cacheBytes i
 		Resources: res, StateDir: o.stateDir, DaemonPath: o.daemonPath,
 		CNIConfDir: o.cniConfDir, CNIBinDir: cniBinDir, PidsLimit: o.pidsLimit, Logger: log,
 		SeccompProfileRoot: o.seccompRoot,
-		RegistryHostsDir:   o.hostsDir, ImageCacheBytes: cacheBytes, PrePull: o.prePull, PrePullConcurrency: o.prePullConcurrency,
+		RuncPath:           o.runc, UserNamespaces: rtcontainerd.UserNamespaces(o.userNS), UserNamespaceBase: uint32(o.userNSBase),
+		RegistryHostsDir: o.hostsDir, ImageCacheBytes: cacheBytes, PrePull: o.prePull, PrePullConcurrency: o.prePullConcurrency,
 	})
 	if err != nil {
 		client.Close()
@@ -404,21 +425,22 @@ func connect(ctx context.Context, o options, res runtime.Resources, cacheBytes i
 	return client, rt, nil
 }
 
-// installDaemon copies the daemon from the agent's image to the host path
-// sandboxes mount it from. The new file replaces the old by rename, so
-// sandboxes that mounted the old one keep it.
-func installDaemon(src, dst string) (retErr error) {
+// installBinary copies a binary from the agent's image (the daemon, runc)
+// to the host path sandboxes mount it from or the shim runs it from. The
+// new file replaces the old by rename, so sandboxes that mounted the old
+// one keep it.
+func installBinary(src, dst string) (retErr error) {
 	in, err := os.Open(src)
 	if err != nil {
-		return fmt.Errorf("--daemon-source: %w", err)
+		return err
 	}
 	defer in.Close()
 	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-		return fmt.Errorf("--daemon-path: %w", err)
+		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(dst), ".sandman-daemon-*")
+	tmp, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+"-*")
 	if err != nil {
-		return fmt.Errorf("--daemon-path: %w", err)
+		return err
 	}
 	defer func() {
 		if retErr != nil {
@@ -427,7 +449,7 @@ func installDaemon(src, dst string) (retErr error) {
 	}()
 	if _, err := io.Copy(tmp, in); err != nil {
 		tmp.Close()
-		return fmt.Errorf("copy the daemon to %s: %w", dst, err)
+		return fmt.Errorf("copy %s to %s: %w", src, dst, err)
 	}
 	if err := tmp.Chmod(0o755); err != nil {
 		tmp.Close()

@@ -37,6 +37,10 @@ type Stack struct {
 	Registry          string
 	CNIConfDir        string
 	CNIBinDir         string
+	// RuncBin is the pinned runc sandboxes run under (RUNC_BIN; for a
+	// stack started before stack.env had it, hack/build-tools.sh's cache
+	// path of the version hack/lib.sh pins).
+	RuncBin string
 
 	BusyboxImage string
 	NoShellImage string
@@ -173,6 +177,7 @@ func Load(root string) (*Stack, error) {
 		Registry:          env["REGISTRY"],
 		CNIConfDir:        env["CNI_CONF_DIR"],
 		CNIBinDir:         env["CNI_BIN_DIR"],
+		RuncBin:           runcBin(env, root),
 		BusyboxImage:      env["BUSYBOX_IMAGE"],
 		NoShellImage:      env["NOSHELL_IMAGE"],
 		DebianImage:       env["DEBIAN_IMAGE"],
@@ -213,6 +218,28 @@ func script(root, name string) error {
 	cmd := exec.Command("bash", filepath.Join(root, "hack", name))
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	return cmd.Run()
+}
+
+// runcBin is RUNC_BIN from stack.env, or where hack/build-tools.sh caches
+// the runc hack/lib.sh pins ($SANDMAN_CACHE/runc-$RUNC_VERSION/runc).
+func runcBin(env map[string]string, root string) string {
+	if p := env["RUNC_BIN"]; p != "" {
+		return p
+	}
+	b, err := os.ReadFile(filepath.Join(root, "hack", "lib.sh"))
+	if err != nil {
+		return ""
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "RUNC_VERSION="); ok {
+			cache := os.Getenv("SANDMAN_CACHE")
+			if cache == "" {
+				cache = "/var/cache/sandman"
+			}
+			return filepath.Join(cache, "runc-"+strings.TrimSpace(v), "runc")
+		}
+	}
+	return ""
 }
 
 func readEnv(path string) (map[string]string, error) {

@@ -96,7 +96,12 @@ type options struct {
 	images       listFlag
 	layoutDir    string
 	printDigests bool
+	runc         string
 }
+
+// runcPath is where the sandman-node image carries the runc it copies to
+// the node (-runc; sandman-node --runc-source).
+const runcPath = "/usr/local/lib/sandman/runc"
 
 func main() {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -108,6 +113,7 @@ func main() {
 	fs.Var(&o.images, "images", "images to build, comma-separated (default all: "+strings.Join(specNames(), ",")+")")
 	fs.StringVar(&o.layoutDir, "layout", "", "also write an OCI image layout to this directory")
 	fs.BoolVar(&o.printDigests, "print-digests", false, "print image@sha256:... lines on stdout")
+	fs.StringVar(&o.runc, "runc", "", "runc binary (hack/build-tools.sh runc) the sandman-node image carries at "+runcPath+" for the node's sandboxes (required for sandman-node)")
 	_ = fs.Parse(os.Args[1:])
 	if len(o.tags) == 0 {
 		o.tags = listFlag{"dev"}
@@ -172,6 +178,13 @@ func run(ctx context.Context, log *slog.Logger, o options) error {
 		files := make([]File, 0, len(s.files))
 		for _, f := range s.files {
 			files = append(files, File{Path: f.path, Source: filepath.Join(tmp, f.bin), Mode: 0o755})
+		}
+		if s.name == "sandman-node" {
+			// Built from its own module with cgo (seccomp), not from ours.
+			if o.runc == "" {
+				return errors.New("image sandman-node: give -runc, the runc its agent copies to the node (hack/build-tools.sh runc builds it)")
+			}
+			files = append(files, File{Path: runcPath, Source: o.runc, Mode: 0o755})
 		}
 		cfg := s.cfg
 		cfg.Created = created

@@ -2,6 +2,7 @@ package containerd
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -50,6 +51,25 @@ type Config struct {
 	StateDir string
 	// DaemonPath is the host path of the static sandman-daemon (required).
 	DaemonPath string
+	// RuncPath is the host path of the runc that runs sandboxes, named to
+	// containerd's runc shim per container (empty: the runc containerd's
+	// shim finds, as configured for the worker). User namespaces need runc
+	// 1.2 or later.
+	RuncPath string
+	// UserNamespaces says whether sandboxes run in a user namespace, where
+	// root is an unprivileged uid of the node: UserNamespacesOn (the
+	// default for pods that do not say; a pod's hostUsers: true opts out),
+	// UserNamespacesRequired (hostUsers: true is refused) or
+	// UserNamespacesOff (only pods with hostUsers: false get one). Empty:
+	// off. Needs runc >= 1.2 and a snapshotter that can idmap its mounts
+	// (overlayfs on Linux >= 5.19 under containerd >= 2.0).
+	UserNamespaces UserNamespaces
+	// UserNamespaceBase is the first host uid (and gid) of sandboxes: slot
+	// n of the node maps ids 0-65535 inside to UserNamespaceBase+n*65536
+	// onwards (default 2^31; the range must fit below 2^32 and overlap no
+	// other user of subordinate ids on the node, such as a kubelet running
+	// user-namespaced pods).
+	UserNamespaceBase uint32
 	// CNIConfDir and CNIBinDir locate the slot network (defaults
 	// /etc/cni/net.d and /opt/cni/bin).
 	CNIConfDir string
@@ -134,6 +154,19 @@ type Config struct {
 	Clock clock.WithTicker
 }
 
+// UserNamespaces is the node's user namespace policy (Config.UserNamespaces).
+type UserNamespaces string
+
+const (
+	UserNamespacesOff      UserNamespaces = "off"
+	UserNamespacesOn       UserNamespaces = "on"
+	UserNamespacesRequired UserNamespaces = "required"
+)
+
+// idsPerSandbox is the size of a sandbox's uid and gid range: the 16-bit
+// ids images and pods use.
+const idsPerSandbox = 65536
+
 func (c *Config) setDefaults() error {
 	var errs []error
 	if c.Client == nil {
@@ -149,6 +182,18 @@ func (c *Config) setDefaults() error {
 		errs = append(errs, errors.New("the sandman-daemon path is required"))
 	} else if fi, err := os.Stat(c.DaemonPath); err != nil || fi.IsDir() || fi.Mode().Perm()&0o111 == 0 {
 		errs = append(errs, errors.New("sandman-daemon at "+c.DaemonPath+" is not an executable file"))
+	}
+	if c.RuncPath != "" {
+		if fi, err := os.Stat(c.RuncPath); err != nil || fi.IsDir() || fi.Mode().Perm()&0o111 == 0 {
+			errs = append(errs, errors.New("runc at "+c.RuncPath+" is not an executable file"))
+		}
+	}
+	switch c.UserNamespaces {
+	case "":
+		c.UserNamespaces = UserNamespacesOff
+	case UserNamespacesOff, UserNamespacesOn, UserNamespacesRequired:
+	default:
+		errs = append(errs, fmt.Errorf("user namespaces %q: want off, on or required", c.UserNamespaces))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err
@@ -167,6 +212,13 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Resources == (runtime.Resources{}) {
 		c.Resources = runtime.Resources{MilliCPU: int64(goruntime.NumCPU()) * 1000, MemoryBytes: hostMemory()}
+	}
+	if c.UserNamespaceBase == 0 {
+		c.UserNamespaceBase = 1 << 31
+	}
+	if c.UserNamespaceBase < idsPerSandbox || uint64(c.UserNamespaceBase)+uint64(c.Slots)*idsPerSandbox > 1<<32-1 {
+		return fmt.Errorf("user namespace base %d: want at least %d, with room below 2^32 for %d slots of %d ids",
+			c.UserNamespaceBase, idsPerSandbox, c.Slots, idsPerSandbox)
 	}
 	if c.CNIConfDir == "" {
 		c.CNIConfDir = "/etc/cni/net.d"

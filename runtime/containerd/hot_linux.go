@@ -148,13 +148,9 @@ func (r *Runtime) startHotWork(ctx context.Context, s *slot, image string) error
 	if err != nil {
 		return err
 	}
-	container, err := r.client.NewContainer(ctx, id,
-		ctrd.WithImage(img), ctrd.WithSnapshotter(r.cfg.Snapshotter), ctrd.WithNewSnapshot(id, img),
-		ctrd.WithNewSpec(spec...),
-		ctrd.WithContainerLabels(map[string]string{
-			LabelNode: r.cfg.Node, LabelSlot: s.ID, LabelContainer: "task", LabelIndex: "0", LabelImage: image, LabelHot: "true",
-		}),
-	)
+	container, err := r.client.NewContainer(ctx, id, r.containerOpts(id, img, spec, map[string]string{
+		LabelNode: r.cfg.Node, LabelSlot: s.ID, LabelContainer: "task", LabelIndex: "0", LabelImage: image, LabelHot: "true",
+	})...)
 	if err != nil {
 		if rerr := r.client.SnapshotService(r.cfg.Snapshotter).Remove(context.WithoutCancel(ctx), id); rerr != nil && !errdefs.IsNotFound(rerr) {
 			err = errors.Join(err, fmt.Errorf("remove its snapshot: %w", rerr))
@@ -162,7 +158,7 @@ func (r *Runtime) startHotWork(ctx context.Context, s *slot, image string) error
 		return err
 	}
 	r.mu.Lock()
-	s.containers, s.assignToken = []string{id}, token
+	s.containers, s.assignToken, s.userNS = []string{id}, token, spec.idBase != 0
 	r.mu.Unlock()
 	if err := r.startTask(ctx, s, container, "task"); err != nil {
 		return err

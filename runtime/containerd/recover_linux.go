@@ -71,7 +71,7 @@ func (r *Runtime) recover(ctx context.Context) error {
 		meta, err := readMeta(dir)
 		// A warm slot of an older agent gets today's firewall.
 		if err == nil && meta.ID == id && meta.IP != "" && netnsMounted(meta.NetNS) && len(r.slots) < r.cfg.Slots &&
-			r.firewall(meta.NetNS, nil) == nil {
+			r.firewall(meta.NetNS, nil) == nil && allowLowPorts(meta.NetNS) == nil {
 			r.slots[id] = &slot{
 				Slot:  runtime.Slot{ID: id, State: runtime.StateWarm, IP: meta.IP, Since: r.cfg.Clock.Now()},
 				netns: netns.LoadNetNS(meta.NetNS), dir: dir, group: r.nextGroup(),
@@ -151,6 +151,9 @@ func (r *Runtime) adopt(ctx context.Context, id, dir string, cs []ctrd.Container
 			Resources: parseRequests(labels[LabelRequests]),
 		},
 		netns: netns.LoadNetNS(meta.NetNS), dir: dir, group: r.nextGroup(),
+	}
+	if base, err := strconv.ParseUint(labels[LabelUserNS], 10, 32); err == nil {
+		s.idBase = uint32(base) // no other sandbox takes the range while this one runs
 	}
 	for _, m := range members {
 		// The exit watch lasts as long as the runtime, not New's ctx.

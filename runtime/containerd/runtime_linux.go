@@ -112,6 +112,11 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("containerd runtime: %w", err)
 	}
+	if cfg.UserNamespaces != UserNamespacesOff {
+		if err := r.checkUserNamespaces(r.nsCtx(ctx)); err != nil {
+			return nil, fmt.Errorf("containerd runtime: %w", err)
+		}
+	}
 	if r.cpus, err = newCPUSets(cfg.ReservedCPUs); err != nil {
 		return nil, fmt.Errorf("containerd runtime: %w", err)
 	}
@@ -315,7 +320,11 @@ func (r *Runtime) setLocked(s *slot, state runtime.SlotState) {
 
 // Bind implements runtime.Runtime.
 func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Slot, error) {
-	if err := req.Validate(); err != nil {
+	err := req.Validate()
+	if err == nil {
+		_, err = r.userNS(req)
+	}
+	if err != nil {
 		// No slot was touched; watchers still learn why the pod failed.
 		r.hub.Publish(runtime.InvalidSpecEvent(req, err, r.cfg.Clock.Now()))
 		return runtime.Slot{}, err
@@ -436,7 +445,10 @@ func (r *Runtime) reserve(ctx context.Context, req runtime.BindRequest) (*slot, 
 	// its user or groups or narrows what it may do (read-only root, dropped
 	// capabilities, its own seccomp profile, runAsNonRoot, checked against
 	// the user when the container is made) takes the generic path.
+	// It also runs in a user namespace or not, as the node's default was
+	// when it started: it serves only pods that want the same.
 	hotOK := len(req.Containers) == 1 && req.Containers[0].DefaultSecurity() && req.Containers[0].ExclusiveCPUs == 0
+	wantNS, _ := r.userNS(req) // Bind refused the error
 	exclusive := 0
 	for _, c := range req.Containers {
 		exclusive += c.ExclusiveCPUs
@@ -449,7 +461,7 @@ func (r *Runtime) reserve(ctx context.Context, req runtime.BindRequest) (*slot, 
 	for _, s := range r.slots {
 		switch s.State {
 		case runtime.StateHot:
-			if hotOK && hot == nil && s.Image == req.Containers[0].Image {
+			if hotOK && hot == nil && s.Image == req.Containers[0].Image && s.userNS == wantNS {
 				hot = s
 			}
 		case runtime.StateWarm:
@@ -549,13 +561,7 @@ func (r *Runtime) start(ctx context.Context, s *slot, req runtime.BindRequest) e
 		r.mu.Unlock()
 		t = time.Now()
 		create := func() (ctrd.Container, error) {
-			return r.client.NewContainer(ctx, id,
-				ctrd.WithImage(images[i]),
-				ctrd.WithSnapshotter(r.cfg.Snapshotter),
-				ctrd.WithNewSnapshot(id, images[i]),
-				ctrd.WithNewSpec(spec...),
-				ctrd.WithContainerLabels(labels),
-			)
+			return r.client.NewContainer(ctx, id, r.containerOpts(id, images[i], spec, labels)...)
 		}
 		container, err := create()
 		if errdefs.IsAlreadyExists(err) {

@@ -29,6 +29,11 @@ type slot struct {
 	heating bool
 	// assignToken assigns the waiting daemon of a hot slot.
 	assignToken string
+	// idBase is the first host id of the slot's user namespace range (0:
+	// none taken yet; see userns_linux.go). userNS: the hot sandbox waiting
+	// in the slot runs in a user namespace.
+	idBase uint32
+	userNS bool
 	// diskLimits are the bound pod's per-container disk caps (bytes), by
 	// container ID; evicted says why the sandbox was stopped, if it was.
 	diskLimits map[string]int64
@@ -106,6 +111,9 @@ func (r *Runtime) makeSlot(ctx context.Context) (s *slot, retErr error) {
 	if err := r.firewall(ns.GetPath(), nil); err != nil {
 		return nil, fmt.Errorf("slot %s: %w", id, err)
 	}
+	if err := allowLowPorts(ns.GetPath()); err != nil {
+		return nil, fmt.Errorf("slot %s: %w", id, err)
+	}
 	meta, _ := json.Marshal(slotMeta{ID: id, NetNS: ns.GetPath(), IP: ip})
 	if err := os.WriteFile(filepath.Join(dir, "slot.json"), meta, 0o600); err != nil {
 		return nil, err
@@ -121,6 +129,12 @@ func (r *Runtime) makeSlot(ctx context.Context) (s *slot, retErr error) {
 // destroySlot tears a slot's network down and removes its directory.
 func (r *Runtime) destroySlot(ctx context.Context, id, nsPath, dir string) error {
 	var errs []error
+	if dir != "" {
+		// First: the slot's sysfs holds its network namespace.
+		if err := unmountSlotSysfs(dir); err != nil {
+			return err // never remove what is under a mount
+		}
+	}
 	if nsPath != "" {
 		if err := r.cni.Remove(ctx, id, nsPath); err != nil {
 			errs = append(errs, fmt.Errorf("CNI remove: %w", err))

@@ -12,6 +12,7 @@ import (
 	ctrd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/contrib/seccomp"
 	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
@@ -32,24 +33,60 @@ const DaemonStateDir = "/.sandman/state"
 // daemonStateBytes bounds the daemon's tmpfs (session command files).
 const daemonStateBytes = 16 << 20
 
+// sandboxSpec is how container i of a pod is made: its spec, the options
+// of its snapshot, and the first host id of its user namespace (0: none).
+type sandboxSpec struct {
+	spec     []oci.SpecOpts
+	snapshot []snapshots.Opt
+	idBase   uint32
+}
+
+// containerOpts are the options that make a sandbox's container from sp:
+// the image, its (idmapped) snapshot, the spec and the runc to run it.
+func (r *Runtime) containerOpts(id string, img ctrd.Image, sp sandboxSpec, labels map[string]string) []ctrd.NewContainerOpts {
+	if sp.idBase != 0 {
+		labels[LabelUserNS] = strconv.FormatUint(uint64(sp.idBase), 10)
+	}
+	return []ctrd.NewContainerOpts{
+		ctrd.WithImage(img),
+		ctrd.WithSnapshotter(r.cfg.Snapshotter),
+		ctrd.WithNewSnapshot(id, img, sp.snapshot...),
+		ctrd.WithNewSpec(sp.spec...),
+		r.runtimeOpt(),
+		ctrd.WithContainerLabels(labels),
+	}
+}
+
 // specOpts builds container i of the pod: the unmodified image with the
-// daemon bind-mounted read-only as PID 1, in the slot's network namespace.
+// daemon bind-mounted read-only as PID 1, in the slot's network namespace
+// (and in a user namespace with the slot's ids, if the pod runs in one).
 // The daemon starts unassigned, waiting for the holder of the assign token
 // (the agent) to hand it the pod's tokens: nothing secret is on its command
 // line. A hot sandbox (hot) also waits for the pod's env and command.
-func (r *Runtime) specOpts(s *slot, req runtime.BindRequest, i int, img ctrd.Image, assignHash string, hot bool) ([]oci.SpecOpts, error) {
+func (r *Runtime) specOpts(s *slot, req runtime.BindRequest, i int, img ctrd.Image, assignHash string, hot bool) (sandboxSpec, error) {
 	c := req.Containers[i]
+	userNS, err := r.userNS(req)
+	if err != nil {
+		return sandboxSpec{}, err
+	}
+	var sp sandboxSpec
 	r.mu.Lock()
 	group := s.group
 	if i == 0 {
 		group = r.bindGroupLocked(s)
 	}
+	if userNS {
+		sp.idBase, err = r.idBaseLocked(s)
+	}
 	r.mu.Unlock()
+	if err != nil {
+		return sandboxSpec{}, err
+	}
 	// Containers share the network namespace: each daemon has its own port.
 	args := []string{DaemonMountPath, "--listen", ":" + strconv.Itoa(api.Port+i), "--state-dir", DaemonStateDir, "--assign-token-sha256", assignHash}
 	main, err := mainCommand(context.Background(), c, img)
 	if err != nil {
-		return nil, err
+		return sandboxSpec{}, err
 	}
 	if len(main) > 0 {
 		if p := req.RestartPolicy; p != "" && p != "Never" {
@@ -92,9 +129,18 @@ func (r *Runtime) specOpts(s *slot, req runtime.BindRequest, i int, img ctrd.Ima
 	}
 	sec, err := securityOpts(c, r.cfg.PidsLimit, r.cfg.SeccompProfileRoot)
 	if err != nil {
-		return nil, err
+		return sandboxSpec{}, err
 	}
 	opts = append(opts, sec...)
+	if sp.idBase != 0 {
+		if err := mountSlotSysfs(s.dir, s.netns.GetPath()); err != nil {
+			return sandboxSpec{}, err
+		}
+		var ns []oci.SpecOpts
+		sp.snapshot, ns = userNSOpts(sp.idBase, c.Name)
+		ns = append(ns, withSysfs(s.dir))
+		opts = append(opts, ns...) // after the user and groups: it checks they are mapped
+	}
 	if m := c.Limits.MemoryBytes; m > 0 {
 		opts = append(opts, oci.WithMemoryLimit(uint64(m)), oci.WithMemorySwap(m))
 	}
@@ -118,10 +164,10 @@ func (r *Runtime) specOpts(s *slot, req runtime.BindRequest, i int, img ctrd.Ima
 	}
 	r.mu.Unlock()
 	if err != nil {
-		return nil, err
+		return sandboxSpec{}, err
 	}
-	opts = append(opts, oci.WithCPUs(formatCPUList(cpus)))
-	return opts, nil
+	sp.spec = append(opts, oci.WithCPUs(formatCPUList(cpus)))
+	return sp, nil
 }
 
 // mainCommand follows Kubernetes: Command replaces the image's entrypoint,
