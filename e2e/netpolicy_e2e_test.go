@@ -65,7 +65,7 @@ func (d *deployed) networkPolicy(t *testing.T) {
 			NodeSelector: map[string]string{"sandman.io/pool": deployPool},
 			Tolerations:  []corev1.Toleration{{Key: "sandman.io/pool", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
 			Containers: []corev1.Container{{Name: "task", Image: s.DebianImage, Command: []string{"python3", "-m", "http.server", "8080"},
-				Ports: []corev1.ContainerPort{{ContainerPort: 8080}},
+				Ports:     []corev1.ContainerPort{{ContainerPort: 8080}},
 				Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("64Mi")}}}},
 		},
 	}

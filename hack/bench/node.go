@@ -133,6 +133,28 @@ func benchNode(cfg config) ([]row, error) {
 		return nil, fmt.Errorf("generic bind: %w", err)
 	}
 
+	// The isolation layers of issue 14, each against the same runtime
+	// without it, in the same run: the sandbox firewall (on above: its
+	// cost is in generic), and user namespaces with the pinned runc.
+	noFW, err := be.genericBinds(ctx, "bench-nofw", image, n, func(c *rtcontainerd.Config) { c.NoFirewall = true })
+	if err != nil {
+		return nil, fmt.Errorf("generic bind without the firewall: %w", err)
+	}
+	runc := env["RUNC_BIN"]
+	if runc == "" {
+		runc = filepath.Join(env["SANDMAN_CACHE"], "runc-"+env["RUNC_VERSION"], "runc")
+	}
+	pinned, err := be.genericBinds(ctx, "bench-runc", image, n, func(c *rtcontainerd.Config) { c.RuncPath = runc })
+	if err != nil {
+		return nil, fmt.Errorf("generic bind, pinned runc: %w", err)
+	}
+	userns, err := be.genericBinds(ctx, "bench-userns", image, n, func(c *rtcontainerd.Config) {
+		c.RuncPath, c.UserNamespaces = runc, rtcontainerd.UserNamespacesOn
+	})
+	if err != nil {
+		return nil, fmt.Errorf("generic bind in a user namespace: %w", err)
+	}
+
 	// Hot slots: the busybox image pinned, 4 started sandboxes waiting.
 	hotRT, stopHot, err := be.startRuntime(ctx, "bench-hot", func(c *rtcontainerd.Config) {
 		c.Slots, c.WarmSlots, c.HotSlots, c.HotImages = 6, 1, 4, []string{image}
@@ -209,6 +231,9 @@ func benchNode(cfg config) ([]row, error) {
 	rows := []row{
 		{name: "raw containerd create+start, same image + daemon (baseline)", n: n, p50: ms(raw.p50()), p99: ms(raw.p99()), baseline: "-", ratio: "1.00×"},
 		{name: "generic warm-slot bind (netns+IP ready)", n: n, p50: ms(generic.p50()), p99: ms(generic.p99()), baseline: "raw create+start", ratio: ratio(generic.p50(), raw.p50()), note: "target ≤ 1.2×"},
+		{name: "generic bind without the sandbox firewall", n: n, p50: ms(noFW.p50()), p99: ms(noFW.p99()), baseline: "generic bind (firewall on)", ratio: ratio(generic.p50(), noFW.p50()), note: "ratio: the firewall's cost"},
+		{name: "generic bind, pinned runc " + env["RUNC_VERSION"] + ", node's users", n: n, p50: ms(pinned.p50()), p99: ms(pinned.p99()), baseline: "-", ratio: "1.00×"},
+		{name: "generic bind, pinned runc, user namespace", n: n, p50: ms(userns.p50()), p99: ms(userns.p99()), baseline: "pinned runc, node's users", ratio: ratio(userns.p50(), pinned.p50()), note: "the user namespace's cost (idmapped overlay, own sysfs)"},
 		{name: "hot-slot bind (started sandbox assigned)", n: len(hot), p50: ms(hot.p50()), p99: ms(hot.p99()), baseline: "raw create+start", ratio: ratio(hot.p50(), raw.p50()), note: "target p50 ≤ 10 ms"},
 		{name: "binds per second, concurrency 8", n: burst, p50: fmt.Sprintf("%.1f /s", rate), p99: "-", baseline: "-", ratio: "-"},
 		{name: "host memory per idle sandbox, shim per sandbox (default)", n: 24, p50: fmt.Sprintf("%.1f MB", pss/24/1e6), p99: "-", baseline: "-", ratio: "-", note: fmt.Sprintf("PSS of %d shim + daemon processes", procs)},
@@ -343,4 +368,35 @@ func benchLogLevel() slog.Level {
 		return slog.LevelInfo
 	}
 	return slog.LevelError
+}
+
+// genericBinds measures n generic binds (each released before the next) on
+// a runtime of its own, configured by mutate.
+func (b benchEnv) genericBinds(ctx context.Context, node, image string, n int, mutate func(*rtcontainerd.Config)) (durations, error) {
+	rt, stop, err := b.startRuntime(ctx, node, func(c *rtcontainerd.Config) {
+		c.Slots, c.WarmSlots = 4, 2
+		mutate(c)
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+	if err := waitCount(ctx, rt, runtime.StateWarm, 2); err != nil {
+		return nil, err
+	}
+	i := 0
+	return sampleN(n, func() (time.Duration, error) {
+		i++
+		uid := node + "-" + strconv.Itoa(i)
+		if err := waitCount(ctx, rt, runtime.StateWarm, 1); err != nil {
+			return 0, err
+		}
+		start := time.Now()
+		_, err := rt.Bind(ctx, runtimetest.Request(uid, image))
+		elapsed := time.Since(start)
+		if err != nil {
+			return 0, err
+		}
+		return elapsed, rt.Release(ctx, uid, 0)
+	})
 }
