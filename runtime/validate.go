@@ -160,7 +160,7 @@ func (c ContainerSpec) validateSecurity() error {
 		}
 	}
 	if p := c.SeccompLocalhost; p != "" && !filepath.IsLocal(p) {
-		return fmt.Errorf("seccomp profile %q: want a relative path under the node's profile directory, without ..", p)
+		return fmt.Errorf("seccomp profile %q: want a relative path under the node's profile directory, without \"..\"", p)
 	}
 	if c.PidsLimit < 0 {
 		return fmt.Errorf("pids limit %d is negative", c.PidsLimit)

@@ -191,7 +191,7 @@ func containerSecurity(pod *corev1.Pod, c corev1.Container, cs *runtime.Containe
 				p = *seccomp.LocalhostProfile
 			}
 			if !filepath.IsLocal(p) {
-				return fmt.Errorf("%s.seccompProfile.localhostProfile: %q: give a path relative to the node's seccomp profile directory, without ..", seccompAt, p)
+				return fmt.Errorf("%s.seccompProfile.localhostProfile: %q: give a path relative to the node's seccomp profile directory, without \"..\"", seccompAt, p)
 			}
 			cs.SeccompLocalhost = p
 		default:
