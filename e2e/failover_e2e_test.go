@@ -14,6 +14,7 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sandman-dev/sandman/daemon/api"
@@ -44,7 +45,9 @@ func TestVKFailover(t *testing.T) {
 				args[i+1] = "127.0.0.1:" + strconv.Itoa(freePort(t))
 			}
 		}
-		return launchAgent(t, p.vkBin, append(args, "--leader-elect", "--leader-elect-namespace", p.ns))
+		a := launchAgent(t, p.vkBin, append(args, "--leader-elect", "--leader-elect-namespace", p.ns))
+		p.standbys = append(p.standbys, a)
+		return a
 	}
 	holder := func(ctx context.Context) (*coordinationv1.Lease, error) {
 		return s.Kube.CoordinationV1().Leases(p.ns).Get(ctx, lease, metav1.GetOptions{})
@@ -62,7 +65,6 @@ func TestVKFailover(t *testing.T) {
 		return true, nil
 	})
 	b := replica()
-	t.Cleanup(func() { b.stop(t) })
 
 	// Before the burst: sandboxes whose address and files must survive.
 	const before = 5
@@ -87,7 +89,11 @@ func TestVKFailover(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			pod := p.newPod(fmt.Sprintf("burst-%d", i), s.BusyboxImage)
+			// Small requests: 205 pods fit the pool's 8 CPUs.
+			pod := p.newPod(fmt.Sprintf("burst-%d", i), s.BusyboxImage, func(pod *corev1.Pod) {
+				pod.Spec.Containers[0].Resources.Requests = corev1.ResourceList{
+					corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("16Mi")}
+			})
 			if _, err := s.Kube.CoreV1().Pods(p.ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 				errs <- err
 			}
@@ -130,9 +136,9 @@ func TestVKFailover(t *testing.T) {
 	if execAfter > 20*time.Second {
 		t.Errorf("kubectl exec worked again %v after the kill, want at most 20 s", execAfter)
 	}
-	framework.Eventually(t, 4*time.Minute, "every pod of the burst Ready", func(ctx context.Context) (bool, error) {
-		return p.countReady(ctx) == before+burst, nil
-	})
+	if !p.waitAllReady(4*time.Minute, before+burst) {
+		t.FailNow()
+	}
 	t.Logf("leader killed with %d pods of %d Ready: standby leading after %v, kubectl exec after %v", before+burst/3, before+burst, took, execAfter)
 
 	// Bound once each: every Running pod has exactly one slot, and no
@@ -180,7 +186,6 @@ func TestVKFailover(t *testing.T) {
 
 	// A graceful stop hands the Lease over at once.
 	c := replica()
-	t.Cleanup(func() { c.stop(t) })
 	second := ""
 	if l, err := holder(ctx); err == nil && l.Spec.HolderIdentity != nil {
 		second = *l.Spec.HolderIdentity
@@ -211,4 +216,38 @@ func (p *vpool) countReady(ctx context.Context) int {
 		}
 	}
 	return n
+}
+
+// waitAllReady waits for want Ready pods in the pool's namespace and, if
+// they do not come, says where the others are.
+func (p *vpool) waitAllReady(timeout time.Duration, want int) bool {
+	p.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if p.countReady(p.t.Context()) == want {
+			return true
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	pods, err := p.s.Kube.CoreV1().Pods(p.ns).List(p.t.Context(), metav1.ListOptions{})
+	if err != nil {
+		p.t.Errorf("list pods: %v", err)
+		return false
+	}
+	states := map[string]int{}
+	shown := 0
+	for i := range pods.Items {
+		pod := &pods.Items[i]
+		if podReady(pod) {
+			continue
+		}
+		key := fmt.Sprintf("node=%q phase=%s reason=%q", pod.Spec.NodeName, pod.Status.Phase, pod.Status.Reason)
+		states[key]++
+		if shown < 5 {
+			shown++
+			p.t.Logf("not Ready: %s %s message=%q conditions=%+v", pod.Name, key, pod.Status.Message, pod.Status.Conditions)
+		}
+	}
+	p.t.Errorf("%d of %d pods Ready after %v; the others: %v", p.countReady(p.t.Context()), want, timeout, states)
+	return false
 }

@@ -52,6 +52,9 @@ type vpool struct {
 	vkBin  string
 	vkArgs []string
 	vk     *agent
+	// standbys are more sandman-vk replicas (TestVKFailover): stopped with
+	// vk, after the pods are gone.
+	standbys []*agent
 	// metrics is sandman-vk's /metrics and capacity page address.
 	metrics string
 }
@@ -133,6 +136,9 @@ func startPool(t *testing.T, s *framework.Stack, n, slots int) *vpool {
 	t.Cleanup(func() {
 		if p.vk != nil {
 			p.vk.stop(t)
+		}
+		for _, a := range p.standbys {
+			a.stop(t)
 		}
 	})
 	p.startVK()

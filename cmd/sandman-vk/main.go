@@ -137,8 +137,8 @@ func run(args []string) (retErr error) {
 	fs.BoolVar(&o.leaderElect, "leader-elect", false, "run as one of several replicas: only the holder of the Lease sandman-vk-<node-name> places pods and runs the virtual node; "+
 		"the others stand by warm (agents watched, informers synced) and take over when it goes. Off: this process is the only one")
 	fs.StringVar(&o.leaderElectNamespace, "leader-elect-namespace", "", "namespace of the leader Lease (default: the pod's, from POD_NAMESPACE or the service account)")
-	fs.DurationVar(&o.leaseDuration, "leader-elect-lease-duration", 12*time.Second, "how long standbys wait after the leader's last renewal before taking the Lease")
-	fs.DurationVar(&o.renewDeadline, "leader-elect-renew-deadline", 8*time.Second, "how long the leader keeps trying to renew before it stops placing and exits (less than the lease duration)")
+	fs.DurationVar(&o.leaseDuration, "leader-elect-lease-duration", 10*time.Second, "how long standbys wait after the leader's last renewal before taking the Lease")
+	fs.DurationVar(&o.renewDeadline, "leader-elect-renew-deadline", 7*time.Second, "how long the leader keeps trying to renew before it stops placing and exits (less than the lease duration)")
 	fs.DurationVar(&o.retryPeriod, "leader-elect-retry-period", 2*time.Second, "how often the Lease is tried (to take it, or to renew it)")
 	if err := fs.Parse(args); err != nil {
 		return err
