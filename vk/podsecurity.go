@@ -46,6 +46,11 @@ func podSecurity(pod *corev1.Pod) error {
 			return fmt.Errorf("spec.%s: sandboxes never share the worker's namespaces: remove it", f.name)
 		}
 	}
+	if rc := spec.RuntimeClassName; rc != nil && *rc != "" {
+		// Not yet: gVisor (issue 14). A pod that asks for another runtime
+		// must not run under runc believing it has one.
+		return fmt.Errorf("spec.runtimeClassName %q: this pool runs sandboxes under runc only, with no runtime classes yet: remove it", *rc)
+	}
 	for _, v := range spec.Volumes {
 		switch t := volumeType(v.VolumeSource); {
 		case t == "hostPath":

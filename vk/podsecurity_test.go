@@ -88,6 +88,7 @@ func TestRefusedPodFields(t *testing.T) {
 			s.Sysctls = []corev1.Sysctl{{Name: "net.core.somaxconn", Value: "1024"}}
 		}), "sysctls"},
 		{"hostNetwork", func(p *corev1.Pod) { p.Spec.HostNetwork = true }, "spec.hostNetwork"},
+		{"runtimeClassName", func(p *corev1.Pod) { rc := "gvisor"; p.Spec.RuntimeClassName = &rc }, "spec.runtimeClassName"},
 		{"hostPID", func(p *corev1.Pod) { p.Spec.HostPID = true }, "spec.hostPID"},
 		{"hostIPC", func(p *corev1.Pod) { p.Spec.HostIPC = true }, "spec.hostIPC"},
 		{"hostPath volume", volume("root", corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}), "spec.volumes[root].hostPath"},
