@@ -87,7 +87,11 @@ func (r *Runtime) heat(ctx context.Context, wg *sync.WaitGroup) {
 			have[s.Image]++
 		}
 	}
+	now := r.cfg.Clock.Now()
 	for img, n := range r.desiredHotLocked() {
+		if f, ok := r.hotFailures[img]; ok && now.Before(f.until) {
+			continue // backing off after a failed start
+		}
 		for ; have[img] < n && r.heating < r.cfg.RefillConcurrency; have[img]++ {
 			var warm *slot
 			for _, s := range r.slots {
@@ -113,13 +117,27 @@ func (r *Runtime) startHot(ctx context.Context, s *slot, image string) {
 	r.heating--
 	s.heating = false
 	if err == nil {
+		delete(r.hotFailures, image)
 		r.setLocked(s, runtime.StateHot)
 		r.mu.Unlock()
 		return
 	}
+	// The image's next hot start waits: 1 s, doubling to 5 min.
+	f := r.hotFailures[image]
+	f.delay = nextHotBackoff(f.delay)
+	f.until = r.cfg.Clock.Now().Add(f.delay)
+	if r.hotFailures == nil {
+		r.hotFailures = map[string]hotFailure{}
+	}
+	r.hotFailures[image] = f
 	r.mu.Unlock()
 	if ctx.Err() == nil {
-		r.log.Warn("start hot sandbox", "slot", s.ID, "image", image, "err", err)
+		r.log.Warn("start hot sandbox", "slot", s.ID, "image", image, "err", err, "retry_in", f.delay.String())
+		r.goOwned(func() {
+			if r.sleep(r.life, f.delay) {
+				r.wake()
+			}
+		})
 	}
 	_ = r.removeContainers(context.WithoutCancel(ctx), s, 0)
 	r.mu.Lock()
@@ -401,4 +419,16 @@ func updateCgroupV1(path string, res *specs.LinuxResources) error {
 		}
 	}
 	return nil
+}
+
+// hotFailure is an image whose hot sandbox failed to start: none is
+// started again before until.
+type hotFailure struct {
+	until time.Time
+	delay time.Duration
+}
+
+// nextHotBackoff doubles a hot start's back-off, from 1 s to 5 min.
+func nextHotBackoff(d time.Duration) time.Duration {
+	return min(max(2*d, time.Second), 5*time.Minute)
 }

@@ -77,6 +77,8 @@ type Runtime struct {
 	// each recent bind (the mix that decides which images are kept hot).
 	heating int
 	recent  []string
+	// hotFailures back off the hot starts of images whose last one failed.
+	hotFailures map[string]hotFailure
 }
 
 // New checks cfg, loads the CNI config, re-adopts the sandboxes a previous
