@@ -235,12 +235,9 @@ func (r *Runtime) assignHot(ctx context.Context, s *slot, req runtime.BindReques
 	if len(hostname) > 63 {
 		hostname = hostname[:63]
 	}
-	if err := r.firewall(s.netns.GetPath(), &req); err != nil {
+	if err := r.bindFirewall(s, &req); err != nil {
 		return err
 	}
-	r.mu.Lock()
-	s.fwReq = firewallRequest(req)
-	r.mu.Unlock()
 	if err := r.shape(s, &req); err != nil {
 		return err
 	}

@@ -71,10 +71,10 @@ func (r *Runtime) recover(ctx context.Context) error {
 		meta, err := readMeta(dir)
 		// A warm slot of an older agent gets today's firewall.
 		if err == nil && meta.ID == id && meta.IP != "" && netnsMounted(meta.NetNS) && len(r.slots) < r.cfg.Slots &&
-			r.firewall(meta.NetNS, nil) == nil && allowLowPorts(meta.NetNS) == nil {
+			firewallOK(r.firewall(meta.NetNS, nil, false)) && allowLowPorts(meta.NetNS) == nil {
 			r.slots[id] = &slot{
 				Slot:  runtime.Slot{ID: id, State: runtime.StateWarm, IP: meta.IP, Since: r.cfg.Clock.Now()},
-				netns: netns.LoadNetNS(meta.NetNS), dir: dir, group: r.nextGroup(),
+				netns: netns.LoadNetNS(meta.NetNS), dir: dir, group: r.nextGroup(), fwClean: true,
 			}
 			continue
 		}
@@ -182,3 +182,6 @@ func parseRequests(v string) runtime.Resources {
 	res.MemoryBytes, _ = strconv.ParseInt(mem, 10, 64)
 	return res
 }
+
+// firewallOK: a firewall write without error.
+func firewallOK(_ bool, err error) bool { return err == nil }

@@ -531,12 +531,9 @@ func (r *Runtime) start(ctx context.Context, s *slot, req runtime.BindRequest) e
 		images[i] = img
 	}
 	r.metrics.observePhase("image", t)
-	if err := r.firewall(s.netns.GetPath(), &req); err != nil {
+	if err := r.bindFirewall(s, &req); err != nil {
 		return err
 	}
-	r.mu.Lock()
-	s.fwReq = firewallRequest(req)
-	r.mu.Unlock()
 	if err := r.shape(s, &req); err != nil {
 		return err
 	}
@@ -826,9 +823,19 @@ func (r *Runtime) Release(ctx context.Context, uid string, grace time.Duration) 
 	r.mu.Unlock()
 	begin := time.Now()
 	err := r.removeContainers(ctx, s, grace)
+	// Back to the base firewall now, so the next bind only adds to it (a
+	// reset waits for a kernel grace period: here, not on a bind).
+	clean := false
+	if err == nil {
+		var ferr error
+		if clean, ferr = r.firewall(s.netns.GetPath(), nil, false); ferr != nil {
+			r.log.Warn("reset the firewall of a released slot", "slot", s.ID, "err", ferr)
+		}
+	}
 	r.metrics.releaseSeconds.Observe(time.Since(begin).Seconds())
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	s.fwClean = clean
 	delete(r.byPod, uid)
 	s.Pod, s.Image, s.Resources, s.containers, s.assignToken = nil, "", runtime.Resources{}, nil, ""
 	s.diskLimits, s.evicted, s.fwReq = nil, "", nil

@@ -49,6 +49,9 @@ type slot struct {
 	earlyExits []runtime.Event
 	// shaped: bandwidth caps are set on the slot's interfaces.
 	shaped bool
+	// fwClean: the slot's firewall is its base (no pod's parts), so a bind
+	// only adds to it.
+	fwClean bool
 	// fwReq is what the bound pod's firewall is made from (its ref, ports
 	// and egress), kept to write it again when policies change.
 	fwReq *runtime.BindRequest
@@ -108,7 +111,7 @@ func (r *Runtime) makeSlot(ctx context.Context) (s *slot, retErr error) {
 	if ip == "" {
 		return nil, fmt.Errorf("slot %s: CNI gave no address", id)
 	}
-	if err := r.firewall(ns.GetPath(), nil); err != nil {
+	if _, err := r.firewall(ns.GetPath(), nil, false); err != nil {
 		return nil, fmt.Errorf("slot %s: %w", id, err)
 	}
 	if err := allowLowPorts(ns.GetPath()); err != nil {
@@ -122,7 +125,7 @@ func (r *Runtime) makeSlot(ctx context.Context) (s *slot, retErr error) {
 		Slot:  runtime.Slot{ID: id, State: runtime.StateWarm, IP: ip, Since: r.cfg.Clock.Now()},
 		netns: ns,
 		dir:   dir,
-		group: r.nextGroup(),
+		group: r.nextGroup(), fwClean: true,
 	}, nil
 }
 

@@ -15,8 +15,38 @@ import (
 const tableName = "sandman"
 
 // Apply replaces the firewall of the network namespace at nsPath with p, in
-// one netlink batch.
+// one netlink batch. Replacing deletes the old table, and a deletion waits
+// for an RCU grace period in the kernel (~13 ms here): on a bind, AddPod on
+// a slot reset to its base is what runs.
 func Apply(nsPath string, p Policy) error {
+	return batch(nsPath, func(b *builder) {
+		b.self = p.Self
+		// Add then delete: deleting a table that is not there fails the batch.
+		b.c.AddTable(b.t)
+		b.c.DelTable(b.t)
+		b.c.AddTable(b.t)
+		b.base(p)
+		b.pod(p)
+	})
+}
+
+// Reset replaces the firewall at nsPath with p's base: what a slot without
+// a pod has (the pool's egress; inbound, the node to the first daemon).
+func Reset(nsPath string, p Policy) error {
+	return Apply(nsPath, Policy{Internet: p.Internet, Allow: p.Allow, Deny: p.Deny, Self: p.Self})
+}
+
+// AddPod adds p's pod parts (its ports, egress narrowing and rules) to a
+// firewall that Reset left with the same base. It only adds (no deletion,
+// so no grace period): ~0.1 ms.
+func AddPod(nsPath string, p Policy) error {
+	return batch(nsPath, func(b *builder) {
+		b.self = p.Self
+		b.pod(p)
+	})
+}
+
+func batch(nsPath string, write func(*builder)) error {
 	ns, err := os.Open(nsPath)
 	if err != nil {
 		return fmt.Errorf("sandbox firewall: open network namespace: %w", err)
@@ -26,30 +56,30 @@ func Apply(nsPath string, p Policy) error {
 	if err != nil {
 		return fmt.Errorf("sandbox firewall: %w", err)
 	}
-	t := &nftables.Table{Name: tableName, Family: nftables.TableFamilyINet}
-	// Add then delete: deleting a table that is not there fails the batch.
-	c.AddTable(t)
-	c.DelTable(t)
-	c.AddTable(t)
-	(&builder{c: c, t: t}).build(p)
+	write(&builder{c: c, t: &nftables.Table{Name: tableName, Family: nftables.TableFamilyINet}})
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("sandbox firewall: write the rules: %w", err)
 	}
 	return nil
 }
 
-// builder writes a policy's chains into a table:
+// builder writes a policy's chains into a table. The base, made with the
+// slot, has a place for each part a pod adds:
 //
-//	egress (output hook): lo, replies, IPv6 → [np_out →] pool
-//	pool: Allow, Deny, internet, Only — every path ends in a verdict
-//	np_out: a rule per EgressTo peer and port; a match jumps to pool
-//	ingress (input hook): lo, replies, ICMP, open ports → [from]
-//	from: a rule per IngressFrom peer and port; a match accepts
+//	egress (output hook): lo, replies, IPv6 → pod_out → pool
+//	pod_out: [the pod's EgressTo: a matching peer and port jumps to pool; reject]
+//	pool: Allow, Deny, [no internet: reject] → pod_only, accept (every path a verdict)
+//	pod_only: [the pod's Only: accept those; reject]
+//	ingress (input hook): lo, replies, ICMP → ports, reject
+//	ports: the node's addresses to the first daemon; [the pod's ports: accept,
+//	  or → from when IngressFrom narrows]
+//	from: [a rule per IngressFrom peer and port: accept]
 //
 // A peer with exceptions gets a chain of its own whose exceptions return.
 type builder struct {
 	c      *nftables.Conn
 	t      *nftables.Table
+	self   []netip.Prefix
 	chains int
 }
 
@@ -58,15 +88,24 @@ func (b *builder) chain(name string, hook *nftables.ChainHook) *nftables.Chain {
 	if hook != nil {
 		accept := nftables.ChainPolicyAccept
 		ch.Type, ch.Hooknum, ch.Priority, ch.Policy = nftables.ChainTypeFilter, hook, nftables.ChainPriorityFilter, &accept
+		return b.c.AddChain(ch)
 	}
 	return b.c.AddChain(ch)
+}
+
+// existing names a chain of the table for rules to be added to.
+func (b *builder) existing(name string) *nftables.Chain {
+	return &nftables.Chain{Name: name, Table: b.t}
 }
 
 func (b *builder) rule(ch *nftables.Chain, parts ...[]expr.Any) {
 	b.c.AddRule(&nftables.Rule{Table: b.t, Chain: ch, Exprs: cat(parts...)})
 }
 
-func (b *builder) build(p Policy) {
+func (b *builder) base(p Policy) {
+	b.chain("pod_out", nil)
+	b.chain("pod_only", nil)
+	b.chain("from", nil)
 	pool := b.chain("pool", nil)
 	for _, r := range poolRules(p) {
 		b.rule(pool, r)
@@ -75,32 +114,61 @@ func (b *builder) build(p Policy) {
 	b.rule(out, ifname(expr.MetaKeyOIFNAME, "lo"), verdict(expr.VerdictAccept))
 	b.rule(out, ctReplies(), verdict(expr.VerdictAccept))
 	b.rule(out, nfproto(unix.NFPROTO_IPV6), reject())
-	if p.EgressTo == nil {
-		b.rule(out, jump(expr.VerdictJump, "pool"))
-	} else {
-		npOut := b.chain("np_out", nil)
-		b.peerRules(npOut, p.EgressTo, daddrOffset, jump(expr.VerdictJump, "pool"))
-		b.rule(out, jump(expr.VerdictJump, "np_out"))
-		b.rule(out, reject())
-	}
+	b.rule(out, jump(expr.VerdictJump, "pod_out"))
+	b.rule(out, jump(expr.VerdictJump, "pool"))
 
+	ports := b.chain("ports", nil)
+	b.selfRules(ports, []uint16{firstDaemonPort})
 	in := b.chain("ingress", nftables.ChainHookInput)
 	b.rule(in, ifname(expr.MetaKeyIIFNAME, "lo"), verdict(expr.VerdictAccept))
 	b.rule(in, ctReplies(), verdict(expr.VerdictAccept))
 	b.rule(in, l4proto(unix.IPPROTO_ICMP), verdict(expr.VerdictAccept))
+	b.rule(in, jump(expr.VerdictJump, "ports"))
+	b.rule(in, reject())
+}
+
+// selfRules let the node's addresses reach ports (TCP).
+func (b *builder) selfRules(ch *nftables.Chain, ports []uint16) {
+	for _, a := range b.self {
+		for _, port := range ports {
+			b.rule(ch, nfproto(unix.NFPROTO_IPV4), addrMatch(saddrOffset, a), l4proto(unix.IPPROTO_TCP), dport(port, 0), verdict(expr.VerdictAccept))
+		}
+	}
+}
+
+// pod adds what the bound pod brings to the base's chains.
+func (b *builder) pod(p Policy) {
+	if p.EgressTo != nil {
+		podOut := b.existing("pod_out")
+		b.peerRules(podOut, p.EgressTo, daddrOffset, jump(expr.VerdictJump, "pool"))
+		b.rule(podOut, reject())
+	}
+	if p.Internet && len(p.Only) > 0 {
+		only := b.existing("pod_only")
+		for _, o := range p.Only {
+			b.rule(only, nfproto(unix.NFPROTO_IPV4), addrMatch(daddrOffset, o), verdict(expr.VerdictAccept))
+		}
+		b.rule(only, reject())
+	}
+	ports := b.existing("ports")
+	var more []uint16
+	for _, d := range p.DaemonPorts {
+		if d != firstDaemonPort {
+			more = append(more, d)
+		}
+	}
+	b.selfRules(ports, more)
 	open := verdict(expr.VerdictAccept)
 	if p.IngressFrom != nil {
-		from := b.chain("from", nil)
-		b.peerRules(from, p.IngressFrom, saddrOffset, verdict(expr.VerdictAccept))
+		b.peerRules(b.existing("from"), p.IngressFrom, saddrOffset, verdict(expr.VerdictAccept))
 		open = jump(expr.VerdictJump, "from")
 	}
 	for _, port := range p.TCPPorts {
-		b.rule(in, l4proto(unix.IPPROTO_TCP), dport(port, 0), open)
+		b.rule(ports, l4proto(unix.IPPROTO_TCP), dport(port, 0), open)
 	}
 	for _, port := range p.UDPPorts {
-		b.rule(in, l4proto(unix.IPPROTO_UDP), dport(port, 0), open)
+		b.rule(ports, l4proto(unix.IPPROTO_UDP), dport(port, 0), open)
 	}
-	b.rule(in, reject())
 }
 
 // peerRules writes into ch, for every rule, peer and port, a match on the
@@ -138,18 +206,10 @@ func poolRules(p Policy) [][]expr.Any {
 	for _, d := range p.Deny {
 		rules = append(rules, cat(nfproto(unix.NFPROTO_IPV4), addrMatch(daddrOffset, d), reject()))
 	}
-	switch {
-	case !p.Internet:
-		rules = append(rules, reject())
-	case len(p.Only) > 0:
-		for _, o := range p.Only {
-			rules = append(rules, cat(nfproto(unix.NFPROTO_IPV4), addrMatch(daddrOffset, o), verdict(expr.VerdictAccept)))
-		}
-		rules = append(rules, reject())
-	default:
-		rules = append(rules, verdict(expr.VerdictAccept))
+	if !p.Internet {
+		return append(rules, reject())
 	}
-	return rules
+	return append(rules, jump(expr.VerdictJump, "pod_only"), verdict(expr.VerdictAccept))
 }
 
 // portMatches are the expressions of a rule's ports; no ports: one empty

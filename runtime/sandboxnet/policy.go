@@ -3,8 +3,13 @@ package sandboxnet
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 )
+
+// firstDaemonPort is the daemon's port (api.Port; this package imports no
+// sandman package): the node reaches it before any pod is bound.
+const firstDaemonPort = 49983
 
 // Policy is what one sandbox's network may do.
 type Policy struct {
@@ -18,8 +23,14 @@ type Policy struct {
 	// Only, when set, narrows internet egress to these prefixes (the pod's
 	// sandman.io/egress).
 	Only []netip.Prefix
+	// Self are the node's addresses: they always reach the daemons' ports
+	// (the agent's assignment and readiness, host-network components).
+	Self []netip.Prefix
+	// DaemonPorts are the pod's daemons' ports (49983 and up, one per
+	// container).
+	DaemonPorts []uint16
 	// TCPPorts and UDPPorts are open to inbound connections (the daemons'
-	// ports and the pod's declared ports).
+	// ports and the pod's declared ports), narrowed by IngressFrom.
 	TCPPorts []uint16
 	UDPPorts []uint16
 	// IngressFrom, when not nil, narrows who may connect to the open ports:
@@ -149,6 +160,9 @@ func (p Policy) Reaches(addr netip.Addr, proto string, port uint16) bool {
 // Admits reports whether the policy lets a connection from addr in to
 // port over proto.
 func (p Policy) Admits(addr netip.Addr, proto string, port uint16) bool {
+	if proto == "TCP" && (port == firstDaemonPort || slices.Contains(p.DaemonPorts, port)) && containsAny(p.Self, addr) {
+		return true
+	}
 	open := p.TCPPorts
 	if proto == "UDP" {
 		open = p.UDPPorts
