@@ -232,7 +232,7 @@ func benchNode(cfg config) ([]row, error) {
 		{name: "raw containerd create+start, same image + daemon (baseline)", n: n, p50: ms(raw.p50()), p99: ms(raw.p99()), baseline: "-", ratio: "1.00×"},
 		{name: "generic warm-slot bind (netns+IP ready)", n: n, p50: ms(generic.p50()), p99: ms(generic.p99()), baseline: "raw create+start", ratio: ratio(generic.p50(), raw.p50()), note: "target ≤ 1.2×"},
 		{name: "generic bind without the sandbox firewall", n: n, p50: ms(noFW.p50()), p99: ms(noFW.p99()), baseline: "generic bind (firewall on)", ratio: ratio(generic.p50(), noFW.p50()), note: "ratio: the firewall's cost"},
-		{name: "generic bind, pinned runc " + env["RUNC_VERSION"] + ", node's users", n: n, p50: ms(pinned.p50()), p99: ms(pinned.p99()), baseline: "-", ratio: "1.00×"},
+		{name: "generic bind, pinned runc (" + strings.TrimPrefix(filepath.Base(filepath.Dir(runc)), "runc-") + "), node's users", n: n, p50: ms(pinned.p50()), p99: ms(pinned.p99()), baseline: "-", ratio: "1.00×"},
 		{name: "generic bind, pinned runc, user namespace", n: n, p50: ms(userns.p50()), p99: ms(userns.p99()), baseline: "pinned runc, node's users", ratio: ratio(userns.p50(), pinned.p50()), note: "the user namespace's cost (idmapped overlay, own sysfs)"},
 		{name: "hot-slot bind (started sandbox assigned)", n: len(hot), p50: ms(hot.p50()), p99: ms(hot.p99()), baseline: "raw create+start", ratio: ratio(hot.p50(), raw.p50()), note: "target p50 ≤ 10 ms"},
 		{name: "binds per second, concurrency 8", n: burst, p50: fmt.Sprintf("%.1f /s", rate), p99: "-", baseline: "-", ratio: "-"},
