@@ -39,6 +39,9 @@ var suites = []suite{
 	{"vk", benchVK},
 	{"image", benchImage},
 	{"e2b", benchE2B},
+	// failover kills sandman-vk leaders (about a minute a run): only when
+	// asked for (BENCH_SUITE=failover).
+	{"failover", benchFailover},
 	// deploy installs deploy/overlays/local: only when asked for (BENCH_SUITE=deploy).
 	{"deploy", benchDeploy},
 	// scale takes many minutes: only when asked for (BENCH_SUITE=scale).
@@ -58,7 +61,7 @@ func main() {
 	}
 	var rows []row
 	for _, s := range suites {
-		if *only == "all" && (s.name == "scale" || s.name == "deploy") {
+		if *only == "all" && (s.name == "scale" || s.name == "deploy" || s.name == "failover") {
 			continue
 		}
 		if *only != "all" && !slices.Contains(strings.Split(*only, ","), s.name) {

@@ -12,7 +12,7 @@ import (
 // benchPolicy is a bound pod's: the pool's ranges, two ports, two peers.
 var benchPolicy = Policy{
 	Deny: SpecialRanges, Self: mustPrefixes("10.213.0.1"), DaemonPorts: []uint16{49983},
-	TCPPorts: []uint16{49983, 8080},
+	TCPPorts:    []uint16{49983, 8080},
 	IngressFrom: []Rule{{Peers: []Peer{{Prefix: netip.MustParsePrefix("10.244.1.5/32")}, {Prefix: netip.MustParsePrefix("10.244.1.6/32")}}}},
 }
 
