@@ -190,6 +190,12 @@ func TestAttackSuite(t *testing.T) {
 		t.Fatalf("only %d attack results; stderr: %s", attacks, res.Stderr)
 	}
 
+	// PID 1 drops the signals it is sent, but commands keep the default
+	// dispositions (an ignored one would pass to them through exec).
+	if r, err := a.Exec(ctx, api.ExecRequest{Shell: "grep SigIgn /proc/self/status"}); err != nil || strings.TrimSpace(string(r.Stdout)) != "SigIgn:\t0000000000000000" {
+		t.Errorf("a command's ignored signals: %q %v, want none", r.Stdout, err)
+	}
+
 	// Exhaustion: memory past the limit and a fork bomb end processes,
 	// not the sandbox.
 	if r, err := a.Exec(ctx, api.ExecRequest{Cmd: []string{"python3", "-c", "x = []\nwhile True: x.append(bytearray(16 << 20))"}, TimeoutSeconds: 60}); err != nil || r.ExitCode == 0 {

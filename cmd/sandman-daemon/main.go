@@ -173,19 +173,29 @@ func run(args []string) (int, error) {
 // the daemon through /proc (an undumpable process's memory, environ, fds and
 // maps need CAP_SYS_PTRACE, which sandboxes lack) and from ending it with a
 // signal: the kernel delivers to a namespace's init only the signals it
-// handles, and the daemon handles none but SIGTERM (and SIGCHLD, for
-// reaping). SIGKILL and SIGSTOP from inside never reach init at all.
+// handles, and the daemon handles every catchable one, acting on none but
+// SIGTERM (and SIGCHLD, for reaping). SIGKILL and SIGSTOP from inside never
+// reach init at all.
 func hardenPID1(cfg *daemon.Config) {
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		cfg.Logger.Warn("could not make the daemon undumpable", "err", err)
 	}
-	signal.Ignore(ignoredSignals...)
+	// Handled and dropped, not ignored: an ignored disposition would pass
+	// to every command through exec (a shell would not stop on Ctrl-C,
+	// `yes | head` would not end on SIGPIPE), while exec resets handled
+	// ones to their defaults.
+	sink := make(chan os.Signal, 16)
+	signal.Notify(sink, ignoredSignals...)
+	go func() {
+		for range sink {
+		}
+	}()
 	cfg.StopSignals = []os.Signal{unix.SIGTERM}
 }
 
 // ignoredSignals are every catchable signal but SIGTERM and SIGCHLD. For
-// the fault signals (SIGSEGV, SIGBUS, SIGFPE, SIGILL) Go ignores only those
-// another process sends: a real fault still crashes the daemon.
+// the fault signals (SIGSEGV, SIGBUS, SIGFPE, SIGILL) Go passes on only
+// those another process sends: a real fault still crashes the daemon.
 var ignoredSignals = []os.Signal{
 	unix.SIGSEGV, unix.SIGBUS, unix.SIGFPE,
 	unix.SIGHUP, unix.SIGINT, unix.SIGQUIT, unix.SIGILL, unix.SIGTRAP, unix.SIGABRT,
