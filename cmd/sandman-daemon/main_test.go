@@ -98,7 +98,7 @@ func TestMainProcessExitCode(t *testing.T) {
 	if _, err := r.client.Signal(t.Context(), "main", "INT"); err != nil {
 		t.Fatal(err)
 	}
-	if code := r.wait(t, 10*time.Second); code != 130 {
+	if code := r.wait(t, 30*time.Second); code != 130 {
 		t.Fatalf("daemon exit code %d, want 130 (main killed by INT); output:\n%s", code, r.out.String())
 	}
 	if !strings.Contains(r.out.String(), "main-out") {
@@ -116,7 +116,7 @@ func TestSIGTERMStopsEverything(t *testing.T) {
 	if err := r.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	if code := r.wait(t, 10*time.Second); code != 143 {
+	if code := r.wait(t, 30*time.Second); code != 143 {
 		t.Fatalf("exit code %d, want 143; output:\n%s", code, r.out.String())
 	}
 	if alive(bg.PID) {
