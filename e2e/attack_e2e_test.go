@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"net"
 	"net/url"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -147,7 +146,7 @@ func TestAttackSuite(t *testing.T) {
 	// node's kubelet port, the agent), the apiserver's service address,
 	// metadata; and the attacker's own daemon on loopback, which must work
 	// (the probe itself is sound).
-	primary := hostPrimaryAddr(t)
+	primary := primaryAddr(t)
 	u, _ := url.Parse(kubeServer(t, s))
 	_, apiPort, _ := net.SplitHostPort(u.Host)
 	svc, err := s.Kube.CoreV1().Services("default").Get(ctx, "kubernetes", metav1.GetOptions{})
@@ -249,23 +248,6 @@ func indexOf(list []string, s string) int {
 		}
 	}
 	return -1
-}
-
-// hostPrimaryAddr is this machine's address on its default route.
-func hostPrimaryAddr(t *testing.T) string {
-	t.Helper()
-	out, err := exec.Command("ip", "-4", "-o", "route", "get", "192.0.2.1").Output()
-	if err != nil {
-		t.Fatalf("ip route get: %v", err)
-	}
-	f := strings.Fields(string(out))
-	for i, w := range f {
-		if w == "src" && i+1 < len(f) {
-			return f[i+1]
-		}
-	}
-	t.Fatalf("no source address in %q", out)
-	return ""
 }
 
 // kubeServer is the apiserver URL of the stack's kubeconfig.

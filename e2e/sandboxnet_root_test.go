@@ -6,7 +6,6 @@ import (
 	"context"
 	"net"
 	"net/http"
-	"net/netip"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -148,23 +147,4 @@ func TestRootSandboxFirewall(t *testing.T) {
 	if got[bridgeIP+":"+port] == "ok" {
 		t.Errorf("a pod's egress list widened the pool's: it reached the node at %s", bridgeIP)
 	}
-}
-
-// primaryAddr is this machine's address on its default route.
-func primaryAddr(t *testing.T) string {
-	t.Helper()
-	out, err := exec.Command("ip", "-4", "-o", "route", "get", "192.0.2.1").Output()
-	if err != nil {
-		t.Fatalf("ip route get: %v", err)
-	}
-	f := strings.Fields(string(out))
-	for i, w := range f {
-		if w == "src" && i+1 < len(f) {
-			if _, err := netip.ParseAddr(f[i+1]); err == nil {
-				return f[i+1]
-			}
-		}
-	}
-	t.Fatalf("no source address in %q", out)
-	return ""
 }
