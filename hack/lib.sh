@@ -9,6 +9,8 @@ KUBE_VERSION=v1.37.2
 CONTAINERD_VERSION=v2.4.2
 REGISTRY_VERSION=v3.1.2
 RUNC_VERSION=v1.5.3
+# gVisor from its Go module (the go branch): runsc and its containerd shim.
+GVISOR_VERSION=v0.0.0-20260905035102-160fafc42237
 
 KUBE_BIN=$SANDMAN_CACHE/kube-$KUBE_VERSION
 CONTAINERD_BIN=$SANDMAN_CACHE/containerd-$CONTAINERD_VERSION
@@ -17,6 +19,11 @@ REGISTRY_BIN=$SANDMAN_CACHE/registry-$REGISTRY_VERSION
 # bookworm has 1.1.5). The node agent names it per container; the stack's
 # containerd keeps the system runc for the kubelet's pods.
 RUNC_BIN=$SANDMAN_CACHE/runc-$RUNC_VERSION/runc
+# gVisor for pods with runtimeClassName gvisor (RuntimeClass handler runsc):
+# runsc and containerd-shim-runsc-v1, which the node agent names by path.
+GVISOR_DIR=$SANDMAN_CACHE/gvisor-$GVISOR_VERSION
+RUNSC_BIN=$GVISOR_DIR/runsc
+RUNSC_SHIM_BIN=$GVISOR_DIR/containerd-shim-runsc-v1
 METRICS_SERVER_VERSION=v0.8.0
 METRICS_SERVER_BIN=$SANDMAN_CACHE/metrics-server-$METRICS_SERVER_VERSION
 METRICS_SERVER_PORT=14443

@@ -21,6 +21,7 @@ need "$CONTAINERD_BIN/containerd" "hack/build-tools.sh (builds containerd $CONTA
 need "$REGISTRY_BIN/registry" "hack/build-tools.sh (builds the registry)"
 need "$METRICS_SERVER_BIN/metrics-server" "hack/build-tools.sh (builds metrics-server)"
 need "$RUNC_BIN" "hack/build-tools.sh runc (builds the sandboxes' runc $RUNC_VERSION)"
+need "$RUNSC_BIN" "hack/build-tools.sh gvisor (builds gVisor $GVISOR_VERSION for RuntimeClass handler runsc)"
 need runc "hack/install-deps.sh"
 need "$CNI_BIN_DIR/bridge" "hack/install-deps.sh (containernetworking-plugins)"
 need curl "hack/install-deps.sh"
@@ -293,6 +294,7 @@ BRIDGE_CIDR=$BRIDGE_CIDR
 BRIDGE_IP=$BRIDGE_IP
 REGISTRY_BIN=$REGISTRY_BIN/registry
 RUNC_BIN=$RUNC_BIN
+RUNSC_BIN=$RUNSC_BIN
 BUSYBOX_IMAGE=127.0.0.1:$REGISTRY_PORT/$BUSYBOX_REPO
 NOSHELL_IMAGE=127.0.0.1:$REGISTRY_PORT/$NOSHELL_REPO
 DEBIAN_IMAGE=127.0.0.1:$REGISTRY_PORT/$DEBIAN_REPO

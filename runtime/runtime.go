@@ -186,7 +186,20 @@ type BindRequest struct {
 	// the node's users; nil leaves it to the node's default. A node that
 	// requires user namespaces refuses true.
 	HostUsers *bool `json:"host_users,omitempty"`
+	// RuntimeHandler is the pod's RuntimeClass handler: empty or
+	// RuntimeHandlerRunc for runc, RuntimeHandlerRunsc for gVisor. A node
+	// without gVisor refuses runsc.
+	RuntimeHandler string `json:"runtime_handler,omitempty"`
 }
+
+// The runtime handlers a sandbox runs under (a RuntimeClass's handler).
+const (
+	RuntimeHandlerRunc  = "runc"
+	RuntimeHandlerRunsc = "runsc"
+)
+
+// GVisor reports whether the pod runs under gVisor.
+func (r BindRequest) GVisor() bool { return r.RuntimeHandler == RuntimeHandlerRunsc }
 
 // ContainerSpec is one container of a pod.
 type ContainerSpec struct {

@@ -61,6 +61,12 @@ func (r BindRequest) Validate() error {
 			return fmt.Errorf("bind %s: the containers' requests add up to more than any node holds: %w", r.Pod.UID, errdefs.ErrInvalidArgument)
 		}
 	}
+	switch r.RuntimeHandler {
+	case "", RuntimeHandlerRunc, RuntimeHandlerRunsc:
+	default:
+		return fmt.Errorf("bind %s: runtime handler %q: sandboxes run under %s (the default) or %s (gVisor): %w",
+			r.Pod.UID, r.RuntimeHandler, RuntimeHandlerRunc, RuntimeHandlerRunsc, errdefs.ErrInvalidArgument)
+	}
 	switch r.RestartPolicy {
 	case "", "Never", "OnFailure", "Always":
 	default:

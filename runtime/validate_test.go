@@ -65,3 +65,21 @@ func TestDefaultSecurity(t *testing.T) {
 		}
 	}
 }
+
+// TestValidateRuntimeHandler: runc (or none) and runsc are the handlers a
+// sandbox runs under; any other is refused by name.
+func TestValidateRuntimeHandler(t *testing.T) {
+	for _, h := range []string{"", RuntimeHandlerRunc, RuntimeHandlerRunsc} {
+		req := BindRequest{Pod: PodRef{UID: "u1"}, Containers: []ContainerSpec{{Name: "main", Image: "img"}}, AllowUnauthenticated: true, RuntimeHandler: h}
+		if err := req.Validate(); err != nil {
+			t.Errorf("handler %q refused: %v", h, err)
+		}
+		if got, want := req.GVisor(), h == RuntimeHandlerRunsc; got != want {
+			t.Errorf("handler %q: GVisor() = %v, want %v", h, got, want)
+		}
+	}
+	req := BindRequest{Pod: PodRef{UID: "u1"}, Containers: []ContainerSpec{{Name: "main", Image: "img"}}, AllowUnauthenticated: true, RuntimeHandler: "kata"}
+	if err := req.Validate(); err == nil || !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), `"kata"`) {
+		t.Fatalf("handler kata: err = %v, want InvalidArgument naming it", err)
+	}
+}

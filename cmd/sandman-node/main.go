@@ -56,6 +56,7 @@ type options struct {
 	diskInodes                                  int64
 	controlNamespaces                           string
 	runc, runcSource, userNS                    string
+	runsc, runscPlatform                        string
 	userNSBase                                  uint
 }
 
@@ -86,6 +87,8 @@ func run(args []string) error {
 	fs.StringVar(&o.daemonSource, "daemon-source", "", "copy this sandman-daemon (the one in the agent's image) to --daemon-path at start (pod mode)")
 	fs.StringVar(&o.runc, "runc", "", "host path of the runc that runs sandboxes (>= 1.2 for user namespaces; hack/build-tools.sh builds the pinned one); default: the runc containerd's shim finds")
 	fs.StringVar(&o.runcSource, "runc-source", "", "copy this runc (the one in the agent's image) to --runc at start (pod mode; the shim runs it on the host)")
+	fs.StringVar(&o.runsc, "runsc", "", "host path of gVisor's runsc: pods whose RuntimeClass handler is runsc run under it (hack/build-tools.sh builds the pinned one); empty: such pods are refused")
+	fs.StringVar(&o.runscPlatform, "runsc-platform", "systrap", "gVisor's platform: systrap, ptrace or kvm (needs /dev/kvm)")
 	fs.StringVar(&o.userNS, "user-namespaces", "on", "on: sandboxes run in a user namespace, root in one an unprivileged uid of the node (a pod's hostUsers: true opts out); required: hostUsers: true is refused; off: only pods with hostUsers: false get one. Needs runc >= 1.2 (--runc) and Linux >= 5.19")
 	fs.UintVar(&o.userNSBase, "user-namespace-base", 1<<31, "first host uid/gid of sandboxes' user namespaces: slot n maps 0-65535 inside to base+n*65536 onwards; keep it apart from other subordinate id ranges of the node (/etc/subuid, a kubelet's user-namespaced pods)")
 	fs.StringVar(&o.hostRoot, "host-root", "", "where the host's root is mounted when the agent runs in a pod: CNI plugins (--cni-bin-dir, a host path) and iptables run from there")
@@ -415,7 +418,7 @@ func connect(ctx context.Context, o options, res runtime.Resources, cacheBytes i
 		Resources: res, StateDir: o.stateDir, DaemonPath: o.daemonPath,
 		CNIConfDir: o.cniConfDir, CNIBinDir: cniBinDir, PidsLimit: o.pidsLimit, Logger: log,
 		SeccompProfileRoot: o.seccompRoot,
-		RuncPath:           o.runc, UserNamespaces: rtcontainerd.UserNamespaces(o.userNS), UserNamespaceBase: uint32(o.userNSBase),
+		RuncPath:           o.runc, RunscPath: o.runsc, RunscPlatform: o.runscPlatform, UserNamespaces: rtcontainerd.UserNamespaces(o.userNS), UserNamespaceBase: uint32(o.userNSBase),
 		RegistryHostsDir: o.hostsDir, ImageCacheBytes: cacheBytes, PrePull: o.prePull, PrePullConcurrency: o.prePullConcurrency,
 	})
 	if err != nil {

@@ -41,6 +41,9 @@ type Stack struct {
 	// stack started before stack.env had it, hack/build-tools.sh's cache
 	// path of the version hack/lib.sh pins).
 	RuncBin string
+	// RunscBin is the pinned gVisor runsc (RUNSC_BIN, or the cache path
+	// as for RuncBin).
+	RunscBin string
 
 	BusyboxImage string
 	NoShellImage string
@@ -177,7 +180,8 @@ func Load(root string) (*Stack, error) {
 		Registry:          env["REGISTRY"],
 		CNIConfDir:        env["CNI_CONF_DIR"],
 		CNIBinDir:         env["CNI_BIN_DIR"],
-		RuncBin:           runcBin(env, root),
+		RuncBin:           cachedBin(env, root, "RUNC_BIN", "RUNC_VERSION", "runc", "runc"),
+		RunscBin:          cachedBin(env, root, "RUNSC_BIN", "GVISOR_VERSION", "gvisor", "runsc"),
 		BusyboxImage:      env["BUSYBOX_IMAGE"],
 		NoShellImage:      env["NOSHELL_IMAGE"],
 		DebianImage:       env["DEBIAN_IMAGE"],
@@ -220,10 +224,12 @@ func script(root, name string) error {
 	return cmd.Run()
 }
 
-// runcBin is RUNC_BIN from stack.env, or where hack/build-tools.sh caches
-// the runc hack/lib.sh pins ($SANDMAN_CACHE/runc-$RUNC_VERSION/runc).
-func runcBin(env map[string]string, root string) string {
-	if p := env["RUNC_BIN"]; p != "" {
+// cachedBin is key from stack.env, or where hack/build-tools.sh caches the
+// binary of the version hack/lib.sh pins
+// ($SANDMAN_CACHE/<dir>-$<versionKey>/<name>), for a stack started before
+// stack.env had key.
+func cachedBin(env map[string]string, root, key, versionKey, dir, name string) string {
+	if p := env[key]; p != "" {
 		return p
 	}
 	b, err := os.ReadFile(filepath.Join(root, "hack", "lib.sh"))
@@ -231,12 +237,12 @@ func runcBin(env map[string]string, root string) string {
 		return ""
 	}
 	for line := range strings.SplitSeq(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "RUNC_VERSION="); ok {
+		if v, ok := strings.CutPrefix(line, versionKey+"="); ok {
 			cache := os.Getenv("SANDMAN_CACHE")
 			if cache == "" {
 				cache = "/var/cache/sandman"
 			}
-			return filepath.Join(cache, "runc-"+strings.TrimSpace(v), "runc")
+			return filepath.Join(cache, dir+"-"+strings.TrimSpace(v), name)
 		}
 	}
 	return ""

@@ -56,6 +56,11 @@ type Config struct {
 	// shim finds, as configured for the worker). User namespaces need runc
 	// 1.2 or later.
 	RuncPath string
+	// RunscPath is the host path of gVisor's runsc: pods whose RuntimeClass
+	// handler is runsc run under it (empty: the node refuses them).
+	// RunscPlatform is its platform (default systrap; kvm needs /dev/kvm).
+	RunscPath     string
+	RunscPlatform string
 	// UserNamespaces says whether sandboxes run in a user namespace, where
 	// root is an unprivileged uid of the node: UserNamespacesOn (the
 	// default for pods that do not say; a pod's hostUsers: true opts out),
@@ -187,6 +192,18 @@ func (c *Config) setDefaults() error {
 		if fi, err := os.Stat(c.RuncPath); err != nil || fi.IsDir() || fi.Mode().Perm()&0o111 == 0 {
 			errs = append(errs, errors.New("runc at "+c.RuncPath+" is not an executable file"))
 		}
+	}
+	if c.RunscPath != "" {
+		if fi, err := os.Stat(c.RunscPath); err != nil || fi.IsDir() || fi.Mode().Perm()&0o111 == 0 {
+			errs = append(errs, errors.New("runsc at "+c.RunscPath+" is not an executable file"))
+		}
+	}
+	switch c.RunscPlatform {
+	case "":
+		c.RunscPlatform = "systrap"
+	case "systrap", "ptrace", "kvm":
+	default:
+		errs = append(errs, fmt.Errorf("runsc platform %q: want systrap, ptrace or kvm", c.RunscPlatform))
 	}
 	switch c.UserNamespaces {
 	case "":

@@ -127,6 +127,9 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 			return nil, err
 		}
 	}
+	if err := r.writeRunscWrapper(); err != nil {
+		return nil, fmt.Errorf("containerd runtime: gVisor: %w", err)
+	}
 	if err := r.recover(r.nsCtx(ctx)); err != nil {
 		return nil, fmt.Errorf("containerd runtime: recover: %w", err)
 	}
@@ -324,6 +327,9 @@ func (r *Runtime) setLocked(s *slot, state runtime.SlotState) {
 func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Slot, error) {
 	err := req.Validate()
 	if err == nil {
+		err = r.checkHandler(req)
+	}
+	if err == nil {
 		_, err = r.userNS(req)
 	}
 	if err != nil {
@@ -449,7 +455,8 @@ func (r *Runtime) reserve(ctx context.Context, req runtime.BindRequest) (*slot, 
 	// the user when the container is made) takes the generic path.
 	// It also runs in a user namespace or not, as the node's default was
 	// when it started: it serves only pods that want the same.
-	hotOK := len(req.Containers) == 1 && req.Containers[0].DefaultSecurity() && req.Containers[0].ExclusiveCPUs == 0
+	// And it runs under runc: a gVisor pod takes a warm slot.
+	hotOK := len(req.Containers) == 1 && req.Containers[0].DefaultSecurity() && req.Containers[0].ExclusiveCPUs == 0 && !req.GVisor()
 	wantNS, _ := r.userNS(req) // Bind refused the error
 	exclusive := 0
 	for _, c := range req.Containers {
@@ -888,12 +895,15 @@ func (r *Runtime) removeContainer(ctx context.Context, id string, grace time.Dur
 		return err
 	}
 	if task, err := container.Task(ctx, nil); err == nil {
+		var opts []ctrd.ProcessDeleteOpts
 		if exit, err := task.Wait(ctx); err == nil {
+			exited := false
 			wait := func(d time.Duration) {
 				t := r.cfg.Clock.NewTimer(d)
 				defer t.Stop()
 				select {
 				case <-exit:
+					exited = true
 				case <-t.C():
 				}
 			}
@@ -901,10 +911,20 @@ func (r *Runtime) removeContainer(ctx context.Context, id string, grace time.Dur
 				_ = task.Kill(ctx, syscall.SIGTERM)
 				wait(grace)
 			}
-			_ = task.Kill(ctx, syscall.SIGKILL, ctrd.WithKillAll)
-			wait(10 * time.Second)
+			if !exited {
+				_ = task.Kill(ctx, syscall.SIGKILL, ctrd.WithKillAll)
+				wait(10 * time.Second)
+			}
+			if !exited {
+				opts = append(opts, ctrd.WithProcessKill)
+			}
+		} else {
+			opts = append(opts, ctrd.WithProcessKill)
 		}
-		if _, err := task.Delete(ctx, ctrd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
+		// Not killed again once it has exited: runsc, unlike runc, answers
+		// a kill of a stopped sandbox with an error the shim does not take
+		// for "already finished", and the delete would fail.
+		if _, err := task.Delete(ctx, opts...); err != nil && !errdefs.IsNotFound(err) {
 			return fmt.Errorf("delete task %s: %w", id, err)
 		}
 	} else if !errdefs.IsNotFound(err) {

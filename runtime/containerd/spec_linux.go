@@ -34,11 +34,13 @@ const DaemonStateDir = "/.sandman/state"
 const daemonStateBytes = 16 << 20
 
 // sandboxSpec is how container i of a pod is made: its spec, the options
-// of its snapshot, and the first host id of its user namespace (0: none).
+// of its snapshot, the first host id of its user namespace (0: none) and
+// whether gVisor runs it.
 type sandboxSpec struct {
 	spec     []oci.SpecOpts
 	snapshot []snapshots.Opt
 	idBase   uint32
+	gvisor   bool
 }
 
 // containerOpts are the options that make a sandbox's container from sp:
@@ -52,7 +54,7 @@ func (r *Runtime) containerOpts(id string, img ctrd.Image, sp sandboxSpec, label
 		ctrd.WithSnapshotter(r.cfg.Snapshotter),
 		ctrd.WithNewSnapshot(id, img, sp.snapshot...),
 		ctrd.WithNewSpec(sp.spec...),
-		r.runtimeOpt(),
+		r.runtimeOpt(sp.gvisor),
 		ctrd.WithContainerLabels(labels),
 	}
 }
@@ -69,7 +71,10 @@ func (r *Runtime) specOpts(s *slot, req runtime.BindRequest, i int, img ctrd.Ima
 	if err != nil {
 		return sandboxSpec{}, err
 	}
-	var sp sandboxSpec
+	// gVisor's Sentry is an unprivileged process already: no user
+	// namespace of the slot's (see gvisor_linux.go).
+	userNS = userNS && !req.GVisor()
+	sp := sandboxSpec{gvisor: req.GVisor()}
 	r.mu.Lock()
 	group := s.group
 	if i == 0 {

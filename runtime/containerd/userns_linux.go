@@ -13,7 +13,6 @@ import (
 	"strconv"
 	"strings"
 
-	runcoptions "github.com/containerd/containerd/api/types/runc/options"
 	ctrd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/core/snapshots"
@@ -115,14 +114,6 @@ func withinIDMap(name string) oci.SpecOpts {
 		}
 		return nil
 	}
-}
-
-// runtimeOpt names RuncPath to containerd's runc shim for a container.
-func (r *Runtime) runtimeOpt() ctrd.NewContainerOpts {
-	if r.cfg.RuncPath == "" {
-		return func(context.Context, *ctrd.Client, *containers.Container) error { return nil }
-	}
-	return ctrd.WithRuntime("io.containerd.runc.v2", &runcoptions.Options{BinaryName: r.cfg.RuncPath})
 }
 
 // checkUserNamespaces tells, at start, why sandboxes could not run in user
