@@ -28,7 +28,8 @@ import (
 // attackScript runs inside a sandbox as root and tries, one by one, what
 // hostile code would. It prints one JSON object per attempt:
 // {"attack": ..., "succeeded": bool, "detail": ...}. Arguments: the
-// host:port targets to connect to.
+// host:port targets to connect to, and --no-pid1-signals to leave PID 1's
+// signals out (gVisor lets them through: see TestGVisorSandboxes).
 const attackScript = `
 import ctypes, json, os, signal, socket, sys
 
@@ -41,18 +42,20 @@ def attempt(attack, fn):
     except Exception as e:
         report(attack, False, repr(e))
 
-for target in sys.argv[1:]:
+signals = "--no-pid1-signals" not in sys.argv
+for target in [a for a in sys.argv[1:] if not a.startswith("--")]:
     host, port = target.rsplit(":", 1)
     attempt("connect " + target, lambda: socket.create_connection((host, int(port)), timeout=3).close())
 
 # Signals to PID 1 (SIGTERM ends a sandbox by design: not sent).
-for sig in ("SIGKILL", "SIGHUP", "SIGINT", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGABRT", "SIGSTOP", "SIGSEGV", "SIGPIPE", "SIGALRM"):
-    try:
-        os.kill(1, getattr(signal, sig))
-    except Exception as e:
-        pass
-pid1 = open("/proc/1/cmdline", "rb").read().split(b"\0")[0].decode()
-report("kill or replace PID 1 with signals", not pid1.endswith("/sandman-daemon"), pid1)
+if signals:
+    for sig in ("SIGKILL", "SIGHUP", "SIGINT", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGABRT", "SIGSTOP", "SIGSEGV", "SIGPIPE", "SIGALRM"):
+        try:
+            os.kill(1, getattr(signal, sig))
+        except Exception as e:
+            pass
+    pid1 = open("/proc/1/cmdline", "rb").read().split(b"\0")[0].decode()
+    report("kill or replace PID 1 with signals", not pid1.endswith("/sandman-daemon"), pid1)
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
@@ -141,54 +144,7 @@ func TestAttackSuite(t *testing.T) {
 		}
 	}
 
-	// Targets: the other sandbox (daemon and server), the node's
-	// addresses (SSH, the kubelet, the apiserver, the registry, the virtual
-	// node's kubelet port, the agent), the apiserver's service address,
-	// metadata; and the attacker's own daemon on loopback, which must work
-	// (the probe itself is sound).
-	primary := primaryAddr(t)
-	u, _ := url.Parse(kubeServer(t, s))
-	_, apiPort, _ := net.SplitHostPort(u.Host)
-	svc, err := s.Kube.CoreV1().Services("default").Get(ctx, "kubernetes", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, agentPort, _ := net.SplitHostPort(p.agents[0].addr)
-	_, vkPort, _ := net.SplitHostPort(p.vkArgs[indexOf(p.vkArgs, "--kubelet-listen")+1])
-	targets := []string{victim.Status.PodIP + ":49983", victim.Status.PodIP + ":8080", "169.254.169.254:80",
-		svc.Spec.ClusterIP + ":443"}
-	for _, host := range []string{s.Env["BRIDGE_IP"], primary} {
-		for _, port := range []string{"22", "10250", apiPort, "15000", vkPort, agentPort} {
-			targets = append(targets, host+":"+port)
-		}
-	}
-	res, err := a.Exec(ctx, api.ExecRequest{Cmd: append([]string{"python3", "-c", attackScript}, append(targets, "127.0.0.1:49983")...), TimeoutSeconds: 120})
-	if err != nil {
-		t.Fatalf("run the attacks: %v", err)
-	}
-	attacks := 0
-	for line := range strings.SplitSeq(strings.TrimSpace(string(res.Stdout)), "\n") {
-		var r struct {
-			Attack    string `json:"attack"`
-			Succeeded bool   `json:"succeeded"`
-			Detail    string `json:"detail"`
-		}
-		if err := json.Unmarshal([]byte(line), &r); err != nil {
-			t.Fatalf("attack output %q: %v\nstderr: %s", line, err, res.Stderr)
-		}
-		attacks++
-		// The one connection that must work: the sandbox's own daemon, so
-		// that a refused connection means the firewall, not the probe.
-		wantSucceeded := r.Attack == "connect 127.0.0.1:49983"
-		if r.Succeeded != wantSucceeded {
-			t.Errorf("attack %q: succeeded=%v (%s)", r.Attack, r.Succeeded, r.Detail)
-		} else {
-			t.Logf("attack %q: succeeded=%v (%s)", r.Attack, r.Succeeded, r.Detail)
-		}
-	}
-	if attacks < len(targets)+15 {
-		t.Fatalf("only %d attack results; stderr: %s", attacks, res.Stderr)
-	}
+	runAttacks(t, s, p, a, victim, true)
 
 	// PID 1 drops the signals it is sent, but commands keep the default
 	// dispositions of the standard signals 1-31 (an ignored one would pass
@@ -258,4 +214,64 @@ func kubeServer(t *testing.T, s *framework.Stack) string {
 		t.Fatalf("kubectl config view: %d %q", code, out)
 	}
 	return strings.TrimSpace(out)
+}
+
+// runAttacks runs attackScript in the sandbox a serves, against the other
+// sandbox victim (its daemon and server), the node's addresses (SSH, the
+// kubelet, the apiserver, the registry, the virtual node's kubelet port,
+// the agent), the apiserver's service address and metadata, and against
+// the attacker's own daemon on loopback, which must work (the probe
+// itself is sound). Every other attempt must fail. pid1Signals: PID 1 is
+// sent the signals that must not end it.
+func runAttacks(t *testing.T, s *framework.Stack, p *vpool, a *client.Client, victim *corev1.Pod, pid1Signals bool) {
+	t.Helper()
+	ctx := t.Context()
+	primary := primaryAddr(t)
+	u, _ := url.Parse(kubeServer(t, s))
+	_, apiPort, _ := net.SplitHostPort(u.Host)
+	svc, err := s.Kube.CoreV1().Services("default").Get(ctx, "kubernetes", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, agentPort, _ := net.SplitHostPort(p.agents[0].addr)
+	_, vkPort, _ := net.SplitHostPort(p.vkArgs[indexOf(p.vkArgs, "--kubelet-listen")+1])
+	targets := []string{victim.Status.PodIP + ":49983", victim.Status.PodIP + ":8080", "169.254.169.254:80",
+		svc.Spec.ClusterIP + ":443"}
+	for _, host := range []string{s.Env["BRIDGE_IP"], primary} {
+		for _, port := range []string{"22", "10250", apiPort, "15000", vkPort, agentPort} {
+			targets = append(targets, host+":"+port)
+		}
+	}
+	args := append([]string{"python3", "-c", attackScript}, append(targets, "127.0.0.1:49983")...)
+	want := len(targets) + 15
+	if !pid1Signals {
+		args, want = append(args, "--no-pid1-signals"), want-1
+	}
+	res, err := a.Exec(ctx, api.ExecRequest{Cmd: args, TimeoutSeconds: 120})
+	if err != nil {
+		t.Fatalf("run the attacks: %v", err)
+	}
+	attacks := 0
+	for line := range strings.SplitSeq(strings.TrimSpace(string(res.Stdout)), "\n") {
+		var r struct {
+			Attack    string `json:"attack"`
+			Succeeded bool   `json:"succeeded"`
+			Detail    string `json:"detail"`
+		}
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("attack output %q: %v\nstderr: %s", line, err, res.Stderr)
+		}
+		attacks++
+		// The one connection that must work: the sandbox's own daemon, so
+		// that a refused connection means the firewall, not the probe.
+		wantSucceeded := r.Attack == "connect 127.0.0.1:49983"
+		if r.Succeeded != wantSucceeded {
+			t.Errorf("attack %q: succeeded=%v (%s)", r.Attack, r.Succeeded, r.Detail)
+		} else {
+			t.Logf("attack %q: succeeded=%v (%s)", r.Attack, r.Succeeded, r.Detail)
+		}
+	}
+	if attacks < want {
+		t.Fatalf("only %d attack results; stderr: %s", attacks, res.Stderr)
+	}
 }

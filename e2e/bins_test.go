@@ -147,3 +147,11 @@ func primaryAddr(t *testing.T) string {
 	t.Fatalf("no source address in %q", out)
 	return ""
 }
+
+// needRunsc skips when hack/build-tools.sh has not built gVisor.
+func needRunsc(t *testing.T, s *framework.Stack) {
+	t.Helper()
+	if fi, err := os.Stat(s.RunscBin); s.RunscBin == "" || err != nil || fi.Mode()&0o111 == 0 {
+		t.Skipf("no pinned runsc at %q: build it with hack/build-tools.sh gvisor", s.RunscBin)
+	}
+}

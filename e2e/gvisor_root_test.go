@@ -6,7 +6,6 @@ import (
 	"context"
 	"net"
 	"net/http"
-	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -21,14 +20,6 @@ import (
 	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
 	"github.com/sandman-dev/sandman/runtime/runtimetest"
 )
-
-// needRunsc skips when hack/build-tools.sh has not built gVisor.
-func needRunsc(t *testing.T, s *framework.Stack) {
-	t.Helper()
-	if fi, err := os.Stat(s.RunscBin); s.RunscBin == "" || err != nil || fi.Mode()&0o111 == 0 {
-		t.Skipf("no pinned runsc at %q: build it with hack/build-tools.sh gvisor", s.RunscBin)
-	}
-}
 
 // TestRootGVisor: a pod whose runtime handler is runsc runs under gVisor's
 // kernel with the daemon serving exec and files inside; the slot's firewall

@@ -99,7 +99,7 @@ func startPool(t *testing.T, s *framework.Stack, n, slots int) *vpool {
 		a := &vagent{name: name, addr: "127.0.0.1:" + strconv.Itoa(freePort(t)), namespace: "sandman-e2e-" + name, bin: nodeBin}
 		a.args = []string{"--node", name, "--containerd-address", s.ContainerdAddress, "--namespace", a.namespace,
 			"--slots", strconv.Itoa(slots), "--warm-slots", "2", "--cpu", "4", "--memory", "8Gi",
-			"--state-dir", filepath.Join(framework.StateDir(), "e2e-nodes", name), "--daemon-path", daemonBin, "--runc", s.RuncBin,
+			"--state-dir", filepath.Join(framework.StateDir(), "e2e-nodes", name), "--daemon-path", daemonBin, "--runc", s.RuncBin, "--runsc", s.RunscBin,
 			"--cni-conf-dir", s.CNIConfDir, "--cni-bin-dir", s.CNIBinDir, "--listen", a.addr}
 		a.proc = launchAgent(t, nodeBin, a.args)
 		a.client = nodeapi.NewClient(a.addr, "pool-secret", nil)

@@ -24,4 +24,5 @@ fi
 log "component images: building and pushing to $REGISTRY (tags $tags)"
 cd "$SANDMAN_ROOT"
 need "$RUNC_BIN" "hack/build-tools.sh runc (the sandman-node image carries it)"
-go run ./hack/imagebuild -registry "$REGISTRY" -tag "$tags" -images "${IMAGES:-all}" -runc "$RUNC_BIN" -print-digests "$@"
+need "$RUNSC_BIN" "hack/build-tools.sh gvisor (the sandman-node image carries it)"
+go run ./hack/imagebuild -registry "$REGISTRY" -tag "$tags" -images "${IMAGES:-all}" -runc "$RUNC_BIN" -runsc "$RUNSC_BIN" -print-digests "$@"

@@ -261,6 +261,9 @@ until [ "$("${KUBECTL[@]}" get node "$WORKER_NAME" -o jsonpath='{.status.conditi
 	sleep 0.5
 done
 log "worker $WORKER_NAME: Ready, pod CIDR $("${KUBECTL[@]}" get node "$WORKER_NAME" -o jsonpath='{.spec.podCIDR}')"
+# The cluster's gVisor RuntimeClass (deploy/base has it too), for sandboxes of
+# runtimeClassName gvisor.
+"${KUBECTL[@]}" apply -f "$SANDMAN_ROOT/deploy/base/runtimeclass.yaml" >/dev/null
 
 cat >"$SANDMAN_STATE/kube-proxy-config.yaml" <<KPCFG
 apiVersion: kubeproxy.config.k8s.io/v1alpha1

@@ -32,7 +32,7 @@ for w in worker-a worker-b; do
 	start "sandman-node-$w" "curl -fsS http://127.0.0.1:$port/healthz" \
 		"$BIN/sandman-node" --node "$w" --containerd-address "$CONTAINERD_ADDRESS" --namespace "sandman-$w" \
 		--slots 8 --warm-slots 2 --cpu 4 --memory 8Gi --state-dir "$SANDMAN_STATE/nodes/$w" \
-		--daemon-path "$BIN/sandman-daemon" --runc "$RUNC_BIN" --cni-conf-dir "$CNI_CONF_DIR" --cni-bin-dir "$CNI_BIN_DIR" \
+		--daemon-path "$BIN/sandman-daemon" --runc "$RUNC_BIN" --runsc "$RUNSC_BIN" --cni-conf-dir "$CNI_CONF_DIR" --cni-bin-dir "$CNI_BIN_DIR" \
 		--listen "127.0.0.1:$port" --token-file "$TOKEN_FILE"
 	AGENTS="$AGENTS${AGENTS:+,}$w=127.0.0.1:$port"
 	port=$((port + 1))

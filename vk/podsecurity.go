@@ -46,11 +46,6 @@ func podSecurity(pod *corev1.Pod) error {
 			return fmt.Errorf("spec.%s: sandboxes never share the worker's namespaces: remove it", f.name)
 		}
 	}
-	if rc := spec.RuntimeClassName; rc != nil && *rc != "" {
-		// Not yet: gVisor (issue 14). A pod that asks for another runtime
-		// must not run under runc believing it has one.
-		return fmt.Errorf("spec.runtimeClassName %q: this pool runs sandboxes under runc only, with no runtime classes yet: remove it", *rc)
-	}
 	for _, v := range spec.Volumes {
 		switch t := volumeType(v.VolumeSource); {
 		case t == "hostPath":
@@ -221,4 +216,32 @@ func capability(name corev1.Capability) string {
 		return n
 	}
 	return "CAP_" + n
+}
+
+// runtimeHandler is the handler of the pod's RuntimeClass, as a kubelet
+// hands it to its container runtime: runc (or none) and runsc (gVisor) are
+// what sandboxes run under. A pod asking for another runtime, or for a
+// RuntimeClass that is not there, fails rather than run under runc
+// believing it has what it asked for.
+func (p *Provider) runtimeHandler(pod *corev1.Pod) (string, error) {
+	name := pod.Spec.RuntimeClassName
+	if name == nil || *name == "" {
+		return "", nil
+	}
+	if p.cfg.RuntimeClasses == nil {
+		return "", fmt.Errorf("spec.runtimeClassName %q: this virtual node reads no RuntimeClasses: remove it", *name)
+	}
+	rc, err := p.cfg.RuntimeClasses.Get(*name)
+	if err != nil {
+		return "", fmt.Errorf("spec.runtimeClassName %q: no RuntimeClass of that name (%v): create it or remove the field", *name, err)
+	}
+	switch rc.Handler {
+	case runtime.RuntimeHandlerRunc:
+		return "", nil
+	case runtime.RuntimeHandlerRunsc, "gvisor":
+		// gvisor: GKE Sandbox's name for the same handler.
+		return runtime.RuntimeHandlerRunsc, nil
+	}
+	return "", fmt.Errorf("spec.runtimeClassName %q: its handler %q is not one sandboxes run under: %s (the default) or %s (gVisor)",
+		*name, rc.Handler, runtime.RuntimeHandlerRunc, runtime.RuntimeHandlerRunsc)
 }

@@ -7,7 +7,11 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	nodev1listers "k8s.io/client-go/listers/node/v1"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 
 	"github.com/sandman-dev/sandman/runtime"
@@ -301,5 +305,43 @@ func TestHostUsers(t *testing.T) {
 				t.Fatalf("HostUsers = %v, want %v", req.HostUsers, tc.v)
 			}
 		})
+	}
+}
+
+// TestRuntimeClassHandler: a pod's runtimeClassName reaches the node agent
+// as its RuntimeClass's handler, as a kubelet's CRI call carries it; runc
+// and runsc (gVisor) are accepted, any other handler and a missing
+// RuntimeClass fail the pod by name.
+func TestRuntimeClassHandler(t *testing.T) {
+	idx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	for name, handler := range map[string]string{"gvisor": "runsc", "gke": "gvisor", "plain": "runc", "kata": "kata-qemu"} {
+		if err := idx.Add(&nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Handler: handler}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := translator(func(c *Config) { c.RuntimeClasses = nodev1listers.NewRuntimeClassLister(idx) })
+	for _, tc := range []struct {
+		class, want, err string
+	}{
+		{"", "", ""},
+		{"gvisor", runtime.RuntimeHandlerRunsc, ""},
+		{"gke", runtime.RuntimeHandlerRunsc, ""},
+		{"plain", "", ""},
+		{"kata", "", `handler "kata-qemu"`},
+		{"missing", "", `no RuntimeClass of that name`},
+	} {
+		pod := testPod("p", "img")
+		if tc.class != "" {
+			pod.Spec.RuntimeClassName = ptr.To(tc.class)
+		}
+		req, err := p.bindRequest(pod)
+		switch {
+		case tc.err == "" && err != nil:
+			t.Errorf("class %q: %v", tc.class, err)
+		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err) || !strings.Contains(err.Error(), "spec.runtimeClassName")):
+			t.Errorf("class %q: err = %v, want one naming spec.runtimeClassName and saying %q", tc.class, err, tc.err)
+		case tc.err == "" && req.RuntimeHandler != tc.want:
+			t.Errorf("class %q: handler %q, want %q", tc.class, req.RuntimeHandler, tc.want)
+		}
 	}
 }

@@ -23,6 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	corev1listers "k8s.io/client-go/listers/core/v1"
+	nodev1listers "k8s.io/client-go/listers/node/v1"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
@@ -62,6 +63,9 @@ type Config struct {
 	Client  kubernetes.Interface
 	Pods    corev1listers.PodLister
 	Secrets corev1listers.SecretLister
+	// RuntimeClasses resolve a pod's runtimeClassName to its handler (nil:
+	// pods that name one fail).
+	RuntimeClasses nodev1listers.RuntimeClassLister
 	// Recorder records the events that say why a pod waits, fails or is
 	// reclaimed.
 	Recorder record.EventRecorder
@@ -683,6 +687,11 @@ func (p *Provider) bindRequest(pod *corev1.Pod) (runtime.BindRequest, error) {
 	if err := podSecurity(pod); err != nil {
 		return req, err
 	}
+	handler, err := p.runtimeHandler(pod)
+	if err != nil {
+		return req, err
+	}
+	req.RuntimeHandler = handler
 	for _, c := range pod.Spec.Containers {
 		cs, err := containerSpec(pod, c)
 		if err != nil {

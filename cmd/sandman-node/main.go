@@ -56,7 +56,7 @@ type options struct {
 	diskInodes                                  int64
 	controlNamespaces                           string
 	runc, runcSource, userNS                    string
-	runsc, runscPlatform                        string
+	runsc, runscSource, runscPlatform           string
 	userNSBase                                  uint
 }
 
@@ -88,6 +88,7 @@ func run(args []string) error {
 	fs.StringVar(&o.runc, "runc", "", "host path of the runc that runs sandboxes (>= 1.2 for user namespaces; hack/build-tools.sh builds the pinned one); default: the runc containerd's shim finds")
 	fs.StringVar(&o.runcSource, "runc-source", "", "copy this runc (the one in the agent's image) to --runc at start (pod mode; the shim runs it on the host)")
 	fs.StringVar(&o.runsc, "runsc", "", "host path of gVisor's runsc: pods whose RuntimeClass handler is runsc run under it (hack/build-tools.sh builds the pinned one); empty: such pods are refused")
+	fs.StringVar(&o.runscSource, "runsc-source", "", "copy this runsc (the one in the agent's image) to --runsc at start (pod mode; the shim runs it on the host)")
 	fs.StringVar(&o.runscPlatform, "runsc-platform", "systrap", "gVisor's platform: systrap, ptrace or kvm (needs /dev/kvm)")
 	fs.StringVar(&o.userNS, "user-namespaces", "on", "on: sandboxes run in a user namespace, root in one an unprivileged uid of the node (a pod's hostUsers: true opts out); required: hostUsers: true is refused; off: only pods with hostUsers: false get one. Needs runc >= 1.2 (--runc) and Linux >= 5.19")
 	fs.UintVar(&o.userNSBase, "user-namespace-base", 1<<31, "first host uid/gid of sandboxes' user namespaces: slot n maps 0-65535 inside to base+n*65536 onwards; keep it apart from other subordinate id ranges of the node (/etc/subuid, a kubelet's user-namespaced pods)")
@@ -199,6 +200,14 @@ func run(args []string) error {
 		}
 		if err := installBinary(o.runcSource, o.runc); err != nil {
 			return fmt.Errorf("--runc-source, --runc: %w", err)
+		}
+	}
+	if o.runscSource != "" {
+		if o.runsc == "" {
+			return errors.New("--runsc-source needs --runsc, the host path to copy it to")
+		}
+		if err := installBinary(o.runscSource, o.runsc); err != nil {
+			return fmt.Errorf("--runsc-source, --runsc: %w", err)
 		}
 	}
 	if o.userNSBase > 1<<32-1 {
@@ -349,6 +358,9 @@ func run(args []string) error {
 			}
 			if o.runcSource != "" {
 				errs = append(errs, os.Remove(o.runc))
+			}
+			if o.runscSource != "" {
+				errs = append(errs, os.Remove(o.runsc))
 			}
 			return errors.Join(errs...)
 		}

@@ -29,6 +29,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
+	kubeinformers "k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -364,10 +365,14 @@ func run(args []string) (retErr error) {
 	default:
 		log.Warn("no --tls-cert-file and --serving-cert=file: the kubelet API (kubectl logs/exec) is not served")
 	}
+	// RuntimeClasses: a pod's runtimeClassName becomes its handler (runc or
+	// runsc), as a kubelet resolves it.
+	runtimeClasses := kubeinformers.NewSharedInformerFactory(client, o.resync).Node().V1().RuntimeClasses()
 	vnode, err := nodeutil.NewNode(o.nodeName, func(pc nodeutil.ProviderConfig) (nodeutil.Provider, node.NodeProvider, error) {
 		provider, err = vk.New(vk.Config{
 			NodeName: o.nodeName, Pool: pl, Client: client, Pods: pc.Pods, Secrets: pc.Secrets, Recorder: recorder,
-			NodeIP: o.nodeIP, AllowUnauthenticated: o.allowUnauthenticated, PoolSecret: []byte(poolSecret),
+			RuntimeClasses: runtimeClasses.Lister(),
+			NodeIP:         o.nodeIP, AllowUnauthenticated: o.allowUnauthenticated, PoolSecret: []byte(poolSecret),
 			ReconcileInterval: o.reconcile, OrphanGrace: o.orphanGrace, Logger: log, SelfUsage: selfUsage,
 			DefaultLimits: o.defaultLimits.l, MaxLimits: o.maxLimits.l, PidsLimit: o.pidsLimit,
 		})
@@ -378,7 +383,7 @@ func run(args []string) (retErr error) {
 	}
 	// sandman's own routes (images, pre-pull) beside the kubelet API.
 	provider.AttachAPI(mux)
-	if err := syncInformers(ctx, informers); err != nil {
+	if err := syncInformers(ctx, append(informers, runtimeClasses.Informer())); err != nil {
 		return err
 	}
 

@@ -97,11 +97,16 @@ type options struct {
 	layoutDir    string
 	printDigests bool
 	runc         string
+	runsc        string
 }
 
 // runcPath is where the sandman-node image carries the runc it copies to
 // the node (-runc; sandman-node --runc-source).
 const runcPath = "/usr/local/lib/sandman/runc"
+
+// runscPath is where it carries gVisor's runsc (-runsc; sandman-node
+// --runsc-source), for pods of RuntimeClass handler runsc.
+const runscPath = "/usr/local/lib/sandman/runsc"
 
 func main() {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -114,6 +119,7 @@ func main() {
 	fs.StringVar(&o.layoutDir, "layout", "", "also write an OCI image layout to this directory")
 	fs.BoolVar(&o.printDigests, "print-digests", false, "print image@sha256:... lines on stdout")
 	fs.StringVar(&o.runc, "runc", "", "runc binary (hack/build-tools.sh runc) the sandman-node image carries at "+runcPath+" for the node's sandboxes (required for sandman-node)")
+	fs.StringVar(&o.runsc, "runsc", "", "gVisor's runsc (hack/build-tools.sh gvisor) the sandman-node image carries at "+runscPath+" (optional: without it the image's agents run no gVisor pods)")
 	_ = fs.Parse(os.Args[1:])
 	if len(o.tags) == 0 {
 		o.tags = listFlag{"dev"}
@@ -185,6 +191,9 @@ func run(ctx context.Context, log *slog.Logger, o options) error {
 				return errors.New("image sandman-node: give -runc, the runc its agent copies to the node (hack/build-tools.sh runc builds it)")
 			}
 			files = append(files, File{Path: runcPath, Source: o.runc, Mode: 0o755})
+			if o.runsc != "" {
+				files = append(files, File{Path: runscPath, Source: o.runsc, Mode: 0o755})
+			}
 		}
 		cfg := s.cfg
 		cfg.Created = created

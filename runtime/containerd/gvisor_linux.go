@@ -10,6 +10,7 @@ import (
 	runcoptions "github.com/containerd/containerd/api/types/runc/options"
 	ctrd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/cgroups/v3"
 	"github.com/containerd/errdefs"
 
 	"github.com/sandman-dev/sandman/runtime"
@@ -63,6 +64,42 @@ func (r *Runtime) writeRunscWrapper() error {
 		return err
 	}
 	return os.Rename(tmp, path)
+}
+
+// prepareCpuset makes the namespace's cpuset cgroup (v1) with the root's
+// CPUs and memory nodes, as runc does for the parents of a container's
+// cgroup: runsc creates missing parents empty, and then cannot write its
+// own cgroup's CPUs ("permission denied") when a gVisor pod is the first
+// of the namespace.
+func (r *Runtime) prepareCpuset() error {
+	if r.cfg.RunscPath == "" || cgroups.Mode() == cgroups.Unified {
+		return nil
+	}
+	root := "/sys/fs/cgroup/cpuset"
+	if _, err := os.Stat(filepath.Join(root, "cpuset.cpus")); err != nil {
+		return nil // no cpuset controller mounted there
+	}
+	dir := filepath.Join(root, r.cfg.Namespace)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("cpuset cgroup %s: %w", dir, err)
+	}
+	for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+		cur, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			return err
+		}
+		if strings.TrimSpace(string(cur)) != "" {
+			continue
+		}
+		v, err := os.ReadFile(filepath.Join(root, f))
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), v, 0); err != nil {
+			return fmt.Errorf("cpuset cgroup %s: %s: %w", dir, f, err)
+		}
+	}
+	return nil
 }
 
 // checkHandler refuses a pod this node cannot run under its handler.

@@ -127,6 +127,9 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 			return nil, err
 		}
 	}
+	if err := r.prepareCpuset(); err != nil {
+		return nil, fmt.Errorf("containerd runtime: gVisor: %w", err)
+	}
 	if err := r.writeRunscWrapper(); err != nil {
 		return nil, fmt.Errorf("containerd runtime: gVisor: %w", err)
 	}

@@ -1,0 +1,109 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/sandman-dev/sandman/daemon/api"
+	"github.com/sandman-dev/sandman/e2e/framework"
+	"github.com/sandman-dev/sandman/runtime"
+)
+
+// ensureRuntimeClass makes RuntimeClass name with handler, unless it is
+// there (the stack's gvisor one is; TestDeployed's uninstall may remove it).
+func ensureRuntimeClass(t *testing.T, s *framework.Stack, name, handler string) {
+	t.Helper()
+	_, err := s.Kube.NodeV1().RuntimeClasses().Create(t.Context(),
+		&nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Handler: handler}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+}
+
+// TestGVisorSandboxes: a pod with runtimeClassName gvisor becomes a sandbox
+// under gVisor's kernel; kubectl exec reaches it as any pod; the attack
+// suite fails from inside it as from a runc sandbox (the slot's firewall
+// holds for gVisor's sockets); a memory bomb ends the process, not the
+// sandbox; killing its own PID 1, which gVisor allows, ends that sandbox
+// and nothing else; and a RuntimeClass whose handler sandboxes do not run under
+// fails its pod by name.
+func TestGVisorSandboxes(t *testing.T) {
+	s := framework.Get(t)
+	needRunsc(t, s)
+	ensureRuntimeClass(t, s, "gvisor", runtime.RuntimeHandlerRunsc)
+	ensureRuntimeClass(t, s, "sandman-e2e-kata", "kata-qemu")
+	t.Cleanup(func() {
+		_ = s.Kube.NodeV1().RuntimeClasses().Delete(context.Background(), "sandman-e2e-kata", metav1.DeleteOptions{})
+	})
+	p := startPool(t, s, 1, 4)
+	ctx := t.Context()
+	p.create(p.newPod("victim", s.DebianImage, func(pod *corev1.Pod) {
+		pod.Spec.Containers[0].Command = []string{"python3", "-m", "http.server", "8080"}
+		pod.Spec.Containers[0].Args = nil
+		pod.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 8080}}
+	}))
+	p.create(p.newPod("guest", s.DebianImage, func(pod *corev1.Pod) {
+		pod.Spec.RuntimeClassName = ptr.To("gvisor")
+		pod.Spec.Containers[0].Resources.Limits = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")}
+	}))
+	p.create(p.newPod("kata", s.BusyboxImage, func(pod *corev1.Pod) { pod.Spec.RuntimeClassName = ptr.To("sandman-e2e-kata") }))
+	victim := p.waitPod("victim", 3*time.Minute, "Ready", podReady)
+	guest := p.waitPod("guest", 3*time.Minute, "Ready", podReady)
+
+	out, errOut, code := kubectl(t, s, "", "-n", p.ns, "exec", "guest", "--", "uname", "-r")
+	if code != 0 || !strings.Contains(out, "gvisor") {
+		t.Fatalf("kubectl exec guest -- uname -r: %q %q %d, want gVisor's kernel", out, errOut, code)
+	}
+	if out, _, _ := kubectl(t, s, "", "-n", p.ns, "exec", "victim", "--", "uname", "-r"); strings.Contains(out, "gvisor") {
+		t.Fatalf("the runc pod runs on %q", out)
+	}
+
+	a := daemonAt(t, guest.Status.PodIP, trainerToken)
+	// Everything but PID 1's signals: gVisor's kernel does not protect a
+	// PID namespace's init from its members (below).
+	runAttacks(t, s, p, a, victim, false)
+
+	// A memory bomb past the pod's limit ends the process; gVisor's
+	// kernel and the daemon live on.
+	if r, err := a.Exec(ctx, api.ExecRequest{Cmd: []string{"python3", "-c", "x = []\nwhile True: x.append(bytearray(16 << 20))"}, TimeoutSeconds: 60}); err != nil || r.ExitCode == 0 {
+		t.Errorf("memory bomb: %+v %v, want killed", r, err)
+	}
+	framework.Eventually(t, time.Minute, "the guest's daemon to serve after the attacks", func(ctx context.Context) (bool, error) {
+		r, err := a.Exec(ctx, api.ExecRequest{Cmd: []string{"cat", "/proc/1/comm"}})
+		return err == nil && strings.TrimSpace(string(r.Stdout)) == "sandman-daemon", nil
+	})
+	if r, err := daemonAt(t, victim.Status.PodIP, trainerToken).Exec(ctx, api.ExecRequest{Cmd: []string{"true"}}); err != nil || r.ExitCode != 0 {
+		t.Errorf("the victim after the attacks: %v", err)
+	}
+
+	// gVisor lets root in the sandbox SIGKILL its PID 1 (the daemon), which
+	// Linux refuses: the sandbox ends, and only it. The pod fails, the
+	// victim serves, and the slot takes the next gVisor pod.
+	if _, err := a.Exec(ctx, api.ExecRequest{Cmd: []string{"python3", "-c", "import os; os.kill(1, 9)"}}); err == nil {
+		t.Log("kill -KILL 1 returned before the daemon ended")
+	}
+	p.waitPod("guest", time.Minute, "to end", func(pod *corev1.Pod) bool {
+		return pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded
+	})
+	if r, err := daemonAt(t, victim.Status.PodIP, trainerToken).Exec(ctx, api.ExecRequest{Cmd: []string{"true"}}); err != nil || r.ExitCode != 0 {
+		t.Errorf("the victim after the guest killed its PID 1: %v", err)
+	}
+	p.create(p.newPod("guest-2", s.BusyboxImage, func(pod *corev1.Pod) { pod.Spec.RuntimeClassName = ptr.To("gvisor") }))
+	p.waitPod("guest-2", 2*time.Minute, "Ready after the first guest's end", podReady)
+
+	kata := p.waitPod("kata", time.Minute, "refused", func(pod *corev1.Pod) bool { return pod.Status.Phase == corev1.PodFailed })
+	if kata.Status.Reason != runtime.ReasonInvalidSpec || !strings.Contains(kata.Status.Message, `"kata-qemu"`) {
+		t.Errorf("a pod of RuntimeClass handler kata-qemu: %s %q, want InvalidSpec naming the handler", kata.Status.Reason, kata.Status.Message)
+	}
+}
