@@ -7,10 +7,10 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/containerd/cgroups/v3"
 	runcoptions "github.com/containerd/containerd/api/types/runc/options"
 	ctrd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/containers"
-	"github.com/containerd/cgroups/v3"
 	"github.com/containerd/errdefs"
 
 	"github.com/sandman-dev/sandman/runtime"
