@@ -154,6 +154,15 @@ func benchNode(cfg config) ([]row, error) {
 	if err != nil {
 		return nil, fmt.Errorf("generic bind in a user namespace: %w", err)
 	}
+	// gVisor beside the pinned runc: bind to first exec, exec round trip.
+	runsc := env["RUNSC_BIN"]
+	if runsc == "" {
+		runsc = filepath.Join(env["SANDMAN_CACHE"], "gvisor-"+env["GVISOR_VERSION"], "runsc")
+	}
+	gvisor, err := be.gvisorRows(ctx, image, runc, runsc, n)
+	if err != nil {
+		return nil, err
+	}
 
 	// Hot slots: the busybox image pinned, 4 started sandboxes waiting.
 	hotRT, stopHot, err := be.startRuntime(ctx, "bench-hot", func(c *rtcontainerd.Config) {
@@ -234,6 +243,7 @@ func benchNode(cfg config) ([]row, error) {
 		{name: "generic bind without the sandbox firewall", n: n, p50: ms(noFW.p50()), p99: ms(noFW.p99()), baseline: "generic bind (firewall on)", ratio: ratio(generic.p50(), noFW.p50()), note: "ratio: the firewall's cost"},
 		{name: "generic bind, pinned runc (" + strings.TrimPrefix(filepath.Base(filepath.Dir(runc)), "runc-") + "), node's users", n: n, p50: ms(pinned.p50()), p99: ms(pinned.p99()), baseline: "-", ratio: "1.00×"},
 		{name: "generic bind, pinned runc, user namespace", n: n, p50: ms(userns.p50()), p99: ms(userns.p99()), baseline: "pinned runc, node's users", ratio: ratio(userns.p50(), pinned.p50()), note: "the user namespace's cost (idmapped overlay, own sysfs)"},
+		gvisor[0], gvisor[1], gvisor[2], gvisor[3],
 		{name: "hot-slot bind (started sandbox assigned)", n: len(hot), p50: ms(hot.p50()), p99: ms(hot.p99()), baseline: "raw create+start", ratio: ratio(hot.p50(), raw.p50()), note: "target p50 ≤ 10 ms"},
 		{name: "binds per second, concurrency 8", n: burst, p50: fmt.Sprintf("%.1f /s", rate), p99: "-", baseline: "-", ratio: "-"},
 		{name: "host memory per idle sandbox, shim per sandbox (default)", n: 24, p50: fmt.Sprintf("%.1f MB", pss/24/1e6), p99: "-", baseline: "-", ratio: "-", note: fmt.Sprintf("PSS of %d shim + daemon processes", procs)},
