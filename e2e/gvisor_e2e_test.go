@@ -35,7 +35,7 @@ func ensureRuntimeClass(t *testing.T, s *framework.Stack, name, handler string) 
 // under gVisor's kernel; kubectl exec reaches it as any pod; the attack
 // suite fails from inside it as from a runc sandbox (the slot's firewall
 // holds for gVisor's sockets); a memory bomb ends the process, not the
-// sandbox; killing its own PID 1, which gVisor allows, ends that sandbox
+// sandbox; a fork bomb ends its own sandbox and nothing else; killing its own PID 1, which gVisor allows, ends that sandbox
 // and nothing else; and a RuntimeClass whose handler sandboxes do not run under
 // fails its pod by name.
 func TestGVisorSandboxes(t *testing.T) {
@@ -74,8 +74,8 @@ func TestGVisorSandboxes(t *testing.T) {
 	// PID namespace's init from its members (below).
 	runAttacks(t, s, p, a, victim, false)
 
-	// A memory bomb past the pod's limit ends the process; gVisor's
-	// kernel and the daemon live on.
+	// A memory bomb past the pod's limit ends the process; gVisor's kernel
+	// and the daemon live on.
 	if r, err := a.Exec(ctx, api.ExecRequest{Cmd: []string{"python3", "-c", "x = []\nwhile True: x.append(bytearray(16 << 20))"}, TimeoutSeconds: 60}); err != nil || r.ExitCode == 0 {
 		t.Errorf("memory bomb: %+v %v, want killed", r, err)
 	}
@@ -100,7 +100,22 @@ func TestGVisorSandboxes(t *testing.T) {
 		t.Errorf("the victim after the guest killed its PID 1: %v", err)
 	}
 	p.create(p.newPod("guest-2", s.BusyboxImage, func(pod *corev1.Pod) { pod.Spec.RuntimeClassName = ptr.To("gvisor") }))
-	p.waitPod("guest-2", 2*time.Minute, "Ready after the first guest's end", podReady)
+	guest2 := p.waitPod("guest-2", 2*time.Minute, "Ready after the first guest's end", podReady)
+
+	// A fork bomb under gVisor ends its sandbox (each guest process is a
+	// host stub process of the Sentry's, and the pids limit stops them,
+	// which gVisor does not survive), and only it.
+	if _, err := daemonAt(t, guest2.Status.PodIP, trainerToken).Exec(ctx, api.ExecRequest{Shell: "b() { b | b & }; b", TimeoutSeconds: 10}); err != nil {
+		t.Logf("fork bomb exec: %v", err)
+	}
+	p.waitPod("guest-2", 2*time.Minute, "to end after its fork bomb", func(pod *corev1.Pod) bool {
+		return pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded
+	})
+	if r, err := daemonAt(t, victim.Status.PodIP, trainerToken).Exec(ctx, api.ExecRequest{Cmd: []string{"true"}}); err != nil || r.ExitCode != 0 {
+		t.Errorf("the victim after the gVisor fork bomb: %v", err)
+	}
+	p.create(p.newPod("after", s.BusyboxImage, func(pod *corev1.Pod) { pod.Spec.RuntimeClassName = ptr.To("gvisor") }))
+	p.waitPod("after", 2*time.Minute, "a gVisor sandbox Ready after the fork bomb", podReady)
 
 	kata := p.waitPod("kata", time.Minute, "refused", func(pod *corev1.Pod) bool { return pod.Status.Phase == corev1.PodFailed })
 	if kata.Status.Reason != runtime.ReasonInvalidSpec || !strings.Contains(kata.Status.Message, `"kata-qemu"`) {
