@@ -75,6 +75,7 @@ func TestDeployed(t *testing.T) {
 	var box *corev1.Pod
 	t.Run("TrainerJob", d.trainerJob)
 	t.Run("KubectlExecLogsTop", func(t *testing.T) { box = d.kubectlExecLogsTop(t) })
+	t.Run("GVisor", d.gvisor)
 	t.Run("PoolShareReserved", d.poolShareReserved)
 	t.Run("E2BGateway", d.gateway)
 	t.Run("NetworkPolicy", d.networkPolicy)
@@ -332,6 +333,12 @@ func (d *deployed) trainerJob(t *testing.T) {
 // sandbox creates a sandbox pod in the trainer's namespace and waits for it.
 func (d *deployed) sandbox(t *testing.T, name string, command ...string) *corev1.Pod {
 	t.Helper()
+	return d.sandboxWith(t, name, nil, command...)
+}
+
+// sandboxWith is sandbox with the pod changed by mutate first.
+func (d *deployed) sandboxWith(t *testing.T, name string, mutate func(*corev1.Pod), command ...string) *corev1.Pod {
+	t.Helper()
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: d.ns, Annotations: map[string]string{"sandman.io/token-sha256": trainerHash()}},
 		Spec: corev1.PodSpec{
@@ -340,6 +347,9 @@ func (d *deployed) sandbox(t *testing.T, name string, command ...string) *corev1
 			Containers: []corev1.Container{{Name: "task", Image: d.s.BusyboxImage, Command: command, Resources: corev1.ResourceRequirements{
 				Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("64Mi")}}}},
 		},
+	}
+	if mutate != nil {
+		mutate(pod)
 	}
 	if _, err := d.s.Kube.CoreV1().Pods(d.ns).Create(t.Context(), pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -782,4 +792,14 @@ func (h headerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		req.Header.Set(k, v)
 	}
 	return http.DefaultTransport.RoundTrip(req)
+}
+
+// gvisor: the installed RuntimeClass runs a pod under gVisor, with the runsc
+// the agent's image carries (copied to the worker at start).
+func (d *deployed) gvisor(t *testing.T) {
+	d.sandboxWith(t, "guest", func(p *corev1.Pod) { p.Spec.RuntimeClassName = ptr.To("gvisor") }, "sleep", "3600")
+	if out := d.kubectl(t, "-n", d.ns, "exec", "guest", "--", "uname", "-r"); !strings.Contains(out, "gvisor") {
+		t.Fatalf("kubectl exec guest -- uname -r: %q, want gVisor's kernel", out)
+	}
+	d.kubectl(t, "-n", d.ns, "delete", "pod", "guest", "--wait", "--timeout=1m")
 }
