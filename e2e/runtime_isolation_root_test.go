@@ -70,8 +70,11 @@ func TestRootSandboxIsolation(t *testing.T) {
 	}
 	t.Logf("memory hog ended with exit %d (%s)", res.ExitCode, res.Signal)
 	// Processes: a fork bomb hits the pids limit.
+	// The call itself may fail (its connection cut while the sandbox is
+	// out of processes); what must hold is that both sandboxes answer
+	// afterwards (below): a daemon that died would end its sandbox.
 	if _, err := ca.Exec(ctx, api.ExecRequest{Shell: "bomb() { bomb | bomb & }; bomb; sleep 2", TimeoutSeconds: 3, MaxOutputBytes: 1024}); err != nil && !client.IsCode(err, api.CodeTooManyRequests) {
-		t.Fatalf("fork bomb: %v", err)
+		t.Logf("fork bomb exec: %v", err)
 	}
 	for _, sl := range []runtime.Slot{a, b} {
 		framework.Eventually(t, time.Minute, "sandbox "+sl.Pod.UID+" to answer after its own or its neighbour's abuse", func(ctx context.Context) (bool, error) {
