@@ -41,6 +41,15 @@ import (
 // never takes a hot slot (hot sandboxes run under runc), and a node
 // started without --runsc refuses it.
 
+// LabelRuntimeHandler marks the containers gVisor runs (runsc).
+const LabelRuntimeHandler = "sandman.io/runtime-handler"
+
+// isGVisor reports whether gVisor runs container c (its label).
+func (r *Runtime) isGVisor(ctx context.Context, c ctrd.Container) bool {
+	labels, err := c.Labels(ctx)
+	return err == nil && labels[LabelRuntimeHandler] == runtime.RuntimeHandlerRunsc
+}
+
 // runscWrapper is the path of the wrapper the shim runs as its runc.
 func (r *Runtime) runscWrapper() string { return filepath.Join(r.cfg.StateDir, "runsc", "runsc") }
 

@@ -918,15 +918,18 @@ func (r *Runtime) removeContainer(ctx context.Context, id string, grace time.Dur
 				_ = task.Kill(ctx, syscall.SIGKILL, ctrd.WithKillAll)
 				wait(10 * time.Second)
 			}
-			if !exited {
+			// Not killed again once a gVisor sandbox has exited: runsc,
+			// unlike runc, answers a kill of a stopped sandbox with an
+			// error the shim does not take for "already finished", and
+			// the delete would fail. runc tasks keep the kill before the
+			// delete (a pod's containers share a shim and are removed
+			// at once; the kill's wait orders their deletes).
+			if !exited || !r.isGVisor(ctx, container) {
 				opts = append(opts, ctrd.WithProcessKill)
 			}
 		} else {
 			opts = append(opts, ctrd.WithProcessKill)
 		}
-		// Not killed again once it has exited: runsc, unlike runc, answers
-		// a kill of a stopped sandbox with an error the shim does not take
-		// for "already finished", and the delete would fail.
 		if _, err := task.Delete(ctx, opts...); err != nil && !errdefs.IsNotFound(err) {
 			return fmt.Errorf("delete task %s: %w", id, err)
 		}

@@ -49,6 +49,9 @@ func (r *Runtime) containerOpts(id string, img ctrd.Image, sp sandboxSpec, label
 	if sp.idBase != 0 {
 		labels[LabelUserNS] = strconv.FormatUint(uint64(sp.idBase), 10)
 	}
+	if sp.gvisor {
+		labels[LabelRuntimeHandler] = runtime.RuntimeHandlerRunsc
+	}
 	return []ctrd.NewContainerOpts{
 		ctrd.WithImage(img),
 		ctrd.WithSnapshotter(r.cfg.Snapshotter),
