@@ -4,10 +4,6 @@ package e2e
 
 import (
 	"context"
-	"net"
-	"net/http"
-	"os/exec"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -35,17 +31,7 @@ func TestRootGVisor(t *testing.T) {
 	rt := newContainerdRuntime(t, s, 2, 2, func(c *rtcontainerd.Config) {
 		c.RuncPath, c.RunscPath, c.EgressInternet = s.RuncBin, s.RunscBin, true
 	})
-	if out, err := exec.Command("ip", "addr", "add", public+"/32", "dev", "lo").CombinedOutput(); err != nil {
-		t.Fatalf("add %s to lo: %v %s", public, err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("ip", "addr", "del", public+"/32", "dev", "lo").Run() })
-	l, err := net.Listen("tcp", ":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = http.Serve(l, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {})) }()
-	t.Cleanup(func() { l.Close() })
-	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	port := publicListener(t, public)
 	bridgeIP := strings.TrimSuffix(s.Env["BRIDGE_CIDR"], ".0.0/16") + ".0.1"
 
 	bind := func(uid, handler string, ports ...int32) runtime.Slot {
@@ -110,16 +96,7 @@ func TestRootGVisor(t *testing.T) {
 		return errA == nil && errB == nil && strings.Count(a+b, " ok") == 4, nil
 	})
 	denied := []string{r.IP + ":49983", r.IP + ":8080", bridgeIP + ":" + port, primaryAddr(t) + ":" + port, "169.254.169.254:80"}
-	out, err := sandboxExec(ctx, g, runtimetest.Token, append([]string{"python3", "-c", connectScript, public + ":" + port}, denied...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]string{}
-	for line := range strings.SplitSeq(strings.TrimSpace(out), "\n") {
-		k, v, _ := strings.Cut(line, " ")
-		got[k] = v
-	}
-	t.Logf("from the gVisor sandbox %s: %v", g.IP, got)
+	got := connectFrom(t, g, append([]string{public + ":" + port}, denied...)...)
 	for _, target := range denied {
 		if got[target] == "ok" || got[target] == "" {
 			t.Errorf("the gVisor sandbox reached %s: %q", target, got[target])
@@ -129,15 +106,7 @@ func TestRootGVisor(t *testing.T) {
 		t.Errorf("with internet egress, the gVisor sandbox could not reach %s: %q", public, got[public+":"+port])
 	}
 	// Inbound: the node reaches its declared port only.
-	if c, err := net.DialTimeout("tcp", g.IP+":8080", 3*time.Second); err != nil {
-		t.Errorf("the node cannot reach the gVisor sandbox's declared port: %v", err)
-	} else {
-		c.Close()
-	}
-	if c, err := net.DialTimeout("tcp", g.IP+":9090", 3*time.Second); err == nil {
-		c.Close()
-		t.Errorf("the node reached the gVisor sandbox's undeclared port 9090")
-	}
+	checkInbound(t, g.IP, "8080", "9090")
 
 	// The released slot serves a runc pod (both slots are in use, so the
 	// next pod takes the one gVisor ran in).
@@ -160,7 +129,7 @@ func TestRootGVisor(t *testing.T) {
 	plain := newContainerdRuntime(t, s, 1, 1)
 	none := runtimetest.Request("gv-none", s.DebianImage)
 	none.RuntimeHandler = runtime.RuntimeHandlerRunsc
-	_, err = plain.Bind(ctx, none)
+	_, err := plain.Bind(ctx, none)
 	if err == nil || !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "--runsc") {
 		t.Fatalf("bind under runsc on a node without gVisor: %v, want InvalidArgument naming --runsc", err)
 	}

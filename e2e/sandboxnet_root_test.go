@@ -32,6 +32,61 @@ for target in sys.argv[1:]:
         print(target, type(e).__name__)
 `
 
+// publicListener adds public (a "public" address, standing for the
+// internet: added after the runtime learnt the node's addresses) to the
+// host's loopback and serves HTTP on every address of the host; it returns
+// the port. Both go at the test's end.
+func publicListener(t *testing.T, public string) string {
+	t.Helper()
+	if out, err := exec.Command("ip", "addr", "add", public+"/32", "dev", "lo").CombinedOutput(); err != nil {
+		t.Fatalf("add %s to lo: %v %s", public, err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "addr", "del", public+"/32", "dev", "lo").Run() })
+	l, err := net.Listen("tcp", ":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = http.Serve(l, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {})) }()
+	t.Cleanup(func() { l.Close() })
+	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+}
+
+// connectFrom runs connectScript in slot against targets and returns each
+// target's result ("ok" or the error's name). Refused connections must fail
+// at once: a dropped one would take the script's 3 s timeout per target.
+func connectFrom(t *testing.T, slot runtime.Slot, targets ...string) map[string]string {
+	t.Helper()
+	begin := time.Now()
+	out, err := sandboxExec(t.Context(), slot, runtimetest.Token, append([]string{"python3", "-c", connectScript}, targets...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(begin); d > time.Duration(len(targets))*2*time.Second {
+		t.Errorf("connections took %v: refused connections should fail at once", d)
+	}
+	got := map[string]string{}
+	for line := range strings.SplitSeq(strings.TrimSpace(out), "\n") {
+		k, v, _ := strings.Cut(line, " ")
+		got[k] = v
+	}
+	t.Logf("from %s: %v", slot.IP, got)
+	return got
+}
+
+// checkInbound: the node reaches ip's open port and not its closed one.
+func checkInbound(t *testing.T, ip, open, closed string) {
+	t.Helper()
+	if c, err := net.DialTimeout("tcp", ip+":"+open, 3*time.Second); err != nil {
+		t.Errorf("the node cannot reach %s's declared port %s: %v", ip, open, err)
+	} else {
+		c.Close()
+	}
+	if c, err := net.DialTimeout("tcp", ip+":"+closed, 3*time.Second); err == nil {
+		c.Close()
+		t.Errorf("the node reached %s's undeclared port %s", ip, closed)
+	}
+}
+
 // TestRootSandboxFirewall: a sandbox reaches nothing by default — not
 // another sandbox (its daemon or a port it serves), not the node (bridge
 // and primary addresses), not metadata — and fails fast; a pool with
@@ -41,23 +96,9 @@ for target in sys.argv[1:]:
 func TestRootSandboxFirewall(t *testing.T) {
 	s := framework.Get(t)
 	ctx := t.Context()
-	// A "public" address on this machine, added after the runtime learnt
-	// the node's addresses, stands for the internet.
 	const public = "203.0.113.77"
 	rt := newContainerdRuntime(t, s, 6, 3, func(c *rtcontainerd.Config) { c.EgressInternet = true })
-	if out, err := exec.Command("ip", "addr", "add", public+"/32", "dev", "lo").CombinedOutput(); err != nil {
-		t.Fatalf("add %s to lo: %v %s", public, err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("ip", "addr", "del", public+"/32", "dev", "lo").Run() })
-
-	// A listener on every address of the host.
-	l, err := net.Listen("tcp", ":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = http.Serve(l, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {})) }()
-	t.Cleanup(func() { l.Close() })
-	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	port := publicListener(t, public)
 	bridgeIP := strings.TrimSuffix(s.Env["BRIDGE_CIDR"], ".0.0/16") + ".0.1"
 	primary := primaryAddr(t)
 
@@ -79,23 +120,7 @@ func TestRootSandboxFirewall(t *testing.T) {
 	}
 	connect := func(slot runtime.Slot, targets ...string) map[string]string {
 		t.Helper()
-		begin := time.Now()
-		out, err := sandboxExec(ctx, slot, runtimetest.Token, append([]string{"python3", "-c", connectScript}, targets...)...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		// A rejected connection fails at once; a dropped one would take
-		// the script's 3 s timeout per target.
-		if d := time.Since(begin); d > time.Duration(len(targets))*2*time.Second {
-			t.Errorf("connections took %v: refused connections should fail at once", d)
-		}
-		got := map[string]string{}
-		for line := range strings.SplitSeq(strings.TrimSpace(out), "\n") {
-			k, v, _ := strings.Cut(line, " ")
-			got[k] = v
-		}
-		t.Logf("from %s: %v", slot.IP, got)
-		return got
+		return connectFrom(t, slot, targets...)
 	}
 
 	// B serves on a declared port and on one it did not declare.
@@ -124,15 +149,7 @@ func TestRootSandboxFirewall(t *testing.T) {
 	}
 
 	// Inbound from the node: the declared port answers, the other does not.
-	if c, err := net.DialTimeout("tcp", b.IP+":8080", 3*time.Second); err != nil {
-		t.Errorf("the node cannot reach B's declared port 8080: %v", err)
-	} else {
-		c.Close()
-	}
-	if c, err := net.DialTimeout("tcp", b.IP+":9090", 3*time.Second); err == nil {
-		c.Close()
-		t.Errorf("the node reached B's undeclared port 9090")
-	}
+	checkInbound(t, b.IP, "8080", "9090")
 
 	// A pod's egress list narrows the pool's internet egress.
 	narrow := bind("fw-narrow", func(r *runtime.BindRequest) { r.Egress = []string{"198.51.100.0/24"} })

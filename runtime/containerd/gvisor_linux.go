@@ -44,10 +44,11 @@ import (
 // LabelRuntimeHandler marks the containers gVisor runs (runsc).
 const LabelRuntimeHandler = "sandman.io/runtime-handler"
 
-// isGVisor reports whether gVisor runs container c (its label).
+// isGVisor reports whether gVisor runs container c (its label, from the
+// metadata loaded with it: no call to containerd).
 func (r *Runtime) isGVisor(ctx context.Context, c ctrd.Container) bool {
-	labels, err := c.Labels(ctx)
-	return err == nil && labels[LabelRuntimeHandler] == runtime.RuntimeHandlerRunsc
+	info, err := c.Info(ctx, ctrd.WithoutRefreshedMetadata)
+	return err == nil && info.Labels[LabelRuntimeHandler] == runtime.RuntimeHandlerRunsc
 }
 
 // runscWrapper is the path of the wrapper the shim runs as its runc.
