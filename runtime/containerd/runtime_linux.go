@@ -1,6 +1,7 @@
 package containerd
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -935,6 +936,8 @@ func (r *Runtime) removeContainer(ctx context.Context, id string, grace time.Dur
 		}
 	} else if !errdefs.IsNotFound(err) {
 		return fmt.Errorf("task of %s: %w", id, err)
+	} else {
+		killOrphanShim(r.cfg.Namespace, id)
 	}
 	if err := container.Delete(ctx, ctrd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
 		return fmt.Errorf("delete container %s: %w", id, err)
@@ -1044,4 +1047,44 @@ func shimGone(err error) bool {
 	msg := err.Error()
 	return errdefs.IsUnavailable(err) || strings.Contains(msg, "ttrpc: closed") ||
 		strings.Contains(msg, "transport is closing") || strings.Contains(msg, "failed to start shim")
+}
+
+// killOrphanShim kills the shim of container id in namespace ns, if one
+// runs though containerd knows no task of id: a task create cut off by a
+// containerd restart leaves its shim running, and nothing else ever ends
+// it. Only a shim started for exactly this container of sandman's own
+// namespace is killed, as the container is being removed. Where the agent
+// cannot see the node's processes (pod mode without the host's PID
+// namespace) it finds none.
+func killOrphanShim(ns, id string) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil || !bytes.Contains(b, []byte("containerd-shim")) {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if !strings.HasPrefix(filepath.Base(args[0]), "containerd-shim") {
+			continue
+		}
+		var gotNS, gotID string
+		for i := 1; i+1 < len(args); i++ {
+			switch args[i] {
+			case "-namespace":
+				gotNS = args[i+1]
+			case "-id":
+				gotID = args[i+1]
+			}
+		}
+		if gotNS == ns && gotID == id {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
 }
