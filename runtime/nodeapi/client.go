@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -42,6 +43,14 @@ func NewClient(addr, token string, hc *http.Client) *Client {
 	return &Client{base: strings.TrimSuffix(addr, "/"), token: token, hc: hc}
 }
 
+// NewTLSClient returns a client for the agent at addr ("host:port") over
+// mutual TLS (nodetls.ClientCerts.TLSConfig): no token is sent.
+func NewTLSClient(addr string, cfg *tls.Config) *Client {
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second,
+		TLSClientConfig: cfg, ForceAttemptHTTP2: false}}
+	return &Client{base: "https://" + addr, hc: hc}
+}
+
 // WithLeaderEpoch makes every call carry the caller's current leader epoch
 // (0: none yet, no header). Set it before the client is used.
 func (c *Client) WithLeaderEpoch(epoch func() uint64) *Client {
@@ -51,7 +60,9 @@ func (c *Client) WithLeaderEpoch(epoch func() uint64) *Client {
 
 // setHeaders adds the token and the leader epoch.
 func (c *Client) setHeaders(req *http.Request) {
-	req.Header.Set("Authorization", "Bearer "+c.token)
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
 	if c.epoch != nil {
 		if e := c.epoch(); e > 0 {
 			req.Header.Set(HeaderLeaderEpoch, strconv.FormatUint(e, 10))

@@ -18,6 +18,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/sandman-dev/sandman/runtime"
+	"github.com/sandman-dev/sandman/runtime/nodeapi/nodetls"
 )
 
 // Heartbeat is how often a watch stream says it is alive.
@@ -70,6 +71,9 @@ var codes = []struct {
 type Server struct {
 	rt    runtime.Runtime
 	token [sha256.Size]byte
+	// clientCert: callers authenticate with the control plane's TLS
+	// client certificate instead of the token.
+	clientCert bool
 	log   *slog.Logger
 	// fence refuses mutating calls of deposed leaders.
 	fence fence
@@ -78,8 +82,13 @@ type Server struct {
 // ServerConfig configures a Server.
 type ServerConfig struct {
 	Runtime runtime.Runtime
-	// Token is the pool secret every caller must present (required).
-	Token  string
+	// Token is the pool secret every caller must present as a bearer
+	// token (the host-process stack, where the node API is plain HTTP).
+	Token string
+	// ClientCert instead makes every caller present the control plane's
+	// client certificate (nodetls): the server is behind a TLS listener
+	// with nodetls.ServerTLS. Exactly one of Token and ClientCert is set.
+	ClientCert bool
 	Logger *slog.Logger
 }
 
@@ -88,13 +97,13 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if cfg.Runtime == nil {
 		return nil, errors.New("node API: a runtime is required")
 	}
-	if cfg.Token == "" {
-		return nil, errors.New("node API: a token (the pool secret) is required")
+	if (cfg.Token == "") == !cfg.ClientCert {
+		return nil, errors.New("node API: give either a token (the pool secret) or client certificates (TLS), exactly one")
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Server{rt: cfg.Runtime, token: sha256.Sum256([]byte(cfg.Token)), log: cfg.Logger}, nil
+	return &Server{rt: cfg.Runtime, token: sha256.Sum256([]byte(cfg.Token)), clientCert: cfg.ClientCert, log: cfg.Logger}, nil
 }
 
 // Handler is the API's HTTP handler.
@@ -183,6 +192,18 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 
 func (s *Server) auth(h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.clientCert {
+			err := errors.New("not over TLS")
+			if r.TLS != nil {
+				err = nodetls.CheckCaller(*r.TLS)
+			}
+			if err != nil {
+				writeError(w, fmt.Errorf("%v: %w", err, errdefs.ErrUnauthenticated), http.StatusUnauthorized, "unauthorized")
+				return
+			}
+			h(w, r)
+			return
+		}
 		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		sum := sha256.Sum256([]byte(tok))
 		if !ok || subtle.ConstantTimeCompare(sum[:], s.token[:]) != 1 {

@@ -32,6 +32,8 @@ import (
 	"k8s.io/client-go/util/certificate"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
+
+	"github.com/sandman-dev/sandman/internal/certstore"
 )
 
 const (
@@ -77,7 +79,7 @@ type Manager struct {
 	cfg   Config
 	log   *slog.Logger
 	certs certificate.Manager
-	store *memoryStore
+	store *certstore.Memory
 	queue workqueue.TypedRateLimitingInterface[string]
 
 	// mu guards keys, username, identityErr, lister and requests.
@@ -112,7 +114,7 @@ func New(cfg Config) (*Manager, error) {
 	m := &Manager{
 		cfg:   cfg,
 		log:   cfg.Logger.With("vnode", cfg.NodeName),
-		store: newMemoryStore(),
+		store: certstore.New("kubelet serving certificate"),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, 30*time.Second),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "sandman-kubelet-serving-csr"}),
@@ -182,7 +184,7 @@ func (m *Manager) Expiry() time.Time {
 // the error says how far the request got and what to check.
 func (m *Manager) Wait(ctx context.Context) error {
 	select {
-	case <-m.store.issued:
+	case <-m.store.Issued():
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("no kubelet serving certificate for virtual node %s: %s", m.cfg.NodeName, m.diagnosis())
