@@ -76,6 +76,8 @@ func TestDeployed(t *testing.T) {
 	t.Run("TrainerJob", d.trainerJob)
 	t.Run("KubectlExecLogsTop", func(t *testing.T) { box = d.kubectlExecLogsTop(t) })
 	t.Run("GVisor", d.gvisor)
+	t.Run("FakeAgentIgnored", d.fakeAgentIgnored)
+	t.Run("NodeAPIMutualTLS", d.nodeAPIMutualTLS)
 	t.Run("PoolShareReserved", d.poolShareReserved)
 	t.Run("E2BGateway", d.gateway)
 	t.Run("NetworkPolicy", d.networkPolicy)

@@ -3,9 +3,11 @@ package vk
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -39,24 +41,45 @@ func ParseAgents(s string) ([]Agent, error) {
 	return out, nil
 }
 
-// DiscoverAgents follows the sandman-node DaemonSet's pods (namespace and
-// label selector) and keeps the pool's node agents in step: a running agent
-// pod on worker W at address A is node agent W at A:port. A running pod that
+// DiscoverAgents follows the sandman-node DaemonSet's pods (the owner's
+// namespace and a label selector) and keeps the pool's node agents in step:
+// a running agent pod on worker W at address A is node agent W at A:port.
+// A pod with the label that the DaemonSet does not control, or that runs as
+// another ServiceAccount (AgentOwner.Check), is never used: it is logged
+// with the reason. A running pod that
 // is not Ready is followed too: its watch fails with the agent's own reason
 // (say, containerd unreachable), so the worker shows unhealthy with that
 // message instead of vanishing from the pool.
-func DiscoverAgents(ctx context.Context, client kubernetes.Interface, namespace, selector string, port int, connect func(Agent)) error {
-	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(namespace),
+func DiscoverAgents(ctx context.Context, client kubernetes.Interface, owner AgentOwner, selector string, port int, log *slog.Logger, connect func(Agent)) error {
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(owner.Namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
 	inf := factory.Core().V1().Pods().Informer()
-	sync := func(obj any) {
+	var sync func(obj any)
+	sync = func(obj any) {
 		pod, ok := obj.(*corev1.Pod)
 		if !ok || pod.Spec.NodeName == "" {
 			return
 		}
-		if agentRunning(pod) {
-			connect(Agent{Name: pod.Spec.NodeName, Addr: net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(port))})
+		if !agentRunning(pod) {
+			return
 		}
+		why, err := owner.Check(ctx, client, pod)
+		if err != nil {
+			// The apiserver did not answer: ask again in a while (an
+			// agent already followed stays followed meanwhile).
+			log.Warn("node agent pod not checked; retrying", "pod", pod.Name, "err", err)
+			time.AfterFunc(2*time.Second, func() {
+				if cur, ok, _ := inf.GetStore().Get(obj); ok && ctx.Err() == nil {
+					sync(cur)
+				}
+			})
+			return
+		}
+		if why != "" {
+			log.Warn("ignoring a pod that is not a node agent of this pool", "pod", pod.Name, "node", pod.Spec.NodeName, "reason", why)
+			return
+		}
+		connect(Agent{Name: pod.Spec.NodeName, Addr: net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(port))})
 	}
 	// An agent pod that stops or goes (a rolling update, a crash, an
 	// uninstall) does not take its worker out of the pool: the worker's

@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -34,6 +35,7 @@ import (
 	"github.com/sandman-dev/sandman/runtime/hostexec"
 	"github.com/sandman-dev/sandman/runtime/netpolicy"
 	"github.com/sandman-dev/sandman/runtime/nodeapi"
+	"github.com/sandman-dev/sandman/runtime/nodeapi/nodetls"
 	"github.com/sandman-dev/sandman/runtime/sandboxnet"
 )
 
@@ -42,6 +44,7 @@ type options struct {
 	slots, warmSlots                            int
 	stateDir, daemonPath, cniConfDir, cniBinDir string
 	listen, tokenFile, cpu, memory, logLevel    string
+	nodeAPITLS                                  bool
 	guardCIDR, imageCache, hostsDir             string
 	hostRoot, daemonSource, uninstallWhenGone   string
 	kubeconfig                                  string
@@ -97,7 +100,10 @@ func run(args []string) error {
 	fs.StringVar(&o.cniBinDir, "cni-bin-dir", "/opt/cni/bin", "CNI plugin directory")
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:9651", "node API and /metrics address (keep it unreachable from sandboxes)")
 	fs.StringVar(&o.guardCIDR, "guard-from", "", "comma-separated CIDRs (the slot or cluster pod networks) whose addresses are rejected at the node API port (iptables); needed when --listen is reachable from sandboxes")
-	fs.StringVar(&o.tokenFile, "token-file", "", "file with the pool secret callers must present (or env SANDMAN_POOL_TOKEN)")
+	fs.StringVar(&o.tokenFile, "token-file", "", "file with the pool secret callers must present (or env SANDMAN_POOL_TOKEN); the host-process stack's plain-HTTP node API")
+	fs.BoolVar(&o.nodeAPITLS, "node-api-tls", false, "serve the node API over mutual TLS instead of a pool secret: the agent's certificate comes from a CSR for signer "+
+		nodetls.SignerName+" made with the pod's ServiceAccount (sandman-vk checks and signs it), callers must present the control plane's certificate from the same CA; "+
+		"--listen must name the node's IP")
 	fs.StringVar(&o.cpu, "cpu", "", "CPU sandboxes may request in total, e.g. 8 (default: all cores)")
 	fs.StringVar(&o.memory, "memory", "", "memory sandboxes may request in total, e.g. 16Gi (default: all memory)")
 	fs.Int64Var(&o.pidsLimit, "pids-limit", 1024, "processes per sandbox container (a pod's lower limit from its pool applies instead)")
@@ -150,8 +156,11 @@ func run(args []string) error {
 		}
 		token = strings.TrimSpace(string(b))
 	}
-	if token == "" {
-		return errors.New("no pool secret: give --token-file or SANDMAN_POOL_TOKEN")
+	switch {
+	case o.nodeAPITLS && token != "":
+		return errors.New("give --node-api-tls or a pool secret (--token-file, SANDMAN_POOL_TOKEN), not both")
+	case !o.nodeAPITLS && token == "":
+		return errors.New("no node API credentials: give --node-api-tls (in a cluster), or --token-file or SANDMAN_POOL_TOKEN")
 	}
 	var res runtime.Resources
 	if o.cpu != "" {
@@ -227,6 +236,15 @@ func run(args []string) error {
 	l, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return err
+	}
+	var apiCerts *nodetls.AgentCerts
+	if o.nodeAPITLS {
+		if apiCerts, err = agentCerts(o, log); err != nil {
+			return err
+		}
+		apiCerts.Start()
+		defer apiCerts.Stop()
+		l = tls.NewListener(l, apiCerts.TLSConfig())
 	}
 	for cidr := range strings.SplitSeq(o.guardCIDR, ",") {
 		if cidr = strings.TrimSpace(cidr); cidr == "" {
@@ -321,7 +339,22 @@ func run(args []string) error {
 	defer client.Close()
 	refresh.Store(rt)
 	rt.RefreshFirewalls()
-	api, err := nodeapi.NewServer(nodeapi.ServerConfig{Runtime: rt, Token: token, Logger: log})
+	if apiCerts != nil {
+		for {
+			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			err := apiCerts.Wait(wctx)
+			cancel()
+			if err == nil {
+				break
+			}
+			if ctx.Err() != nil {
+				return err
+			}
+			setStatus(err.Error())
+			log.Warn("not serving yet", "err", err)
+		}
+	}
+	api, err := nodeapi.NewServer(nodeapi.ServerConfig{Runtime: rt, Token: token, ClientCert: o.nodeAPITLS, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -478,4 +511,19 @@ func installBinary(src, dst string) (retErr error) {
 		return err
 	}
 	return os.Rename(tmp.Name(), dst)
+}
+
+// agentCerts prepares the node API certificate for the node's IP in
+// --listen, requested with the pod's ServiceAccount.
+func agentCerts(o options, log *slog.Logger) (*nodetls.AgentCerts, error) {
+	host, _, err := net.SplitHostPort(o.listen)
+	ip := net.ParseIP(host)
+	if err != nil || ip == nil || ip.IsUnspecified() {
+		return nil, fmt.Errorf("--node-api-tls: --listen %q must name the node's IP (sandman-vk dials it and the certificate names it)", o.listen)
+	}
+	kc, err := kubeClient(o.kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("--node-api-tls: %w", err)
+	}
+	return nodetls.NewAgentCerts(kc, o.node, []net.IP{ip}, log)
 }

@@ -41,6 +41,7 @@ import (
 
 	"github.com/sandman-dev/sandman/pool"
 	"github.com/sandman-dev/sandman/runtime/nodeapi"
+	"github.com/sandman-dev/sandman/runtime/nodeapi/nodetls"
 	"github.com/sandman-dev/sandman/vk"
 	"github.com/sandman-dev/sandman/vk/kubeletauth"
 	"github.com/sandman-dev/sandman/vk/kubeletcert"
@@ -56,6 +57,8 @@ type options struct {
 	servingCert                            string
 	servingCertTimeout                     time.Duration
 	agents, agentNamespace, agentSelector  string
+	agentDaemonSet, agentServiceAccount    string
+	nodeAPICASecret                        string
 	ownerNamespace                         string
 	agentPort                              int
 	tokenFile, poolSecretFile              string
@@ -114,6 +117,11 @@ func run(args []string) (retErr error) {
 	fs.StringVar(&o.ownerNamespace, "owner-namespace", "", "make this namespace (the install's) the owner of the virtual node object, so deleting the install deletes the node too")
 	fs.StringVar(&o.agentSelector, "node-agent-selector", "app.kubernetes.io/name=sandman-node", "label selector of the sandman-node pods")
 	fs.IntVar(&o.agentPort, "node-agent-port", 9651, "node API port of discovered node agents")
+	fs.StringVar(&o.agentDaemonSet, "node-agent-daemonset", "sandman-node", "the DaemonSet (in --node-agent-namespace) that must control a discovered agent pod: a pod with the label but another controller is never used")
+	fs.StringVar(&o.agentServiceAccount, "node-agent-service-account", "sandman-node", "the ServiceAccount a discovered agent pod must run as (and make its certificate request with)")
+	fs.StringVar(&o.nodeAPICASecret, "node-api-ca-secret", "", "namespace/name of the TLS Secret with the pool's node API CA (created when missing; only sandman-vk may read it): "+
+		"the node API runs over mutual TLS, agents' certificates are signed by sandman-vk after checking the requesting pod (--node-agent-daemonset, --node-agent-service-account); "+
+		"instead of a pool token")
 	fs.StringVar(&o.tokenFile, "token-file", "", "file with the pool token node agents accept (or env SANDMAN_POOL_TOKEN, or --pool-secret-name)")
 	fs.StringVar(&o.poolSecretName, "pool-secret-name", "", "namespace/name of a Secret whose key \"token\" is the pool token, created with a random token when missing "+
 		"(the node agents mount the same Secret); instead of --token-file or SANDMAN_POOL_TOKEN")
@@ -182,8 +190,8 @@ func run(args []string) (retErr error) {
 			}
 		}
 	}
-	if o.poolSecretName != "" && (o.tokenFile != "" || os.Getenv("SANDMAN_POOL_TOKEN") != "") {
-		return errors.New("give one of --pool-secret-name, --token-file or SANDMAN_POOL_TOKEN")
+	if n := countSet(o.poolSecretName != "", o.tokenFile != "" || os.Getenv("SANDMAN_POOL_TOKEN") != ""); n > 1 || n == 0 && o.nodeAPICASecret == "" {
+		return errors.New("give one of --pool-secret-name, --token-file or SANDMAN_POOL_TOKEN, or --node-api-ca-secret (mutual TLS; the pool secret then only derives sandbox control tokens)")
 	}
 
 	restCfg, err := clientcmd.BuildConfigFromFlags("", o.kubeconfig)
@@ -204,6 +212,23 @@ func run(args []string) (retErr error) {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
+	var apiCA *nodetls.CA
+	var apiCerts *nodetls.ClientCerts
+	if o.nodeAPICASecret != "" {
+		ns, name, err := parseSecretName(o.nodeAPICASecret)
+		if err != nil {
+			return fmt.Errorf("--node-api-ca-secret: %w", err)
+		}
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		apiCA, err = ensureNodeAPICA(sctx, client, ns, name, o.poolName)
+		cancel()
+		if err != nil {
+			return err
+		}
+		if apiCerts, err = nodetls.NewClientCerts(apiCA); err != nil {
+			return err
+		}
+	}
 	var token string
 	if o.poolSecretName != "" {
 		ns, name, err := parseSecretName(o.poolSecretName)
@@ -216,8 +241,10 @@ func run(args []string) (retErr error) {
 		if err != nil {
 			return err
 		}
-	} else if token, err = secret(o.tokenFile, "SANDMAN_POOL_TOKEN"); err != nil || token == "" {
-		return fmt.Errorf("no pool token: give --token-file, SANDMAN_POOL_TOKEN or --pool-secret-name (%v)", err)
+	} else if apiCerts == nil {
+		if token, err = secret(o.tokenFile, "SANDMAN_POOL_TOKEN"); err != nil || token == "" {
+			return fmt.Errorf("no pool token: give --token-file, SANDMAN_POOL_TOKEN or --pool-secret-name (%v)", err)
+		}
 	}
 	poolSecret := token
 	if o.poolSecretFile != "" {
@@ -272,9 +299,29 @@ func run(args []string) (retErr error) {
 	if err != nil {
 		return err
 	}
+	agentOwner := vk.AgentOwner{Namespace: o.agentNamespace, DaemonSet: o.agentDaemonSet, ServiceAccount: o.agentServiceAccount}
+	if apiCA != nil {
+		// Every replica signs: agents get certificates whoever leads (a
+		// request decided twice is a conflict, and the second one stops).
+		signer, err := vk.NewAgentSigner(vk.AgentSignerConfig{Client: client, CA: apiCA, Owner: agentOwner, Logger: log})
+		if err != nil {
+			return err
+		}
+		go func() {
+			if err := signer.Run(ctx); err != nil {
+				log.Error("node agent certificate signer", "err", err)
+			}
+		}()
+	}
 	connect := func(a vk.Agent) {
 		log.Info("node agent", "node", a.Name, "addr", a.Addr)
-		c := nodeapi.NewClient(a.Addr, token, nil).WithLeaderEpoch(leaderEpoch.Load)
+		var c *nodeapi.Client
+		if apiCerts != nil {
+			c = nodeapi.NewTLSClient(a.Addr, apiCerts.TLSConfig(a.Name))
+		} else {
+			c = nodeapi.NewClient(a.Addr, token, nil)
+		}
+		c.WithLeaderEpoch(leaderEpoch.Load)
 		clients.set(a.Name, c)
 		pl.AddNode(ctx, a.Name, c)
 	}
@@ -286,7 +333,7 @@ func run(args []string) (retErr error) {
 		for _, a := range agents {
 			connect(a)
 		}
-	} else if err := vk.DiscoverAgents(ctx, client, o.agentNamespace, o.agentSelector, o.agentPort, connect); err != nil {
+	} else if err := vk.DiscoverAgents(ctx, client, agentOwner, o.agentSelector, o.agentPort, log, connect); err != nil {
 		return fmt.Errorf("discover node agents: %w", err)
 	}
 	// Adopt what the node agents hold before the pod controller starts,
@@ -617,4 +664,15 @@ func secret(file, env string) (string, error) {
 		return "", err
 	}
 	return strings.TrimSpace(string(b)), nil
+}
+
+// countSet counts the true values.
+func countSet(b ...bool) int {
+	n := 0
+	for _, v := range b {
+		if v {
+			n++
+		}
+	}
+	return n
 }

@@ -74,7 +74,7 @@ type Server struct {
 	// clientCert: callers authenticate with the control plane's TLS
 	// client certificate instead of the token.
 	clientCert bool
-	log   *slog.Logger
+	log        *slog.Logger
 	// fence refuses mutating calls of deposed leaders.
 	fence fence
 }
@@ -89,7 +89,7 @@ type ServerConfig struct {
 	// client certificate (nodetls): the server is behind a TLS listener
 	// with nodetls.ServerTLS. Exactly one of Token and ClientCert is set.
 	ClientCert bool
-	Logger *slog.Logger
+	Logger     *slog.Logger
 }
 
 // NewServer returns a Server.
