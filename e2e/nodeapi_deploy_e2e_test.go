@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -38,31 +39,47 @@ import (
 func (d *deployed) fakeAgentIgnored(t *testing.T) {
 	ctx := t.Context()
 	pods := d.s.Kube.CoreV1().Pods(deployNS)
-	fake := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "fake-sandman-node", Namespace: deployNS,
-			Labels: map[string]string{"app.kubernetes.io/name": "sandman-node"}},
-		Spec: corev1.PodSpec{
-			NodeName:           d.worker,
-			ServiceAccountName: "sandman-node",
-			Containers: []corev1.Container{{Name: "agent", Image: d.s.BusyboxImage,
-				Command: []string{"sh", "-c", "exec sleep 3600"}}},
-			TerminationGracePeriodSeconds: ptr.To[int64](0),
+	// Another workload's pod with the agents' label and ServiceAccount: a
+	// ReplicaSet's (a pod without a controller would be adopted by the
+	// DaemonSet, which then deletes it as a second pod on the worker).
+	labels := map[string]string{"app.kubernetes.io/name": "sandman-node", "e2e": "fake-agent"}
+	rs := &appsv1.ReplicaSet{
+		ObjectMeta: metav1.ObjectMeta{Name: "fake-sandman-node", Namespace: deployNS},
+		Spec: appsv1.ReplicaSetSpec{
+			Replicas: ptr.To[int32](1),
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					NodeName:           d.worker,
+					ServiceAccountName: "sandman-node",
+					Containers: []corev1.Container{{Name: "agent", Image: d.s.BusyboxImage,
+						Command: []string{"sh", "-c", "exec sleep 3600"}}},
+					TerminationGracePeriodSeconds: ptr.To[int64](0),
+				},
+			},
 		},
 	}
-	if _, err := pods.Create(ctx, fake, metav1.CreateOptions{}); err != nil {
+	if _, err := d.s.Kube.AppsV1().ReplicaSets(deployNS).Create(ctx, rs, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_ = pods.Delete(context.Background(), fake.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+		_ = d.s.Kube.AppsV1().ReplicaSets(deployNS).Delete(context.Background(), rs.Name,
+			metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)})
 	})
+	var fake *corev1.Pod
 	framework.Eventually(t, 2*time.Minute, "the fake agent pod Running with an IP", func(ctx context.Context) (bool, error) {
-		p, err := pods.Get(ctx, fake.Name, metav1.GetOptions{})
-		return err == nil && p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "", nil
+		l, err := pods.List(ctx, metav1.ListOptions{LabelSelector: "e2e=fake-agent"})
+		if err != nil || len(l.Items) != 1 {
+			return false, nil
+		}
+		fake = &l.Items[0]
+		return fake.Status.Phase == corev1.PodRunning && fake.Status.PodIP != "", nil
 	})
 	framework.Eventually(t, time.Minute, "sandman-vk's log saying it ignores the fake agent pod", func(ctx context.Context) (bool, error) {
 		logs, err := d.vkLogs(ctx)
 		return err == nil && strings.Contains(logs, "not a node agent of this pool") && strings.Contains(logs, fake.Name) &&
-			strings.Contains(logs, "not controlled by DaemonSet"), nil
+			strings.Contains(logs, "is not controlled by DaemonSet"), nil
 	})
 	box := d.sandbox(t, "after-fake-agent", "sleep", "3600")
 	if err := answers(ctx, box); err != nil {
@@ -75,12 +92,8 @@ func (d *deployed) fakeAgentIgnored(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := pods.Get(ctx, fake.Name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(logs, `"addr":"`+net.JoinHostPort(p.Status.PodIP, "9651")+`"`) {
-		t.Errorf("sandman-vk followed the fake agent pod at %s", p.Status.PodIP)
+	if strings.Contains(logs, `"addr":"`+net.JoinHostPort(fake.Status.PodIP, "9651")+`"`) {
+		t.Errorf("sandman-vk followed the fake agent pod at %s", fake.Status.PodIP)
 	}
 	_ = d.s.Kube.CoreV1().Pods(d.ns).Delete(ctx, box.Name, metav1.DeleteOptions{})
 }
