@@ -3,6 +3,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -408,7 +409,13 @@ func run(args []string) (retErr error) {
 	case certs != nil:
 		opts = append(opts, nodeutil.WithTLSConfig(kubeletTLSOptions("", "", o.clientCA, certs.GetCertificate)...))
 	case o.tlsCert != "":
-		opts = append(opts, nodeutil.WithTLSConfig(kubeletTLSOptions(o.tlsCert, o.tlsKey, o.clientCA, nil)...))
+		// Files are watched: a Secret mounted there (say, cert-manager's)
+		// renews the certificate without a restart.
+		getCert, err := reloadingKeyPair(ctx, &wg, o.tlsCert, o.tlsKey)
+		if err != nil {
+			return err
+		}
+		opts = append(opts, nodeutil.WithTLSConfig(kubeletTLSOptions("", "", o.clientCA, getCert)...))
 	default:
 		log.Warn("no --tls-cert-file and --serving-cert=file: the kubelet API (kubectl logs/exec) is not served")
 	}
@@ -573,6 +580,37 @@ func servingMode(o options) (string, error) {
 		return servingCSR, nil
 	}
 	return "", fmt.Errorf("--serving-cert: %q is neither file nor csr", o.servingCert)
+}
+
+// reloadingKeyPair serves the key pair in certFile and keyFile, read again
+// whenever either changes (a mounted Secret is updated in place) until ctx
+// ends; wg waits for the watch.
+func reloadingKeyPair(ctx context.Context, wg *sync.WaitGroup, certFile, keyFile string) (func(*tls.ClientHelloInfo) (*tls.Certificate, error), error) {
+	if keyFile == "" {
+		return nil, errors.New("--tls-cert-file needs --tls-key-file")
+	}
+	kp, err := dynamiccertificates.NewDynamicServingContentFromFiles("kubelet-serving", certFile, keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-cert-file, --tls-key-file: %w", err)
+	}
+	wg.Go(func() { kp.Run(ctx, 1) })
+	var mu sync.Mutex
+	var lastCert []byte
+	var last *tls.Certificate
+	return func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+		certPEM, keyPEM := kp.CurrentCertKeyContent()
+		mu.Lock()
+		defer mu.Unlock()
+		if last != nil && bytes.Equal(certPEM, lastCert) {
+			return last, nil
+		}
+		pair, err := tls.X509KeyPair(certPEM, keyPEM)
+		if err != nil {
+			return nil, fmt.Errorf("kubelet serving certificate %s: %w", certFile, err)
+		}
+		lastCert, last = certPEM, &pair
+		return last, nil
+	}, nil
 }
 
 // kubeletTLSOptions configures the kubelet port's TLS: the serving

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -14,10 +15,12 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/virtual-kubelet/virtual-kubelet/node/nodeutil"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 
 	"github.com/sandman-dev/sandman/vk/kubeletauth"
@@ -194,5 +197,58 @@ func TestServingMode(t *testing.T) {
 				t.Fatalf("servingMode = %q, %v; want %q", got, err, tc.want)
 			}
 		})
+	}
+}
+
+// TestReloadingKeyPair: a serving certificate in files (a mounted Secret)
+// is served again once the files are replaced, without a restart.
+func TestReloadingKeyPair(t *testing.T) {
+	ca := newTestCert(t, nil, "cluster-ca", true)
+	first, second := newTestCert(t, ca, "first", false), newTestCert(t, ca, "second", false)
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	// Replace both files by rename, as an atomic writer of a Secret does.
+	put := func(c *testCert) {
+		certPEM, keyPEM := c.pem(t)
+		for f, b := range map[string][]byte{certFile: certPEM, keyFile: keyPEM} {
+			if err := os.WriteFile(f+".tmp", b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(f+".tmp", f); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	put(first)
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	get, err := reloadingKeyPair(ctx, &wg, certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := func() string {
+		c, err := get(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		leaf, err := x509.ParseCertificate(c.Certificate[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return leaf.Subject.CommonName
+	}
+	if cn := served(); cn != "first" {
+		t.Fatalf("served %q, want first", cn)
+	}
+	put(second)
+	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		return served() == "second", nil
+	}); err != nil {
+		t.Fatalf("still serving %q after the files changed: %v", served(), err)
+	}
+	if _, err := reloadingKeyPair(ctx, &wg, certFile, ""); err == nil {
+		t.Error("no key file: no error")
 	}
 }
