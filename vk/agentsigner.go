@@ -69,8 +69,10 @@ const (
 // AgentSignerConfig configures an AgentSigner.
 type AgentSignerConfig struct {
 	Client kubernetes.Interface
-	CA     *nodetls.CA
-	Owner  AgentOwner
+	// CA is the CA that signs now (nodetls.Authority.Current: a rotation
+	// changes it).
+	CA    func() *nodetls.CA
+	Owner AgentOwner
 	// Lifetime caps the certificates' lifetime (default and cap:
 	// nodetls.AgentLifetime; a request may ask for less).
 	Lifetime time.Duration
@@ -199,7 +201,7 @@ func (s *AgentSigner) process(ctx context.Context, csr *certificatesv1.Certifica
 	if e := csr.Spec.ExpirationSeconds; e != nil && time.Duration(*e)*time.Second < lifetime {
 		lifetime = time.Duration(*e) * time.Second
 	}
-	chain, err := s.cfg.CA.SignAgent(req, lifetime)
+	chain, err := s.cfg.CA().SignAgent(req, lifetime)
 	if err != nil {
 		return err
 	}

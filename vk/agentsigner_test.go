@@ -56,7 +56,7 @@ func TestAgentSigner(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := NewAgentSigner(AgentSignerConfig{Client: client, CA: ca,
+	s, err := NewAgentSigner(AgentSignerConfig{Client: client, CA: func() *nodetls.CA { return ca },
 		Owner: AgentOwner{Namespace: ns, DaemonSet: "sandman-node", ServiceAccount: "sandman-node"}, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)

@@ -213,20 +213,19 @@ func run(args []string) (retErr error) {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
-	var apiCA *nodetls.CA
-	var apiCerts *nodetls.ClientCerts
+	// Goroutines that watch files and Secrets end with ctx; wg waits.
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	var apiCerts *nodetls.Authority
 	if o.nodeAPICASecret != "" {
 		ns, name, err := parseSecretName(o.nodeAPICASecret)
 		if err != nil {
 			return fmt.Errorf("--node-api-ca-secret: %w", err)
 		}
 		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		apiCA, err = ensureNodeAPICA(sctx, client, ns, name, o.poolName)
+		apiCerts, err = watchNodeAPICA(sctx, ctx, &wg, client, ns, name, o.poolName, log)
 		cancel()
 		if err != nil {
-			return err
-		}
-		if apiCerts, err = nodetls.NewClientCerts(apiCA); err != nil {
 			return err
 		}
 	}
@@ -257,8 +256,6 @@ func run(args []string) (retErr error) {
 	// The kubelet serving certificate: asked for now, so the request runs
 	// while the node agents sync; the kubelet port waits for it below.
 	var certs *kubeletcert.Manager
-	var wg sync.WaitGroup
-	defer wg.Wait()
 	certCtx, stopCerts := context.WithCancel(ctx)
 	defer stopCerts()
 	if serving == servingCSR {
@@ -301,10 +298,10 @@ func run(args []string) (retErr error) {
 		return err
 	}
 	agentOwner := vk.AgentOwner{Namespace: o.agentNamespace, DaemonSet: o.agentDaemonSet, ServiceAccount: o.agentServiceAccount}
-	if apiCA != nil {
+	if apiCerts != nil {
 		// Every replica signs: agents get certificates whoever leads (a
 		// request decided twice is a conflict, and the second one stops).
-		signer, err := vk.NewAgentSigner(vk.AgentSignerConfig{Client: client, CA: apiCA, Owner: agentOwner, Logger: log})
+		signer, err := vk.NewAgentSigner(vk.AgentSignerConfig{Client: client, CA: apiCerts.Current, Owner: agentOwner, Logger: log})
 		if err != nil {
 			return err
 		}

@@ -5,18 +5,22 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"strings"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/sandman-dev/sandman/runtime/nodeapi/nodetls"
 )
 
-// poolSecretKey is the key of the pool token in the pool Secret; the node
-// agents mount the same Secret and read the same key.
+// poolSecretKey is the key of the pool token in the pool Secret.
 const poolSecretKey = "token"
 
 // parseSecretName splits "namespace/name".
@@ -80,9 +84,35 @@ func ensureSecret(ctx context.Context, client kubernetes.Interface, namespace, n
 	return s, nil
 }
 
-// ensureNodeAPICA returns the pool's node API CA kept in the TLS Secret
-// namespace/name, making a new CA when there is none.
-func ensureNodeAPICA(ctx context.Context, client kubernetes.Interface, namespace, name, pool string) (*nodetls.CA, error) {
+// Keys of the node API CA Secret besides tls.crt and tls.key (the CA that
+// signs): the previous CA, still trusted during a rotation.
+const (
+	previousCACertKey = "previous.crt"
+	previousCAKeyKey  = "previous.key"
+)
+
+// parseNodeAPICA reads the current and (when present) previous CA.
+func parseNodeAPICA(s *corev1.Secret) (cur, prev *nodetls.CA, err error) {
+	if cur, err = nodetls.ParseCA(s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey]); err != nil {
+		return nil, nil, fmt.Errorf("secret %s/%s: %w (delete it and sandman-vk makes a new CA; the agents then ask for new certificates)", s.Namespace, s.Name, err)
+	}
+	pc, pk := s.Data[previousCACertKey], s.Data[previousCAKeyKey]
+	if len(pc) == 0 && len(pk) == 0 {
+		return cur, nil, nil
+	}
+	if prev, err = nodetls.ParseCA(pc, pk); err != nil {
+		return nil, nil, fmt.Errorf("secret %s/%s, %s and %s (the previous CA during a rotation): %w", s.Namespace, s.Name, previousCACertKey, previousCAKeyKey, err)
+	}
+	if string(prev.Cert.RawSubject) == string(cur.Cert.RawSubject) {
+		return nil, nil, fmt.Errorf("secret %s/%s: the previous and the current CA have the same subject %q: give the new CA another name (agents name the CA they trust by it)", s.Namespace, s.Name, cur.Cert.Subject)
+	}
+	return cur, prev, nil
+}
+
+// watchNodeAPICA returns the pool's node API CAs from the TLS Secret
+// namespace/name (made with a new CA when missing) and follows the Secret
+// until runCtx ends: a rotation takes effect at once, on every replica.
+func watchNodeAPICA(ctx, runCtx context.Context, wg *sync.WaitGroup, client kubernetes.Interface, namespace, name, pool string, log *slog.Logger) (*nodetls.Authority, error) {
 	s, err := ensureSecret(ctx, client, namespace, name, corev1.SecretTypeTLS, func() (map[string][]byte, error) {
 		ca, err := nodetls.NewCA(pool)
 		if err != nil {
@@ -93,9 +123,41 @@ func ensureNodeAPICA(ctx context.Context, client kubernetes.Interface, namespace
 	if err != nil {
 		return nil, err
 	}
-	ca, err := nodetls.ParseCA(s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey])
+	cur, prev, err := parseNodeAPICA(s)
 	if err != nil {
-		return nil, fmt.Errorf("secret %s/%s: %w (delete it and sandman-vk makes a new CA; the agents then ask for new certificates)", namespace, name, err)
+		return nil, err
 	}
-	return ca, nil
+	auth, err := nodetls.NewAuthority(cur, prev)
+	if err != nil {
+		return nil, err
+	}
+	seen := s.ResourceVersion
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
+		}))
+	inf := factory.Core().V1().Secrets().Informer()
+	update := func(obj any) {
+		s, ok := obj.(*corev1.Secret)
+		if !ok || s.ResourceVersion == seen {
+			return
+		}
+		seen = s.ResourceVersion
+		cur, prev, err := parseNodeAPICA(s)
+		if err != nil {
+			log.Error("node API CA not changed", "err", err)
+			return
+		}
+		_ = auth.Set(cur, prev)
+		prevName := ""
+		if prev != nil {
+			prevName = prev.Cert.Subject.CommonName
+		}
+		log.Info("node API CA changed", "current", cur.Cert.Subject.CommonName, "previous", prevName)
+	}
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: update, UpdateFunc: func(_, obj any) { update(obj) }}); err != nil {
+		return nil, err
+	}
+	wg.Go(func() { inf.RunWithContext(runCtx) })
+	return auth, nil
 }

@@ -85,7 +85,7 @@ func TestMutualTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	addrA := serveTLS(t, ca, "worker-a")
-	cc, err := nodetls.NewClientCerts(ca)
+	cc, err := nodetls.NewAuthority(ca, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,4 +196,56 @@ func TestCheckAgentRequest(t *testing.T) {
 
 func pemEncode(typ string, der []byte) []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der})
+}
+
+// TestCARotation: while a rotation keeps the previous CA, sandman-vk calls
+// agents certified by either (with a client certificate from the CA each
+// trusts); once the previous CA is dropped, only agents with a certificate
+// from the new one answer.
+func TestCARotation(t *testing.T) {
+	oldCA, err := nodetls.NewCA("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	newCA, err := nodetls.NewCA("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldAgent, newAgent := serveTLS(t, oldCA, "w-old"), serveTLS(t, newCA, "w-new")
+	auth, err := nodetls.NewAuthority(oldCA, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	try := func(addr, node string) error {
+		_, err := nodeapi.NewTLSClient(addr, auth.TLSConfig(node)).Inventory(ctx)
+		return err
+	}
+	if err := try(oldAgent, "w-old"); err != nil {
+		t.Fatalf("before the rotation: %v", err)
+	}
+	if err := try(newAgent, "w-new"); err == nil {
+		t.Fatal("before the rotation an agent of the new CA answered")
+	}
+	if err := auth.Set(newCA, oldCA); err != nil {
+		t.Fatal(err)
+	}
+	if err := try(oldAgent, "w-old"); err != nil {
+		t.Errorf("during the rotation, an agent of the previous CA: %v", err)
+	}
+	if err := try(newAgent, "w-new"); err != nil {
+		t.Errorf("during the rotation, an agent of the new CA: %v", err)
+	}
+	if auth.Current() != newCA {
+		t.Error("the new CA does not sign")
+	}
+	if err := auth.Set(newCA, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := try(newAgent, "w-new"); err != nil {
+		t.Errorf("after the rotation, an agent of the new CA: %v", err)
+	}
+	if err := try(oldAgent, "w-old"); err == nil {
+		t.Error("after the rotation an agent still certified by the dropped CA answered")
+	}
 }

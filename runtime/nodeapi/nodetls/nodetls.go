@@ -73,7 +73,9 @@ func NewCA(pool string) (*CA, error) {
 	now := time.Now()
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial(),
-		Subject:               pkix.Name{CommonName: "sandman node API CA (pool " + pool + ")", Organization: []string{"sandman.io"}},
+		// A distinct name per CA: during a rotation an agent names the CA
+		// it trusts, and sandman-vk picks its client certificate by it.
+		Subject:               pkix.Name{CommonName: fmt.Sprintf("sandman node API CA (pool %s, %x)", pool, serial().Bytes()[:4]), Organization: []string{"sandman.io"}},
 		NotBefore:             now.Add(-clockSkew),
 		NotAfter:              now.Add(caLifetime),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
@@ -203,51 +205,116 @@ func (ca *CA) SignAgent(csr *x509.CertificateRequest, lifetime time.Duration) ([
 	return append(out, ca.CertPEM...), nil
 }
 
-// ClientCerts keeps a control-plane client certificate from ca, replacing
-// it after half its lifetime. Safe for concurrent use.
-type ClientCerts struct {
-	ca       *CA
-	lifetime time.Duration
+// Authority is the pool CA as sandman-vk holds it: the current CA, which
+// signs agents' certificates and sandman-vk's own, and during a rotation the
+// previous one, still trusted and still used towards agents whose
+// certificate it signed (until they renew). Safe for concurrent use.
+type Authority struct {
 	mu       sync.Mutex
-	cur      *tls.Certificate
+	cur      *CA
+	prev     *CA
+	lifetime time.Duration
+	// clients: the control-plane client certificate issued from each CA.
+	clients map[*CA]*tls.Certificate
 }
 
-// NewClientCerts issues the first client certificate.
-func NewClientCerts(ca *CA) (*ClientCerts, error) {
-	c := &ClientCerts{ca: ca, lifetime: clientLifetime}
-	if _, err := c.current(); err != nil {
+// NewAuthority returns an Authority with current (required) and previous
+// (nil: none) CAs.
+func NewAuthority(current, previous *CA) (*Authority, error) {
+	a := &Authority{lifetime: clientLifetime}
+	if err := a.Set(current, previous); err != nil {
 		return nil, err
 	}
-	return c, nil
+	return a, nil
 }
 
-func (c *ClientCerts) current() (*tls.Certificate, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.cur != nil && time.Until(c.cur.Leaf.NotAfter) > c.lifetime/2 {
-		return c.cur, nil
+// Set replaces the CAs (a rotation); connections made from now on use them.
+func (a *Authority) Set(current, previous *CA) error {
+	if current == nil {
+		return errors.New("node API CA: the current CA is required")
 	}
-	cert, err := c.ca.IssueClient(c.lifetime)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.cur, a.prev = current, previous
+	a.clients = map[*CA]*tls.Certificate{}
+	return nil
+}
+
+// Current is the CA that signs.
+func (a *Authority) Current() *CA {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.cur
+}
+
+// cas are the trusted CAs, current first.
+func (a *Authority) cas() []*CA {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.prev != nil {
+		return []*CA{a.cur, a.prev}
+	}
+	return []*CA{a.cur}
+}
+
+// clientCert is the client certificate from the first CA the agent
+// accepts (acceptable: the DER subjects of its client CAs; none named: the
+// current CA), issued anew after half its lifetime.
+func (a *Authority) clientCert(acceptable [][]byte) (*tls.Certificate, error) {
+	cas := a.cas()
+	ca := cas[0]
+	for _, c := range cas {
+		if slices.ContainsFunc(acceptable, func(s []byte) bool { return string(s) == string(c.Cert.RawSubject) }) {
+			ca = c
+			break
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if cur := a.clients[ca]; cur != nil && time.Until(cur.Leaf.NotAfter) > a.lifetime/2 {
+		return cur, nil
+	}
+	cert, err := ca.IssueClient(a.lifetime)
 	if err != nil {
 		return nil, fmt.Errorf("node API client certificate: %w", err)
 	}
-	c.cur = cert
+	if a.clients != nil {
+		a.clients[ca] = cert
+	}
 	return cert, nil
 }
 
 // TLSConfig is the configuration to dial the agent of node: its
-// certificate must chain to the pool CA and name node.
-func (c *ClientCerts) TLSConfig(node string) *tls.Config {
+// certificate must chain to a trusted CA (current or previous) and name
+// node; the client certificate comes from the CA the agent trusts.
+func (a *Authority) TLSConfig(node string) *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS13,
-		RootCAs:    c.ca.Pool(),
-		ServerName: node,
-		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-			return c.current()
+		// The chain is verified in VerifyConnection against the CAs of the
+		// moment, which a rotation changes.
+		InsecureSkipVerify: true, //nolint:gosec // verified below
+		GetClientCertificate: func(info *tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			return a.clientCert(info.AcceptableCAs)
 		},
 		VerifyConnection: func(cs tls.ConnectionState) error {
-			if len(cs.PeerCertificates) == 0 || cs.PeerCertificates[0].Subject.CommonName != AgentCN(node) {
-				return fmt.Errorf("the node API at this address is not node %s's agent", node)
+			if len(cs.PeerCertificates) == 0 {
+				return fmt.Errorf("node %s's agent presented no certificate", node)
+			}
+			roots := x509.NewCertPool()
+			for _, ca := range a.cas() {
+				roots.AddCert(ca.Cert)
+			}
+			inter := x509.NewCertPool()
+			for _, c := range cs.PeerCertificates[1:] {
+				inter.AddCert(c)
+			}
+			leaf := cs.PeerCertificates[0]
+			if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, DNSName: node,
+				KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
+				return fmt.Errorf("node %s's agent certificate: %w", node, err)
+			}
+			if leaf.Subject.CommonName != AgentCN(node) {
+				return fmt.Errorf("the node API at this address is not node %s's agent (%q)", node, leaf.Subject.CommonName)
 			}
 			return nil
 		},
