@@ -206,6 +206,9 @@ func (s *Server) routes() http.Handler {
 	auth := func(pattern string, h http.HandlerFunc) { mux.Handle(pattern, s.authenticated(h)) }
 	mux.HandleFunc("POST /v1/assign", s.assign)
 	auth("POST /v1/renew", s.renew)
+	// Replacing a token is not activity: the control plane re-keys idle
+	// sandboxes without keeping them alive.
+	mux.Handle("POST /v1/token", s.checkToken(s.rotateToken))
 	auth("POST /v1/exec", s.exec)
 	auth("POST /v1/processes", s.startProcess)
 	auth("GET /v1/processes", s.listProcesses)
@@ -255,6 +258,14 @@ func (s *Server) recoverPanics(next http.Handler) http.Handler {
 
 // authenticated checks the bearer token and records the call as activity.
 func (s *Server) authenticated(h http.HandlerFunc) http.Handler {
+	return s.checkToken(func(w http.ResponseWriter, r *http.Request) {
+		s.touch()
+		h(w, r)
+	})
+}
+
+// checkToken checks the bearer token; the call is not activity.
+func (s *Server) checkToken(h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !s.access.Load().assigned {
 			writeError(w, errf(http.StatusServiceUnavailable, api.CodeUnavailable, "this sandbox is not assigned to a pod yet"))
@@ -266,7 +277,6 @@ func (s *Server) authenticated(h http.HandlerFunc) http.Handler {
 				"missing or wrong bearer token: send Authorization: Bearer <token> with the sandbox's token"))
 			return
 		}
-		s.touch()
 		h(w, r)
 	})
 }

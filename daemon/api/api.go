@@ -227,3 +227,9 @@ type AssignRequest struct {
 	// RestartPolicy for Main: Never (default), OnFailure or Always.
 	RestartPolicy string `json:"restart_policy,omitempty"`
 }
+
+// TokenRequest is POST /v1/token: the caller's own token is replaced by the
+// one whose SHA-256 this is (hex); the sandbox's other tokens stay.
+type TokenRequest struct {
+	TokenSHA256 string `json:"token_sha256"`
+}

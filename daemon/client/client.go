@@ -207,6 +207,14 @@ func (c *Client) Renew(ctx context.Context) error {
 	return c.call(ctx, request{method: http.MethodPost, path: "/v1/renew", idempotent: true}, nil)
 }
 
+// RotateToken replaces the client's own token in the sandbox by the one
+// whose hex SHA-256 is newHash (POST /v1/token); the sandbox's other tokens
+// stay. From then on the client's token gets 401: make a new client with
+// the new token. Not retried (a lost answer would make the retry a 401).
+func (c *Client) RotateToken(ctx context.Context, newHash string) error {
+	return c.call(ctx, request{method: http.MethodPost, path: "/v1/token", json: api.TokenRequest{TokenSHA256: newHash}}, nil)
+}
+
 // ExecResult is the outcome of a command with its output as bytes.
 type ExecResult struct {
 	ExitCode  int
