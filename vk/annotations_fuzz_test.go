@@ -40,7 +40,7 @@ func FuzzAnnotations(f *testing.F) {
 	} {
 		f.Add(s.idle, s.tokens, s.job, s.ownerKind, s.ownerName, s.controller, s.deadline, s.hasDeadline, s.created)
 	}
-	p := &Provider{cfg: Config{NodeName: "vn", PoolSecret: []byte("pool-secret")}, log: slog.New(slog.DiscardHandler)}
+	p := &Provider{cfg: Config{NodeName: "vn", ControlKeys: mustKeys("pool-secret")}, log: slog.New(slog.DiscardHandler)}
 	f.Fuzz(func(t *testing.T, idle, tokens, job, ownerKind, ownerName string, controller bool, deadline int64, hasDeadline bool, created int64) {
 		pod := func(ns string) *corev1.Pod {
 			pod := &corev1.Pod{
@@ -93,6 +93,9 @@ func FuzzAnnotations(f *testing.F) {
 		// each used (trimmed, lower case), or the pod is refused naming
 		// the annotation.
 		req, err := p.bindRequest(a)
+		if err == nil {
+			req = p.withControlHashLocked(&sandbox{pod: a, req: req})
+		}
 		wellFormed := true
 		var want []string
 		for h := range strings.SplitSeq(tokens, ",") {
@@ -114,7 +117,7 @@ func FuzzAnnotations(f *testing.F) {
 		case err != nil:
 			t.Fatalf("token annotation %q refused: %v", tokens, err)
 		default:
-			want = append(want, tokenHash(ControlToken(p.cfg.PoolSecret, string(a.UID))))
+			want = append(want, tokenHash(ControlToken([]byte("pool-secret"), string(a.UID))))
 			if strings.Join(req.TokenHashes, ",") != strings.Join(want, ",") {
 				t.Fatalf("token annotation %q: hashes %q, want %q", tokens, req.TokenHashes, want)
 			}

@@ -25,15 +25,17 @@ import (
 
 var _ nodeutil.Provider = (*Provider)(nil)
 
-// daemonFor returns a client for the daemon serving one container of a
-// running sandbox.
-func (p *Provider) daemonFor(namespace, podName, container string) (*client.Client, error) {
+// daemonFor returns clients for the daemon serving one container of a
+// running sandbox: one per control key to try, in order (callDaemon tries
+// them), or one without a token for an unauthenticated sandbox.
+func (p *Provider) daemonFor(namespace, podName, container string) ([]*client.Client, error) {
 	p.mu.Lock()
 	sb := p.byUID[p.byKey[podKey(namespace, podName)]]
 	var ip, uid string
+	var known []byte
 	index := -1
 	if sb != nil {
-		ip, uid = sb.slot.IP, string(sb.pod.UID)
+		ip, uid, known = sb.slot.IP, string(sb.pod.UID), sb.controlKey
 		for i, c := range sb.pod.Spec.Containers {
 			if c.Name == container || container == "" && i == 0 {
 				index = i
@@ -51,21 +53,57 @@ func (p *Provider) daemonFor(namespace, podName, container string) (*client.Clie
 	case !running || ip == "":
 		return nil, vkerrdefs.InvalidInputf("pod %s/%s is not running", namespace, podName)
 	}
-	opts := []client.Option{client.WithHTTPClient(p.daemonHTTP)}
-	if authed {
-		if len(p.cfg.PoolSecret) == 0 {
-			return nil, vkerrdefs.InvalidInputf("virtual node %s has no pool secret, so it holds no token for the sandbox of %s/%s", p.cfg.NodeName, namespace, podName)
-		}
-		opts = append(opts, client.WithToken(ControlToken(p.cfg.PoolSecret, uid)))
+	addr := ip + ":" + strconv.Itoa(daemonapi.Port+index)
+	if !authed {
+		c, err := client.New(addr, client.WithHTTPClient(p.daemonHTTP))
+		return []*client.Client{c}, err
 	}
-	return client.New(ip+":"+strconv.Itoa(daemonapi.Port+index), opts...)
+	if p.cfg.ControlKeys == nil {
+		return nil, vkerrdefs.InvalidInputf("virtual node %s has no control key, so it holds no token for the sandbox of %s/%s", p.cfg.NodeName, namespace, podName)
+	}
+	return p.daemonClients(addr, uid, known, -1)
+}
+
+// daemonClients are clients for the daemon at addr of pod uid, one per
+// control key in the order to try them (keySet.tryOrder), with retries
+// (negative: the client's default).
+func (p *Provider) daemonClients(addr, uid string, known []byte, retries int) ([]*client.Client, error) {
+	keys := p.cfg.ControlKeys.set.Load().tryOrder(known)
+	out := make([]*client.Client, 0, len(keys))
+	for _, k := range keys {
+		opts := []client.Option{client.WithHTTPClient(p.daemonHTTP), client.WithToken(ControlToken(k, uid))}
+		if retries >= 0 {
+			opts = append(opts, client.WithRetries(retries))
+		}
+		c, err := client.New(addr, opts...)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// callDaemon calls call with each client in turn until the daemon does not
+// refuse its token (401), and returns the client it accepted (nil if it
+// refused them all) and call's last error. A refusal comes before a call
+// does anything (an attach's stdin is read only once the stream is open),
+// so trying again with the next key is safe.
+func callDaemon(clients []*client.Client, call func(*client.Client) error) (*client.Client, error) {
+	var err error
+	for _, c := range clients {
+		if err = call(c); !client.IsCode(err, daemonapi.CodeUnauthorized) {
+			return c, err
+		}
+	}
+	return nil, err
 }
 
 // RunInContainer implements nodeutil.Provider (kubectl exec): the command
 // runs through the daemon's attach endpoint, on a terminal with -t, with
 // stdin with -i; its exit code comes back as kubectl's.
 func (p *Provider) RunInContainer(ctx context.Context, namespace, podName, containerName string, cmd []string, attach api.AttachIO) error {
-	c, err := p.daemonFor(namespace, podName, containerName)
+	clients, err := p.daemonFor(namespace, podName, containerName)
 	if err != nil {
 		return err
 	}
@@ -102,7 +140,12 @@ func (p *Provider) RunInContainer(ctx context.Context, namespace, podName, conta
 			}
 		}()
 	}
-	code, err := c.Attach(ctx, opts)
+	var code int
+	_, err = callDaemon(clients, func(c *client.Client) error {
+		var err error
+		code, err = c.Attach(ctx, opts)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("exec in %s/%s: %w", namespace, podName, err)
 	}
@@ -127,13 +170,20 @@ func (p *Provider) PortForward(ctx context.Context, namespace, pod string, port 
 // process's output as the daemon keeps it, with --tail, --since,
 // --timestamps, --limit-bytes and -f.
 func (p *Provider) GetContainerLogs(ctx context.Context, namespace, podName, containerName string, opts api.ContainerLogOpts) (io.ReadCloser, error) {
-	c, err := p.daemonFor(namespace, podName, containerName)
+	clients, err := p.daemonFor(namespace, podName, containerName)
 	if err != nil {
 		return nil, err
 	}
 	since := logSince(opts, time.Now())
-	// The backlog first (it ends at the output's current end).
-	backlog, end, err := readMain(ctx, c, 0, false, since, opts.Timestamps)
+	// The backlog first (it ends at the output's current end); the follow
+	// uses the client whose token the daemon took.
+	var backlog []byte
+	var end int64
+	c, err := callDaemon(clients, func(c *client.Client) error {
+		var err error
+		backlog, end, err = readMain(ctx, c, 0, false, since, opts.Timestamps)
+		return err
+	})
 	if err != nil {
 		if client.IsCode(err, daemonapi.CodeNotFound) {
 			// No command: the sandbox has no main process and no logs.
@@ -152,7 +202,14 @@ func (p *Provider) GetContainerLogs(ctx context.Context, namespace, podName, con
 		if _, err := pw.Write(backlog); err != nil {
 			return
 		}
-		stream, err := c.ProcessOutput(ctx, "main", end, true)
+		var stream *client.EventStream
+		// A re-key since the backlog may have moved the sandbox to
+		// another key.
+		_, err := callDaemon(append([]*client.Client{c}, clients...), func(c *client.Client) error {
+			var err error
+			stream, err = c.ProcessOutput(ctx, "main", end, true)
+			return err
+		})
 		if err != nil {
 			_ = pw.CloseWithError(err)
 			return

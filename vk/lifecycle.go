@@ -166,6 +166,7 @@ func (p *Provider) checkIdle(ctx context.Context) {
 		uid, ip string
 		pod     *corev1.Pod
 		timeout time.Duration
+		key     []byte
 	}
 	var list []due
 	p.mu.Lock()
@@ -173,7 +174,7 @@ func (p *Provider) checkIdle(ctx context.Context) {
 		if !sb.isReady || sb.terminal() || sb.deleting || sb.idleTimeout <= 0 || now.Before(sb.nextIdleCheck) {
 			continue
 		}
-		list = append(list, due{uid: uid, ip: sb.slot.IP, pod: sb.pod, timeout: sb.idleTimeout})
+		list = append(list, due{uid: uid, ip: sb.slot.IP, pod: sb.pod, timeout: sb.idleTimeout, key: sb.controlKey})
 	}
 	p.mu.Unlock()
 	sem := make(chan struct{}, 64)
@@ -184,20 +185,9 @@ func (p *Provider) checkIdle(ctx context.Context) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			// Without the sandbox's token, health tells nothing but "up".
-			opts := []client.Option{client.WithRetries(0), client.WithHTTPClient(p.daemonHTTP)}
-			if len(p.cfg.PoolSecret) > 0 {
-				opts = append(opts, client.WithToken(ControlToken(p.cfg.PoolSecret, d.uid)))
-			}
-			c, err := client.New(d.ip+":"+strconv.Itoa(daemonapi.Port), opts...)
-			if err != nil {
-				return
-			}
-			hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			h, err := c.Health(hctx)
-			cancel()
-			if err != nil {
-				return // unreachable now: asked again next round
+			h, ok := p.idleHealth(ctx, d.ip+":"+strconv.Itoa(daemonapi.Port), d.uid, d.key)
+			if !ok {
+				return // unreachable now, or no key taken: asked again next round
 			}
 			idle := time.Duration(h.IdleSeconds * float64(time.Second))
 			if idle < d.timeout {
@@ -212,6 +202,39 @@ func (p *Provider) checkIdle(ctx context.Context) {
 		}()
 	}
 	wg.Wait()
+}
+
+// idleHealth asks a daemon's health with the control plane's token, trying
+// each control key: without a token it takes, health tells nothing but
+// "up" (no version, no idle time). False when the daemon did not answer or
+// took no key.
+func (p *Provider) idleHealth(ctx context.Context, addr, uid string, known []byte) (daemonapi.Health, bool) {
+	var clients []*client.Client
+	var err error
+	if p.cfg.ControlKeys != nil {
+		clients, err = p.daemonClients(addr, uid, known, 0)
+	} else {
+		// An unauthenticated sandbox (the only kind with an idle timeout
+		// then) tells everything without a token.
+		var c *client.Client
+		c, err = client.New(addr, client.WithRetries(0), client.WithHTTPClient(p.daemonHTTP))
+		clients = []*client.Client{c}
+	}
+	if err != nil {
+		return daemonapi.Health{}, false
+	}
+	for _, c := range clients {
+		hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		h, err := c.Health(hctx)
+		cancel()
+		if err != nil {
+			return h, false
+		}
+		if h.Version != "" {
+			return h, true
+		}
+	}
+	return daemonapi.Health{}, false
 }
 
 // reclaimIdle deletes an idle sandbox's pod and says why.

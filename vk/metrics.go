@@ -127,13 +127,41 @@ func (p *Provider) Collector() prometheus.Collector { return providerCollector{p
 
 type providerCollector struct{ p *Provider }
 
-var descPods = prometheus.NewDesc("sandman_vk_pods", "Pods on the virtual node by phase (Pending, Running, Succeeded, Failed).", []string{"phase"}, nil)
+var (
+	descPods         = prometheus.NewDesc("sandman_vk_pods", "Pods on the virtual node by phase (Pending, Running, Succeeded, Failed).", []string{"phase"}, nil)
+	descControlKeys  = prometheus.NewDesc("sandman_vk_control_keys", "Control keys this process holds: current (1) and previous (still tried, and re-keyed from).", []string{"key"}, nil)
+	descOnPrevious   = prometheus.NewDesc("sandman_vk_sandboxes_on_previous_control_key", "Authenticated sandboxes (running, or queued) not yet known to hold the current control key's token. 0 after a rotation once every sandbox is re-keyed: then control-key-previous can be removed.", nil, nil)
+	controlKeyLabels = []string{"current", "previous"}
+)
 
-func (c providerCollector) Describe(ch chan<- *prometheus.Desc) { ch <- descPods }
+func (c providerCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descPods
+	ch <- descControlKeys
+	ch <- descOnPrevious
+}
 
 func (c providerCollector) Collect(ch chan<- prometheus.Metric) {
 	counts := c.p.podsByPhase()
 	for _, ph := range []corev1.PodPhase{corev1.PodPending, corev1.PodRunning, corev1.PodSucceeded, corev1.PodFailed} {
 		ch <- prometheus.MustNewConstMetric(descPods, prometheus.GaugeValue, float64(counts[ph]), string(ph))
 	}
+	if k := c.p.cfg.ControlKeys; k != nil {
+		keys := k.set.Load()
+		ch <- prometheus.MustNewConstMetric(descControlKeys, prometheus.GaugeValue, 1, controlKeyLabels[0])
+		ch <- prometheus.MustNewConstMetric(descControlKeys, prometheus.GaugeValue, float64(len(keys.previous)), controlKeyLabels[1])
+		ch <- prometheus.MustNewConstMetric(descOnPrevious, prometheus.GaugeValue, float64(c.p.onPreviousKey(keys)))
+	}
+}
+
+// onPreviousKey counts the sandboxes not known to hold keys' current key.
+func (p *Provider) onPreviousKey(keys *keySet) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, sb := range p.byUID {
+		if onPreviousKeyLocked(sb, keys) {
+			n++
+		}
+	}
+	return n
 }

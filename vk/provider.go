@@ -2,7 +2,6 @@ package vk
 
 import (
 	"context"
-	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -74,9 +73,11 @@ type Config struct {
 	// AllowUnauthenticated lets pods without a token hash run without auth;
 	// otherwise they fail with a message saying what to add.
 	AllowUnauthenticated bool
-	// PoolSecret derives the control plane's own per-sandbox token
-	// (ControlToken); empty: none.
-	PoolSecret []byte
+	// ControlKeys derive the control plane's own per-sandbox tokens
+	// (ControlToken): the current key for new sandboxes, previous ones
+	// still tried; a change of the current key re-keys running sandboxes
+	// (rekey.go). Nil: none.
+	ControlKeys *ControlKeys
 	// ReconcileInterval is how often slots and pods are compared (default
 	// 10 s); OrphanGrace how long a slot whose pod is gone is kept before
 	// it is released (default 30 s).
@@ -97,6 +98,9 @@ type Config struct {
 	// PidsLimit bounds each container's processes (0: the node agent's
 	// limit; the lower of the two applies).
 	PidsLimit int64
+	// DialDaemon dials sandbox daemons (default: TCP with a 5 s timeout);
+	// tests point it at daemons of their own.
+	DialDaemon func(ctx context.Context, network, addr string) (net.Conn, error)
 	// SelfUsage, when set, is the virtual node's own CPU time and memory
 	// (sandman-vk's process): they count in the node's figures, as a
 	// kubelet's node figures count the kubelet, so a node with no sandbox
@@ -194,6 +198,9 @@ func New(cfg Config) (*Provider, error) {
 	if cfg.Recorder == nil {
 		cfg.Recorder = &record.FakeRecorder{}
 	}
+	if cfg.DialDaemon == nil {
+		cfg.DialDaemon = (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Provider{
 		cfg: cfg, log: cfg.Logger.With("vnode", cfg.NodeName),
@@ -204,7 +211,7 @@ func New(cfg Config) (*Provider, error) {
 		ctx: ctx, cancel: cancel,
 		daemonHTTP: &http.Client{Transport: &http.Transport{
 			MaxIdleConns: 1024, MaxIdleConnsPerHost: 2, IdleConnTimeout: 30 * time.Second,
-			DialContext: (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			DialContext: cfg.DialDaemon,
 		}},
 		byUID:   map[string]*sandbox{},
 		byKey:   map[string]string{},
@@ -272,20 +279,6 @@ func (p *Provider) sleep(ctx context.Context, d time.Duration) bool {
 	case <-ctx.Done():
 		return false
 	}
-}
-
-// ControlToken is the control plane's bearer token for one sandbox: an
-// HMAC of the pod UID under the pool secret. The daemon accepts it next to
-// the creator's token; it never leaves the control plane.
-func ControlToken(secret []byte, podUID string) string {
-	m := hmac.New(sha256.New, secret)
-	m.Write([]byte(podUID))
-	return hex.EncodeToString(m.Sum(nil))
-}
-
-func tokenHash(token string) string {
-	sum := sha256.Sum256([]byte(token))
-	return hex.EncodeToString(sum[:])
 }
 
 func podKey(ns, name string) string { return ns + "/" + name }
@@ -381,8 +374,8 @@ func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	if err == nil {
 		sb.idleTimeout, err = idleTimeout(pod)
 	}
-	if err == nil && sb.idleTimeout > 0 && !req.AllowUnauthenticated && len(p.cfg.PoolSecret) == 0 {
-		err = fmt.Errorf("annotation %s: virtual node %s has no pool secret, so it holds no token to ask the sandbox how long it has been idle: remove the annotation or give sandman-vk --pool-secret-file", AnnotationIdleTimeout, p.cfg.NodeName)
+	if err == nil && sb.idleTimeout > 0 && !req.AllowUnauthenticated && p.cfg.ControlKeys == nil {
+		err = fmt.Errorf("annotation %s: virtual node %s has no control key, so it holds no token to ask the sandbox how long it has been idle: remove the annotation or give sandman-vk a control key", AnnotationIdleTimeout, p.cfg.NodeName)
 	}
 	if err == nil {
 		sb.expiresAt, err = expiresAt(pod)
@@ -403,6 +396,22 @@ func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	return nil
 }
 
+// withControlHashLocked is the sandbox's bind request with the control
+// plane's token hash, under the current control key, next to the
+// creator's (an unauthenticated sandbox gets none); the sandbox records
+// the key. The hash is added at each submission, so a pod that waited
+// through a key change binds with the key current then.
+func (p *Provider) withControlHashLocked(sb *sandbox) runtime.BindRequest {
+	req := sb.req
+	if p.cfg.ControlKeys == nil || len(req.TokenHashes) == 0 {
+		return req
+	}
+	key := p.cfg.ControlKeys.Current()
+	req.TokenHashes = append(req.TokenHashes[:len(req.TokenHashes):len(req.TokenHashes)], tokenHash(ControlToken(key, string(sb.pod.UID))))
+	sb.controlKey = key
+	return req
+}
+
 // submit hands a pod to the pool; a full queue is retried by the reconciler.
 func (p *Provider) submit(uid string) {
 	p.mu.Lock()
@@ -411,7 +420,7 @@ func (p *Provider) submit(uid string) {
 		p.mu.Unlock()
 		return
 	}
-	req := pool.Request{Bind: sb.req, Job: jobOf(sb.pod)}
+	req := pool.Request{Bind: p.withControlHashLocked(sb), Job: jobOf(sb.pod)}
 	sb.submitted = true
 	p.mu.Unlock()
 	if err := p.cfg.Pool.Submit(req); err != nil && !errdefs.IsAlreadyExists(err) {
@@ -742,9 +751,6 @@ func (p *Provider) bindRequest(pod *corev1.Pod) (runtime.BindRequest, error) {
 			return req, fmt.Errorf("pod %s/%s has no %s annotation and pool %s does not allow unauthenticated sandboxes: add the annotation with the hex SHA-256 of a token you keep", pod.Namespace, pod.Name, AnnotationTokenSHA256, p.cfg.NodeName)
 		}
 		req.AllowUnauthenticated = true
-	}
-	if len(p.cfg.PoolSecret) > 0 && len(req.TokenHashes) > 0 {
-		req.TokenHashes = append(req.TokenHashes, tokenHash(ControlToken(p.cfg.PoolSecret, string(pod.UID))))
 	}
 	for _, ref := range pod.Spec.ImagePullSecrets {
 		if p.cfg.Secrets == nil {

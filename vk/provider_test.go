@@ -58,7 +58,7 @@ func newHarnessWith(t *testing.T, slots int, wrap func(*fake.Runtime) runtime.Ru
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{NodeName: "vn", Pool: h.pool, Client: h.client, NodeIP: "10.0.0.1", PoolSecret: []byte("s")}
+	cfg := Config{NodeName: "vn", Pool: h.pool, Client: h.client, NodeIP: "10.0.0.1", ControlKeys: mustKeys("s")}
 	for _, m := range mutate {
 		m(&cfg)
 	}
@@ -124,6 +124,19 @@ func (h *harness) wait(t *testing.T, uid types.UID, what string, cond func(*core
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// mustKeys is a control key set of current and previous keys.
+func mustKeys(current string, previous ...string) *ControlKeys {
+	var prev [][]byte
+	for _, p := range previous {
+		prev = append(prev, []byte(p))
+	}
+	k, err := NewControlKeys([]byte(current), prev...)
+	if err != nil {
+		panic(err)
+	}
+	return k
 }
 
 func sha(s string) string {

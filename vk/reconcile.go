@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -68,6 +69,9 @@ func (p *Provider) adoptLocked(sb *sandbox, b pool.BoundSlot) {
 		req = runtime.BindRequest{Pod: runtime.PodRef{UID: uid, Namespace: pod.Namespace, Name: pod.Name}}
 	}
 	sb.req, sb.submitted, sb.awaiting = req, true, false
+	// Which control key its daemons hold is not known: the re-key finds
+	// out when there are previous keys.
+	sb.controlKey = nil
 	sb.idleTimeout, _ = idleTimeout(pod)
 	sb.expiresAt, _ = expiresAt(pod)
 	started := b.Slot.Since
@@ -133,8 +137,12 @@ func (p *Provider) settleAwaiting(now time.Time, slots []pool.BoundSlot) {
 	}
 }
 
-// Run reconciles slots and pods until ctx ends.
+// Run reconciles slots and pods, and re-keys sandboxes when the control
+// keys change (rekey.go), until ctx ends.
 func (p *Provider) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { p.runRekey(ctx) })
 	t := p.cfg.NewTicker(p.cfg.ReconcileInterval)
 	defer t.Stop()
 	for {

@@ -53,6 +53,12 @@ type sandbox struct {
 	// it has none); expiry fires then.
 	expiresAt time.Time
 	expiry    clock.Timer
+	// controlKey is the control key whose token every daemon of the
+	// sandbox is known to accept (nil: not known, as after an adoption);
+	// rekeyFailed says a re-key to the current key failed already (its
+	// next failures are logged quietly).
+	controlKey  []byte
+	rekeyFailed bool
 }
 
 func (s *sandbox) stopTimers() {

@@ -45,7 +45,7 @@ func translators(f *testing.F) []*Provider {
 	// Built by hand, not with New: translation reads only the config, and
 	// New starts the status queue's goroutines.
 	return []*Provider{
-		{cfg: Config{NodeName: "vn", PoolSecret: []byte("pool-secret"), Secrets: corev1listers.NewSecretLister(idx)}, log: quiet},
+		{cfg: Config{NodeName: "vn", ControlKeys: mustKeys("pool-secret"), Secrets: corev1listers.NewSecretLister(idx)}, log: quiet},
 		{cfg: Config{NodeName: "vn", AllowUnauthenticated: true}, log: quiet},
 	}
 }
@@ -59,6 +59,8 @@ func checkTranslation(t *testing.T, p *Provider, pod *corev1.Pod) {
 	req, err := p.bindRequest(pod)
 	var idle time.Duration
 	if err == nil {
+		// The control plane's hash is added when the pod is submitted.
+		req = p.withControlHashLocked(&sandbox{pod: pod, req: req})
 		idle, err = idleTimeout(pod)
 	}
 	if !reflect.DeepEqual(pod, before) {
@@ -233,8 +235,8 @@ func checkTokens(t *testing.T, p *Provider, pod *corev1.Pod, req runtime.BindReq
 	for h := range strings.SplitSeq(v, ",") {
 		want = append(want, strings.ToLower(strings.TrimSpace(h)))
 	}
-	if len(p.cfg.PoolSecret) > 0 {
-		want = append(want, tokenHash(ControlToken(p.cfg.PoolSecret, string(pod.UID))))
+	if p.cfg.ControlKeys != nil {
+		want = append(want, tokenHash(ControlToken(p.cfg.ControlKeys.Current(), string(pod.UID))))
 	}
 	if !reflect.DeepEqual(req.TokenHashes, want) || req.AllowUnauthenticated {
 		t.Fatalf("annotation %q: hashes %q (unauthenticated %v), want %q", v, req.TokenHashes, req.AllowUnauthenticated, want)

@@ -63,7 +63,7 @@ type options struct {
 	ownerNamespace                         string
 	agentPort                              int
 	tokenFile, poolSecretFile              string
-	poolSecretName                         string
+	poolSecretName, controlKeySecret       string
 	allowUnauthenticated, pprof            bool
 	qps                                    float64
 	burst, workers, bindsPerNode           int
@@ -126,7 +126,11 @@ func run(args []string) (retErr error) {
 	fs.StringVar(&o.tokenFile, "token-file", "", "file with the pool token node agents accept (or env SANDMAN_POOL_TOKEN, or --pool-secret-name)")
 	fs.StringVar(&o.poolSecretName, "pool-secret-name", "", "namespace/name of a Secret whose key \"token\" is the pool token, created with a random token when missing "+
 		"(the node agents mount the same Secret); instead of --token-file or SANDMAN_POOL_TOKEN")
-	fs.StringVar(&o.poolSecretFile, "pool-secret-file", "", "file with the secret that derives the control plane's per-sandbox daemon tokens (default: the pool token)")
+	fs.StringVar(&o.poolSecretFile, "pool-secret-file", "", "file with the control keys, which derive the control plane's per-sandbox daemon tokens: one key a line, the current one first, "+
+		"then previous ones (still tried; running sandboxes are re-keyed from them to the current key); read again when the file changes. Default: the pool token, fixed")
+	fs.StringVar(&o.controlKeySecret, "control-key-secret", "", "namespace/name of the Secret with the control keys, which derive the control plane's per-sandbox daemon tokens "+
+		"(only sandman-vk may read it): key \"control-key\" the current key, optional \"control-key-previous\" previous ones, one a line (still tried; running sandboxes are re-keyed "+
+		"from them to the current key); created with a random key when missing, followed live. Instead of --pool-secret-file")
 	fs.BoolVar(&o.pprof, "debug-pprof", false, "serve Go's /debug/pprof/ on --metrics-listen (profiles for benchmarks; keep the listener private)")
 	fs.BoolVar(&o.allowUnauthenticated, "allow-unauthenticated", false, "let pods without a sandman.io/token-sha256 annotation run daemons without auth (local experiments only)")
 	fs.Float64Var(&o.qps, "kube-api-qps", 500, "apiserver requests per second (client-go's default of 5 throttles bursts)")
@@ -246,12 +250,6 @@ func run(args []string) (retErr error) {
 			return fmt.Errorf("no pool token: give --token-file, SANDMAN_POOL_TOKEN or --pool-secret-name (%v)", err)
 		}
 	}
-	poolSecret := token
-	if o.poolSecretFile != "" {
-		if poolSecret, err = secret(o.poolSecretFile, ""); err != nil {
-			return err
-		}
-	}
 
 	// The kubelet serving certificate: asked for now, so the request runs
 	// while the node agents sync; the kubelet port waits for it below.
@@ -267,6 +265,48 @@ func run(args []string) (retErr error) {
 				log.Error("kubelet serving certificate", "err", err)
 			}
 		})
+	}
+
+	// The control keys (controlkey.go), followed while the process runs.
+	var controlKeys *vk.ControlKeys
+	switch {
+	case o.controlKeySecret != "" && o.poolSecretFile != "":
+		return errors.New("give one of --control-key-secret and --pool-secret-file")
+	case o.controlKeySecret != "":
+		ns, name, err := parseSecretName(o.controlKeySecret)
+		if err != nil {
+			return fmt.Errorf("--control-key-secret: %w", err)
+		}
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		// Until now the pool token (if any) was the control key: a new
+		// Secret keeps it as the previous key, so running sandboxes are
+		// re-keyed, not cut off.
+		current, previous, err := ensureControlKeySecret(sctx, client, ns, name, []byte(token))
+		cancel()
+		if err != nil {
+			return err
+		}
+		if controlKeys, err = vk.NewControlKeys(current, previous...); err != nil {
+			return err
+		}
+		if err := watchControlKeySecret(ctx, client, ns, name, controlKeys, log); err != nil {
+			return err
+		}
+	case o.poolSecretFile != "":
+		current, previous, err := readControlKeyFile(o.poolSecretFile)
+		if err != nil {
+			return fmt.Errorf("--pool-secret-file: %w", err)
+		}
+		if controlKeys, err = vk.NewControlKeys(current, previous...); err != nil {
+			return err
+		}
+		wg.Go(func() { watchControlKeyFile(certCtx, o.poolSecretFile, 2*time.Second, controlKeys, log) })
+	case token != "":
+		if controlKeys, err = vk.NewControlKeys([]byte(token)); err != nil {
+			return err
+		}
+	default:
+		log.Warn(errNoControlKey.Error() + ": kubectl exec and logs of authenticated sandboxes, and their idle timeouts, do not work")
 	}
 
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
@@ -423,7 +463,7 @@ func run(args []string) (retErr error) {
 		provider, err = vk.New(vk.Config{
 			NodeName: o.nodeName, Pool: pl, Client: client, Pods: pc.Pods, Secrets: pc.Secrets, Recorder: recorder,
 			RuntimeClasses: runtimeClasses.Lister(),
-			NodeIP:         o.nodeIP, AllowUnauthenticated: o.allowUnauthenticated, PoolSecret: []byte(poolSecret),
+			NodeIP:         o.nodeIP, AllowUnauthenticated: o.allowUnauthenticated, ControlKeys: controlKeys,
 			ReconcileInterval: o.reconcile, OrphanGrace: o.orphanGrace, Logger: log, SelfUsage: selfUsage,
 			DefaultLimits: o.defaultLimits.l, MaxLimits: o.maxLimits.l, PidsLimit: o.pidsLimit,
 		})
