@@ -113,11 +113,17 @@ func startPool(t *testing.T, s *framework.Stack, n, slots int) *vpool {
 		})
 	}
 	p.metrics = "127.0.0.1:" + strconv.Itoa(freePort(t))
+	// The control key is sandman-vk's alone: the agents hold the pool
+	// token (SANDMAN_POOL_TOKEN), which no longer derives sandbox tokens.
+	controlKeys := filepath.Join(t.TempDir(), "control-keys")
+	if err := os.WriteFile(controlKeys, []byte(rand.String(32)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	p.vkArgs = []string{"--kubeconfig", s.Env["KUBECONFIG"], "--pool", p.name, "--node-name", p.node,
 		"--node-ip", s.Env["BRIDGE_IP"], "--kubelet-listen", s.Env["BRIDGE_IP"] + ":" + strconv.Itoa(freePort(t)),
 		"--tls-cert-file", filepath.Join(s.Env["PKI"], "kubelet-serving.crt"), "--tls-key-file", filepath.Join(s.Env["PKI"], "kubelet-serving.key"),
 		"--client-ca-file", filepath.Join(s.Env["PKI"], "ca.crt"),
-		"--node-agents", strings.Join(agents, ","), "--metrics-listen", p.metrics,
+		"--node-agents", strings.Join(agents, ","), "--metrics-listen", p.metrics, "--pool-secret-file", controlKeys,
 		"--reconcile-interval", "1s", "--orphan-grace", "3s", "--lost-after", "5s"}
 	ctx := t.Context()
 	if _, err := s.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: p.ns}}, metav1.CreateOptions{}); err != nil {

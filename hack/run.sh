@@ -24,6 +24,16 @@ for c in sandman-node sandman-vk sandman-daemon sandmanctl; do
 done
 TOKEN_FILE=$SANDMAN_STATE/pool-token
 [ -f "$TOKEN_FILE" ] || { head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$TOKEN_FILE"; chmod 600 "$TOKEN_FILE"; }
+# The control keys, which derive the per-sandbox tokens kubectl exec and logs
+# use, are sandman-vk's alone (the agents hold the pool token, not these):
+# one a line, the current first. A first file keeps the pool token (the
+# control key until then) as the previous key, so sandboxes of an earlier
+# run are re-keyed rather than cut off. Rotate by writing a new first line.
+CONTROL_KEYS=$SANDMAN_STATE/control-keys
+[ -f "$CONTROL_KEYS" ] || (
+	umask 077
+	{ head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n'; echo; cat "$TOKEN_FILE"; echo; } >"$CONTROL_KEYS"
+)
 
 POOL=local
 AGENTS=""
@@ -41,7 +51,7 @@ start sandman-vk "curl -fsS http://127.0.0.1:9652/healthz" \
 	"$BIN/sandman-vk" --kubeconfig "$KUBECONFIG" --pool "$POOL" --node-name "sandman-$POOL" \
 	--node-ip "$BRIDGE_IP" --kubelet-listen "$BRIDGE_IP:10250" \
 	--tls-cert-file "$PKI/kubelet-serving.crt" --tls-key-file "$PKI/kubelet-serving.key" --client-ca-file "$PKI/ca.crt" \
-	--node-agents "$AGENTS" --token-file "$TOKEN_FILE" --metrics-listen 127.0.0.1:9652
+	--node-agents "$AGENTS" --token-file "$TOKEN_FILE" --pool-secret-file "$CONTROL_KEYS" --metrics-listen 127.0.0.1:9652
 
 log "waiting for node sandman-$POOL to be Ready"
 deadline=$((SECONDS + 60))
