@@ -12,6 +12,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/informers"
@@ -55,18 +56,23 @@ func controlKeysOf(s *corev1.Secret) (current []byte, previous [][]byte, err err
 
 // ensureControlKeySecret returns the control keys kept in the Secret
 // namespace/name, creating it with a fresh random key (32 bytes, hex) when
-// there is none, and seed (the key sandboxes held tokens of until then,
-// e.g. the pool token) as its previous key, so running sandboxes are
-// re-keyed rather than cut off. Another replica's Secret wins a race.
-func ensureControlKeySecret(ctx context.Context, client kubernetes.Interface, namespace, name string, seed []byte) ([]byte, [][]byte, error) {
+// there is none, and what seed returns (the key sandboxes held tokens of
+// until then, e.g. the pool token; empty: none) as its previous key, so
+// running sandboxes are re-keyed rather than cut off. Another replica's
+// Secret wins a race.
+func ensureControlKeySecret(ctx context.Context, client kubernetes.Interface, namespace, name string, seed func() ([]byte, error)) ([]byte, [][]byte, error) {
 	s, err := ensureSecret(ctx, client, namespace, name, corev1.SecretTypeOpaque, func() (map[string][]byte, error) {
 		b := make([]byte, 32)
 		if _, err := rand.Read(b); err != nil {
 			return nil, err
 		}
 		data := map[string][]byte{controlKeyKey: []byte(hex.EncodeToString(b))}
-		if len(seed) > 0 {
-			data[controlKeyPreviousKey] = bytes.Clone(seed)
+		prev, err := seed()
+		if err != nil {
+			return nil, err
+		}
+		if prev = bytes.TrimSpace(prev); len(prev) > 0 {
+			data[controlKeyPreviousKey] = prev
 		}
 		return data, nil
 	})
@@ -74,6 +80,19 @@ func ensureControlKeySecret(ctx context.Context, client kubernetes.Interface, na
 		return nil, nil, err
 	}
 	return controlKeysOf(s)
+}
+
+// readSeedSecret is the "token" of the Secret namespace/name (an earlier
+// install's pool secret), or nothing when there is no such Secret.
+func readSeedSecret(ctx context.Context, client kubernetes.Interface, namespace, name string) ([]byte, error) {
+	s, err := client.CoreV1().Secrets(namespace).Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("--control-key-seed-secret %s/%s: %w", namespace, name, err)
+	}
+	return s.Data[poolSecretKey], nil
 }
 
 // watchControlKeySecret follows the control key Secret (an informer on that

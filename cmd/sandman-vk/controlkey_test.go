@@ -68,7 +68,7 @@ func TestEnsureControlKeySecret(t *testing.T) {
 			if tc.setup != nil {
 				tc.setup(c)
 			}
-			cur, prev, err := ensureControlKeySecret(t.Context(), c, "sandman-system", "ck", []byte(tc.seed))
+			cur, prev, err := ensureControlKeySecret(t.Context(), c, "sandman-system", "ck", func() ([]byte, error) { return []byte(tc.seed), nil })
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("error %v, want one with %q", err, tc.wantErr)
@@ -100,6 +100,22 @@ func TestEnsureControlKeySecret(t *testing.T) {
 				t.Fatalf("keys %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestControlKeySeedSecret: an earlier install's pool token becomes the
+// previous key of a new control key Secret; without that Secret, none.
+func TestControlKeySeedSecret(t *testing.T) {
+	c := kfake.NewClientset(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "sandman-system", Name: "sandman-pool"},
+		Data: map[string][]byte{"token": []byte("old-pool-token\n")}})
+	seed := func() ([]byte, error) { return readSeedSecret(t.Context(), c, "sandman-system", "sandman-pool") }
+	cur, prev, err := ensureControlKeySecret(t.Context(), c, "sandman-system", "ck", seed)
+	if err != nil || len(cur) != 64 || len(prev) != 1 || string(prev[0]) != "old-pool-token" {
+		t.Fatalf("keys %q %q, %v; want a new key and the pool token as previous", cur, prev, err)
+	}
+	none := func() ([]byte, error) { return readSeedSecret(t.Context(), c, "sandman-system", "missing") }
+	if _, prev, err := ensureControlKeySecret(t.Context(), c, "sandman-system", "ck2", none); err != nil || len(prev) != 0 {
+		t.Fatalf("without a seed Secret: previous %q, %v", prev, err)
 	}
 }
 

@@ -64,6 +64,7 @@ type options struct {
 	agentPort                              int
 	tokenFile, poolSecretFile              string
 	poolSecretName, controlKeySecret       string
+	controlKeySeedSecret                   string
 	allowUnauthenticated, pprof            bool
 	qps                                    float64
 	burst, workers, bindsPerNode           int
@@ -131,6 +132,9 @@ func run(args []string) (retErr error) {
 	fs.StringVar(&o.controlKeySecret, "control-key-secret", "", "namespace/name of the Secret with the control keys, which derive the control plane's per-sandbox daemon tokens "+
 		"(only sandman-vk may read it): key \"control-key\" the current key, optional \"control-key-previous\" previous ones, one a line (still tried; running sandboxes are re-keyed "+
 		"from them to the current key); created with a random key when missing, followed live. Instead of --pool-secret-file")
+	fs.StringVar(&o.controlKeySeedSecret, "control-key-seed-secret", "", "namespace/name of a Secret whose key \"token\" derived the sandboxes' control tokens before --control-key-secret "+
+		"(the pool secret of an earlier install): when sandman-vk creates the control key Secret, that token becomes its previous key, so running sandboxes are re-keyed rather than cut off. "+
+		"Read only, and only then; a missing Secret is no error")
 	fs.BoolVar(&o.pprof, "debug-pprof", false, "serve Go's /debug/pprof/ on --metrics-listen (profiles for benchmarks; keep the listener private)")
 	fs.BoolVar(&o.allowUnauthenticated, "allow-unauthenticated", false, "let pods without a sandman.io/token-sha256 annotation run daemons without auth (local experiments only)")
 	fs.Float64Var(&o.qps, "kube-api-qps", 500, "apiserver requests per second (client-go's default of 5 throttles bursts)")
@@ -281,7 +285,16 @@ func run(args []string) (retErr error) {
 		// Until now the pool token (if any) was the control key: a new
 		// Secret keeps it as the previous key, so running sandboxes are
 		// re-keyed, not cut off.
-		current, previous, err := ensureControlKeySecret(sctx, client, ns, name, []byte(token))
+		seed := func() ([]byte, error) { return []byte(token), nil }
+		if o.controlKeySeedSecret != "" {
+			sns, sname, err := parseSecretName(o.controlKeySeedSecret)
+			if err != nil {
+				cancel()
+				return fmt.Errorf("--control-key-seed-secret: %w", err)
+			}
+			seed = func() ([]byte, error) { return readSeedSecret(sctx, client, sns, sname) }
+		}
+		current, previous, err := ensureControlKeySecret(sctx, client, ns, name, seed)
 		cancel()
 		if err != nil {
 			return err
