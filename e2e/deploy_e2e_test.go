@@ -75,6 +75,7 @@ func TestDeployed(t *testing.T) {
 	var box *corev1.Pod
 	t.Run("TrainerJob", d.trainerJob)
 	t.Run("KubectlExecLogsTop", func(t *testing.T) { box = d.kubectlExecLogsTop(t) })
+	t.Run("ControlKeyRotation", d.controlKeyRotation)
 	t.Run("GVisor", d.gvisor)
 	t.Run("FakeAgentIgnored", d.fakeAgentIgnored)
 	t.Run("NodeAPIMutualTLS", d.nodeAPIMutualTLS)
