@@ -111,6 +111,11 @@ func (d *deployed) controlKeyRotation(t *testing.T) {
 		fmt.Sprintf(`{"data":{"control-key":%q,"control-key-previous":%q}}`, base64.StdEncoding.EncodeToString(newKey), oldB64))
 	start := time.Now()
 	var last string
+	defer func() {
+		if t.Failed() {
+			t.Logf("sandman-vk metrics last read: %s", last)
+		}
+	}()
 	framework.Eventually(t, 3*time.Minute, "sandman-vk holding the new key and every sandbox re-keyed (sandman_vk_sandboxes_on_previous_control_key 0)", func(ctx context.Context) (bool, error) {
 		var ok bool
 		ok, last = d.vkMetricsAll(ctx, map[string]float64{
