@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/base64"
 	"encoding/hex"
 	"fmt"
@@ -18,11 +19,14 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
 	"github.com/sandman-dev/sandman/daemon/client"
 	"github.com/sandman-dev/sandman/e2e/framework"
+	"github.com/sandman-dev/sandman/runtime/nodeapi/nodetls"
 	"github.com/sandman-dev/sandman/vk"
 )
 
@@ -45,7 +49,7 @@ func (d *deployed) controlKeyRotation(t *testing.T) {
 	var boxes []*corev1.Pod
 	t.Cleanup(func() { d.deletePods(t, "rot-") })
 	for i := range n {
-		boxes = append(boxes, d.sandbox(t, fmt.Sprintf("rot-%d", i), "sleep", "3600"))
+		boxes = append(boxes, d.sandboxWith(t, fmt.Sprintf("rot-%d", i), smallSandbox, "sleep", "3600"))
 	}
 	oldKey := d.controlKey(t, "control-key")
 	for _, b := range boxes {
@@ -144,6 +148,10 @@ func (d *deployed) controlKeyRotation(t *testing.T) {
 	})
 	// Two more rounds: at least one ran entirely without the old key.
 	waitRounds("two rounds of kubectl exec without the previous key", 2)
+
+	// The node API's CA rotates too, with the same sandboxes answering.
+	d.rotateNodeAPICA(t)
+	waitRounds("a round of kubectl exec after the CA rotation", 1)
 	stopExecs()
 	if got := d.controlKey(t, "control-key"); string(got) != string(newKey) {
 		t.Fatalf("the Secret's control-key is %q, want the new key", got)
@@ -156,7 +164,7 @@ func (d *deployed) controlKeyRotation(t *testing.T) {
 			t.Errorf("trainer's token after the rotation: %v", err)
 		}
 	}
-	fresh := d.sandbox(t, "rot-new", "sleep", "3600")
+	fresh := d.sandboxWith(t, "rot-new", smallSandbox, "sleep", "3600")
 	if err := d.kubectlExecHostname(fresh.Name); err != nil {
 		t.Error(err)
 	}
@@ -280,4 +288,106 @@ func (d *deployed) deletePods(t *testing.T, prefix string) {
 			return apierrors.IsNotFound(err), nil
 		})
 	}
+}
+
+// smallSandbox requests 10m CPU: the local pool's share of the worker is one
+// core, and 10 sandboxes of the default 100m would fill it.
+func smallSandbox(p *corev1.Pod) {
+	p.Spec.Containers[0].Resources.Requests[corev1.ResourceCPU] = resource.MustParse("10m")
+}
+
+// rotateNodeAPICA replaces the node API's CA as docs/install.md says: the
+// new CA with the old one as previous (agents certified by the old one are
+// still reached: a sandbox binds), the agent restarted (its new certificate
+// is from the new CA, and sandboxes keep running), the previous CA dropped (a
+// sandbox binds again).
+func (d *deployed) rotateNodeAPICA(t *testing.T) {
+	ctx := t.Context()
+	secrets := d.s.Kube.CoreV1().Secrets(deployNS)
+	sec, err := secrets.Get(ctx, "sandman-node-api-ca", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	newCA, err := nodetls.NewCA(deployPool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	changes := func() int {
+		logs, err := d.vkLogs(ctx)
+		if err != nil {
+			return -1
+		}
+		return strings.Count(logs, "node API CA changed")
+	}
+	before := changes()
+	sec.Data["previous.crt"], sec.Data["previous.key"] = sec.Data[corev1.TLSCertKey], sec.Data[corev1.TLSPrivateKeyKey]
+	sec.Data[corev1.TLSCertKey], sec.Data[corev1.TLSPrivateKeyKey] = newCA.CertPEM, newCA.KeyPEM
+	if _, err := secrets.Update(ctx, sec, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, time.Minute, "sandman-vk taking the new node API CA", func(context.Context) (bool, error) {
+		return changes() > before, nil
+	})
+	agent := d.waitAgentReady(t, "", time.Minute)
+	if issuer := d.agentCertIssuer(t, agent); issuer == newCA.Cert.Subject.CommonName {
+		t.Fatalf("the agent already has a certificate from the new CA before its restart")
+	}
+	during := d.sandboxWith(t, "rot-ca-during", smallSandbox, "sleep", "3600")
+	if err := d.kubectlExecHostname(during.Name); err != nil {
+		t.Fatal(err)
+	}
+
+	// A new agent pod asks for its certificate: now from the new CA.
+	patch := fmt.Sprintf(`{"spec":{"template":{"metadata":{"annotations":{"e2e.sandman.io/restarted-at":%q}}}}}`, time.Now().Format(time.RFC3339Nano))
+	if _, err := d.s.Kube.AppsV1().DaemonSets(deployNS).Patch(ctx, "sandman-node", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var restarted *corev1.Pod
+	framework.Eventually(t, 3*time.Minute, "the restarted agent serving a certificate from the new CA", func(ctx context.Context) (bool, error) {
+		p, err := d.agentPod(ctx)
+		if err != nil || p == nil || p.UID == agent.UID || !podReady(p) {
+			return false, nil
+		}
+		restarted = p
+		return d.agentCertIssuer(t, p) == newCA.Cert.Subject.CommonName, nil
+	})
+	if err := d.kubectlExecHostname(during.Name); err != nil {
+		t.Errorf("a sandbox bound before the agent's restart: %v", err)
+	}
+
+	// The old CA goes.
+	before = changes()
+	sec, err = secrets.Get(ctx, "sandman-node-api-ca", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	delete(sec.Data, "previous.crt")
+	delete(sec.Data, "previous.key")
+	if _, err := secrets.Update(ctx, sec, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, time.Minute, "sandman-vk dropping the previous node API CA", func(context.Context) (bool, error) {
+		return changes() > before, nil
+	})
+	after := d.sandboxWith(t, "rot-ca-after", smallSandbox, "sleep", "3600")
+	if err := d.kubectlExecHostname(after.Name); err != nil {
+		t.Error(err)
+	}
+	t.Logf("node API CA rotated: agent %s now certified by %q", restarted.Name, newCA.Cert.Subject.CommonName)
+}
+
+// agentCertIssuer is the common name of the CA that issued the agent's
+// node API certificate ("" when it cannot be read).
+func (d *deployed) agentCertIssuer(t *testing.T, agent *corev1.Pod) string {
+	t.Helper()
+	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", net.JoinHostPort(agent.Status.HostIP, "9651"),
+		&tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13}) //nolint:gosec // reads the certificate, trusts nothing
+	if err != nil {
+		return ""
+	}
+	defer conn.Close()
+	if pc := conn.ConnectionState().PeerCertificates; len(pc) > 0 {
+		return pc[0].Issuer.CommonName
+	}
+	return ""
 }
