@@ -72,7 +72,7 @@ func NewCA(pool string) (*CA, error) {
 	}
 	now := time.Now()
 	tmpl := &x509.Certificate{
-		SerialNumber:          serial(),
+		SerialNumber: serial(),
 		// A distinct name per CA: during a rotation an agent names the CA
 		// it trusts, and sandman-vk picks its client certificate by it.
 		Subject:               pkix.Name{CommonName: fmt.Sprintf("sandman node API CA (pool %s, %x)", pool, serial().Bytes()[:4]), Organization: []string{"sandman.io"}},
