@@ -63,6 +63,8 @@ func (p *Provider) Capacity() vkapi.Capacity {
 	for _, st := range runtime.SlotStates {
 		c.Totals.Slots[st] += 0
 	}
+	c.QueueRoom = p.cfg.QueueRoom
+	c.AdvertisedPods, _, _ = Advertised(runtime.Capacity{Slots: c.Totals.CapacitySlots}, p.cfg.QueueRoom)
 	c.CreateToReady = p.recentReady.histogram(now)
 	return c
 }

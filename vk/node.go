@@ -27,7 +27,27 @@ type NodeConfig struct {
 	IP          string
 	KubeletPort int32
 	Version     string
+	// QueueRoom is how many pods beyond its slots the node advertises room
+	// for (0: pods = slots, the truthful capacity). kube-scheduler then
+	// binds a burst that does not fit once, and the pool's fair admission
+	// queue holds the pods beyond the slots (WaitingForSlot) instead of
+	// kube-scheduler retrying each on back-off. CPU and memory are scaled
+	// in the same proportion, so a pod mix that fits the slots fits the
+	// advertised node alike. The node says so (AnnotationSlots,
+	// AnnotationQueueRoom and the condition ConditionQueueRoom).
+	QueueRoom int
 }
+
+// What a virtual node with queue room says about its capacity.
+const (
+	// AnnotationSlots is the pool's real capacity: slots, CPU and memory
+	// of its healthy workers ("1000 slots, 4000 CPU, 16Ti memory").
+	AnnotationSlots = "sandman.io/slots"
+	// AnnotationQueueRoom is the room advertised beyond the slots.
+	AnnotationQueueRoom = "sandman.io/queue-room"
+	// ConditionQueueRoom says in words what the capacity includes.
+	ConditionQueueRoom corev1.NodeConditionType = "SandmanQueueRoom"
+)
 
 // NodeSpec is the virtual node as it is registered: labels for the node
 // selector, a taint sandboxes tolerate, addresses, and the capacity of the
@@ -64,15 +84,31 @@ func NodeSpec(cfg NodeConfig, capa runtime.Capacity, agents int) corev1.Node {
 	if cfg.IP != "" {
 		n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: cfg.IP}}
 	}
-	setCapacity(&n, capa, agents)
+	setCapacity(&n, capa, agents, cfg.QueueRoom)
 	return n
 }
 
-func setCapacity(n *corev1.Node, capa runtime.Capacity, agents int) {
+// Advertised is what a virtual node with queue room advertises for a
+// pool's capacity: pods = slots + room, CPU and memory scaled alike
+// (nothing beyond the slots while there are none).
+func Advertised(capa runtime.Capacity, room int) (pods int64, milliCPU, memory int64) {
+	pods, milliCPU, memory = int64(capa.Slots), capa.Resources.MilliCPU, capa.Resources.MemoryBytes
+	if room <= 0 || capa.Slots == 0 {
+		return pods, milliCPU, memory
+	}
+	scale := func(v int64) int64 {
+		// v × (slots+room)/slots without overflow for the sizes at hand.
+		return int64(float64(v) * float64(capa.Slots+room) / float64(capa.Slots))
+	}
+	return int64(capa.Slots + room), scale(milliCPU), scale(memory)
+}
+
+func setCapacity(n *corev1.Node, capa runtime.Capacity, agents, room int) {
+	pods, milliCPU, memory := Advertised(capa, room)
 	rl := corev1.ResourceList{
-		corev1.ResourcePods:   *resource.NewQuantity(int64(capa.Slots), resource.DecimalSI),
-		corev1.ResourceCPU:    *resource.NewMilliQuantity(capa.Resources.MilliCPU, resource.DecimalSI),
-		corev1.ResourceMemory: *resource.NewQuantity(capa.Resources.MemoryBytes, resource.BinarySI),
+		corev1.ResourcePods:   *resource.NewQuantity(pods, resource.DecimalSI),
+		corev1.ResourceCPU:    *resource.NewMilliQuantity(milliCPU, resource.DecimalSI),
+		corev1.ResourceMemory: *resource.NewQuantity(memory, resource.BinarySI),
 	}
 	n.Status.Capacity, n.Status.Allocatable = rl, rl.DeepCopy()
 	now := metav1.Now()
@@ -88,6 +124,19 @@ func setCapacity(n *corev1.Node, capa runtime.Capacity, agents int) {
 		{Type: corev1.NodePIDPressure, Status: corev1.ConditionFalse, Reason: "KubeletHasSufficientPID", LastHeartbeatTime: now, LastTransitionTime: now},
 		{Type: corev1.NodeNetworkUnavailable, Status: corev1.ConditionFalse, Reason: "RouteCreated", LastHeartbeatTime: now, LastTransitionTime: now},
 		agentsReady,
+	}
+	if room > 0 {
+		truth := fmt.Sprintf("%d slots, %s CPU, %s memory", capa.Slots,
+			resource.NewMilliQuantity(capa.Resources.MilliCPU, resource.DecimalSI), resource.NewQuantity(capa.Resources.MemoryBytes, resource.BinarySI))
+		if n.Annotations == nil {
+			n.Annotations = map[string]string{}
+		}
+		n.Annotations[AnnotationSlots] = truth
+		n.Annotations[AnnotationQueueRoom] = strconv.Itoa(room)
+		n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: ConditionQueueRoom, Status: corev1.ConditionTrue,
+			Reason: "QueueRoomAdvertised", LastHeartbeatTime: now, LastTransitionTime: now,
+			Message: fmt.Sprintf("capacity includes room for %d queued pods beyond the pool's %s (pods, CPU and memory scaled alike): "+
+				"pods beyond the slots wait in the pool's fair admission queue (event WaitingForSlot), not in kube-scheduler", room, truth)})
 	}
 }
 

@@ -57,6 +57,9 @@ type Config struct {
 	// NodeName is the virtual node's name; Pool its pool's.
 	NodeName string
 	Pool     *pool.Pool
+	// QueueRoom is the room beyond its slots the node advertises
+	// (NodeConfig.QueueRoom), shown on the capacity page.
+	QueueRoom int
 	// Client writes pod deletions after a sandbox's release (as a kubelet
 	// does); Pods and Secrets are listers from the node's informers.
 	Client  kubernetes.Interface

@@ -69,6 +69,7 @@ type options struct {
 	qps                                    float64
 	burst, workers, bindsPerNode           int
 	maxQueued                              int
+	queueRoom                              int
 	resync, reconcile, orphanGrace, lost   time.Duration
 	metricsListen, logLevel                string
 	defaultLimits, maxLimits               resourceList
@@ -142,6 +143,8 @@ func run(args []string) (retErr error) {
 	fs.IntVar(&o.workers, "workers", 32, "pod controller workers per queue")
 	fs.IntVar(&o.bindsPerNode, "binds-per-node", 16, "binds in flight per node agent")
 	fs.IntVar(&o.maxQueued, "max-queued", 100000, "admission queue bound")
+	fs.IntVar(&o.queueRoom, "queue-room", 0, "pods beyond its slots the virtual node advertises room for (CPU and memory scaled alike), so kube-scheduler binds a burst "+
+		"that does not fit once and the pool's fair queue holds it; -1: the admission queue bound (--max-queued); 0: pods = slots")
 	fs.DurationVar(&o.resync, "informer-resync", 0, "pod informer resync period (0: none; the reconciler compares state)")
 	fs.DurationVar(&o.reconcile, "reconcile-interval", 10*time.Second, "how often slots and pods are compared")
 	fs.DurationVar(&o.orphanGrace, "orphan-grace", 30*time.Second, "how long a slot whose pod is gone is kept before release")
@@ -198,6 +201,12 @@ func run(args []string) (retErr error) {
 				o.clientCA = inClusterCA
 			}
 		}
+	}
+	switch {
+	case o.queueRoom == -1:
+		o.queueRoom = o.maxQueued
+	case o.queueRoom < 0 || o.queueRoom > o.maxQueued:
+		return fmt.Errorf("--queue-room %d: want 0 to --max-queued (%d), or -1 for --max-queued: more room than the queue holds would fail pods kube-scheduler bound", o.queueRoom, o.maxQueued)
 	}
 	if n := countSet(o.poolSecretName != "", o.tokenFile != "" || os.Getenv("SANDMAN_POOL_TOKEN") != ""); n > 1 || n == 0 && o.nodeAPICASecret == "" {
 		return errors.New("give one of --pool-secret-name, --token-file or SANDMAN_POOL_TOKEN, or --node-api-ca-secret (mutual TLS; the pool secret then only derives sandbox control tokens)")
@@ -404,7 +413,8 @@ func run(args []string) (retErr error) {
 		log.Info("kubelet serving certificate issued", "vnode", o.nodeName, "expires", certs.Expiry())
 	}
 
-	nodeCfg := vk.NodeConfig{Name: o.nodeName, PoolName: o.poolName, IP: o.nodeIP, KubeletPort: kubeletPort(o.kubeletListen), Version: "v1.37.2-sandman"}
+	nodeCfg := vk.NodeConfig{Name: o.nodeName, PoolName: o.poolName, IP: o.nodeIP, KubeletPort: kubeletPort(o.kubeletListen), Version: "v1.37.2-sandman",
+		QueueRoom: o.queueRoom}
 	np := &vk.NodeProvider{Config: nodeCfg, Pool: pl, Nodes: client.CoreV1().Nodes(), Logger: log}
 	capa, agents := np.Capacity()
 	spec := vk.NodeSpec(nodeCfg, capa, agents)
@@ -474,7 +484,7 @@ func run(args []string) (retErr error) {
 	runtimeClasses := kubeinformers.NewSharedInformerFactory(client, o.resync).Node().V1().RuntimeClasses()
 	vnode, err := nodeutil.NewNode(o.nodeName, func(pc nodeutil.ProviderConfig) (nodeutil.Provider, node.NodeProvider, error) {
 		provider, err = vk.New(vk.Config{
-			NodeName: o.nodeName, Pool: pl, Client: client, Pods: pc.Pods, Secrets: pc.Secrets, Recorder: recorder,
+			NodeName: o.nodeName, Pool: pl, QueueRoom: nodeCfg.QueueRoom, Client: client, Pods: pc.Pods, Secrets: pc.Secrets, Recorder: recorder,
 			RuntimeClasses: runtimeClasses.Lister(),
 			NodeIP:         o.nodeIP, AllowUnauthenticated: o.allowUnauthenticated, ControlKeys: controlKeys,
 			ReconcileInterval: o.reconcile, OrphanGrace: o.orphanGrace, Logger: log, SelfUsage: selfUsage,

@@ -17,6 +17,11 @@ type Capacity struct {
 	Totals CapacityTotals `json:"totals"`
 	// Queue is the admission queue's depth.
 	Queue int `json:"queue"`
+	// QueueRoom is the room for queued pods the virtual node advertises
+	// beyond its slots (0: it advertises its slots only), and
+	// AdvertisedPods the pods capacity kube-scheduler sees: slots + room.
+	QueueRoom      int   `json:"queue_room"`
+	AdvertisedPods int64 `json:"advertised_pods"`
 	// Pods counts the virtual node's pods by phase; the keys are Kubernetes
 	// pod phases (corev1.PodPhase values: Pending, Running, Succeeded,
 	// Failed).
