@@ -51,7 +51,7 @@ var (
 	scaleRealMax   = envInt("BENCH_SCALE_REAL_MAX", 500)
 )
 
-// scalePart: BENCH_SCALE_ONLY (comma-separated: hold, bursts, sched, real)
+// scalePart: BENCH_SCALE_ONLY (comma-separated: hold, bursts, sched, oversub, real)
 // runs only those parts; empty runs all.
 func scalePart(name string) bool {
 	only := os.Getenv("BENCH_SCALE_ONLY")
@@ -194,6 +194,25 @@ func benchScale(cfg config) ([]row, error) {
 		emit(r...)
 	}
 
+	// Bursts beyond capacity: the virtual node's modes beside ordinary nodes.
+	if scalePart("oversub") {
+		r, cdf, pending, err := b.oversubscribed(ctx, image)
+		emit(r...)
+		if len(cdf) > 0 {
+			for _, plot := range []struct{ file, svg string }{
+				{"oversub-create-to-ready.svg", cdfSVG(fmt.Sprintf("oversubscribed burst (%d + %d pods onto %d slots): create → Ready, cumulative", oversubA, oversubB, oversubSlots), cdf)},
+				{"oversub-pending.svg", seriesSVG("oversubscribed burst: kube-scheduler's pending pods (scheduler_pending_pods, all queues)", "pending pods", pending)},
+			} {
+				if werr := os.WriteFile(filepath.Join(cfg.root, "docs", plot.file), []byte(plot.svg), 0o644); werr != nil {
+					return rows, werr
+				}
+			}
+		}
+		if err != nil {
+			return rows, err
+		}
+	}
+
 	// Real containers.
 	if scalePart("real") {
 		r, err := b.realScale(ctx, image)
@@ -315,7 +334,7 @@ func (b *vkBench) schedulerLoad(ctx context.Context, agents map[string]runtime.R
 	// 200 ordinary nodes.
 	fmt.Fprintf(os.Stderr, "scale: scheduler, %d pods over %d ordinary nodes\n", n, scaleSchedNode)
 	label := "sandman-bench-sched-" + rand.String(4)
-	nodes, stopNodes, err := b.fakeKubelets(ctx, label, scaleSchedNode, n)
+	nodes, stopNodes, err := b.fakeKubelets(ctx, label, scaleSchedNode, n/scaleSchedNode+10)
 	if err != nil {
 		return nil, err
 	}
@@ -389,11 +408,10 @@ func (b *vkBench) schedulerLoad(ctx context.Context, agents map[string]runtime.R
 	}, nil
 }
 
-// fakeKubelets makes count Ready nodes with room for pods pods, renews
+// fakeKubelets makes count Ready nodes with room for perNode pods each, renews
 // their leases, and makes their pods Running and Ready as a kubelet would
 // report them. stop deletes them.
-func (b *vkBench) fakeKubelets(ctx context.Context, label string, count, pods int) ([]string, func(), error) {
-	perNode := pods/count + 10
+func (b *vkBench) fakeKubelets(ctx context.Context, label string, count, perNode int) ([]string, func(), error) {
 	var names []string
 	lctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
