@@ -38,6 +38,7 @@ import (
 	"github.com/sandman-dev/sandman/e2e/framework"
 	"github.com/sandman-dev/sandman/runtime"
 	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
+	"github.com/sandman-dev/sandman/vk"
 	vkapi "github.com/sandman-dev/sandman/vk/api"
 )
 
@@ -147,8 +148,12 @@ func (d *deployed) install() {
 		}
 		c := n.Status.Capacity
 		owned := len(n.OwnerReferences) == 1 && n.OwnerReferences[0].Kind == "Namespace" && n.OwnerReferences[0].Name == deployNS
-		return owned && c.Pods().Value() == deployPoolSlots && c.Cpu().MilliValue() == 1000 &&
-			c.Memory().Cmp(resource.MustParse(deployPoolMemory)) == 0, nil
+		// The pool share, scaled by the queue room the node advertises.
+		room, _ := strconv.Atoi(n.Annotations[vk.AnnotationQueueRoom])
+		share := resource.MustParse(deployPoolMemory)
+		pods, milliCPU, mem := vk.Advertised(runtime.Capacity{Slots: deployPoolSlots,
+			Resources: runtime.Resources{MilliCPU: 1000, MemoryBytes: share.Value()}}, room)
+		return owned && c.Pods().Value() == pods && c.Cpu().MilliValue() == milliCPU && c.Memory().Value() == mem, nil
 	})
 	if _, err := s.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: d.ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)

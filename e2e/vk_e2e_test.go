@@ -31,6 +31,7 @@ import (
 	"github.com/sandman-dev/sandman/runtime"
 	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
 	"github.com/sandman-dev/sandman/runtime/nodeapi"
+	"github.com/sandman-dev/sandman/vk"
 )
 
 // The trainer's token in these tests, and the hash its pods carry.
@@ -309,8 +310,14 @@ func TestVKPodsBecomeSandboxes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := n.Status.Capacity.Pods().Value(); got != 8 {
-		t.Fatalf("node capacity: %d pods, want 8 (2 agents × 4 slots)", got)
+	// 2 agents × 4 slots, plus the queue room the node advertises (and
+	// says it does).
+	room, _ := strconv.Atoi(n.Annotations[vk.AnnotationQueueRoom])
+	if got := n.Status.Capacity.Pods().Value(); got != int64(8+room) {
+		t.Fatalf("node capacity: %d pods, want 8 slots (2 agents × 4) + %d queue room", got, room)
+	}
+	if room > 0 && !strings.HasPrefix(n.Annotations[vk.AnnotationSlots], "8 slots, ") {
+		t.Fatalf("annotation %s = %q, want the 8 slots", vk.AnnotationSlots, n.Annotations[vk.AnnotationSlots])
 	}
 	if n.Labels["sandman.io/pool"] != p.name || n.Labels["type"] != "virtual-kubelet" || len(n.Spec.Taints) == 0 {
 		t.Fatalf("node labels %v taints %v", n.Labels, n.Spec.Taints)

@@ -143,8 +143,9 @@ func run(args []string) (retErr error) {
 	fs.IntVar(&o.workers, "workers", 32, "pod controller workers per queue")
 	fs.IntVar(&o.bindsPerNode, "binds-per-node", 16, "binds in flight per node agent")
 	fs.IntVar(&o.maxQueued, "max-queued", 100000, "admission queue bound")
-	fs.IntVar(&o.queueRoom, "queue-room", 0, "pods beyond its slots the virtual node advertises room for (CPU and memory scaled alike), so kube-scheduler binds a burst "+
-		"that does not fit once and the pool's fair queue holds it; -1: the admission queue bound (--max-queued); 0: pods = slots")
+	fs.IntVar(&o.queueRoom, "queue-room", -1, "pods beyond its slots the virtual node advertises room for (CPU and memory scaled alike), so kube-scheduler binds a burst "+
+		"that does not fit once and the pool's fair queue holds it; -1: the admission queue bound (--max-queued); 0: pods = slots, the truthful capacity "+
+		"(pods beyond it stay unschedulable in kube-scheduler)")
 	fs.DurationVar(&o.resync, "informer-resync", 0, "pod informer resync period (0: none; the reconciler compares state)")
 	fs.DurationVar(&o.reconcile, "reconcile-interval", 10*time.Second, "how often slots and pods are compared")
 	fs.DurationVar(&o.orphanGrace, "orphan-grace", 30*time.Second, "how long a slot whose pod is gone is kept before release")

@@ -288,7 +288,9 @@ func (b *vkBench) oversubRun(ctx context.Context, image string, m oversubMode) (
 		return res, err
 	}
 	all := append(slices.Clone(namesA), namesB...)
-	res.ideal = time.Duration(float64(len(all)) * float64(oversubWork) / float64(res.slots))
+	// The ideal: every slot busy from the first create, and no earlier
+	// than job B's last pod can end.
+	res.ideal = max(time.Duration(float64(len(all))*float64(oversubWork)/float64(res.slots)), oversubBDelay+oversubWork)
 	deadline := time.Now().Add(max(10*time.Minute, 4*res.ideal))
 	for {
 		mu.Lock()
