@@ -168,7 +168,12 @@ func (d *deployed) agentPod(ctx context.Context) (*corev1.Pod, error) {
 		return nil, err
 	}
 	for i := range l.Items {
-		if p := &l.Items[i]; p.Spec.NodeName == d.worker && p.DeletionTimestamp == nil {
+		p := &l.Items[i]
+		// The DaemonSet's own pod (FakeAgentIgnored makes another with the label).
+		if ref := metav1.GetControllerOf(p); ref == nil || ref.Kind != "DaemonSet" || ref.Name != "sandman-node" {
+			continue
+		}
+		if p.Spec.NodeName == d.worker && p.DeletionTimestamp == nil {
 			return p, nil
 		}
 	}
