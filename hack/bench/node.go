@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -148,6 +149,24 @@ func benchNode(cfg config) ([]row, error) {
 	if err != nil {
 		return nil, fmt.Errorf("generic bind, pinned runc: %w", err)
 	}
+	// crun (the distribution's, where installed) beside the pinned runc:
+	// containerd's runc shim runs either as its binary.
+	crunRow := row{name: "generic bind, crun, node's users", n: 0, p50: "-", p99: "-", baseline: "pinned runc, node's users", ratio: "-", note: "crun not installed (apt-get install crun)"}
+	if crun, err := exec.LookPath("crun"); err == nil {
+		version := "crun"
+		if out, err := exec.Command(crun, "--version").Output(); err == nil {
+			version = strings.SplitN(string(out), "\n", 2)[0]
+		}
+		crunRow.name = "generic bind, " + version + " (" + crun + "), node's users"
+		d, err := be.genericBinds(ctx, "bench-crun", image, n, func(c *rtcontainerd.Config) { c.RuncPath = crun })
+		if err != nil {
+			// A crun too old for the runtime-spec version containerd
+			// writes refuses every container: say so, measure the rest.
+			crunRow.note = "refused: " + err.Error()
+		} else {
+			crunRow.n, crunRow.p50, crunRow.p99, crunRow.ratio, crunRow.note = n, ms(d.p50()), ms(d.p99()), ratio(d.p50(), pinned.p50()), ""
+		}
+	}
 	userns, err := be.genericBinds(ctx, "bench-userns", image, n, func(c *rtcontainerd.Config) {
 		c.RuncPath, c.UserNamespaces = runc, rtcontainerd.UserNamespacesOn
 	})
@@ -242,6 +261,7 @@ func benchNode(cfg config) ([]row, error) {
 		{name: "generic warm-slot bind (netns+IP ready)", n: n, p50: ms(generic.p50()), p99: ms(generic.p99()), baseline: "raw create+start", ratio: ratio(generic.p50(), raw.p50()), note: "target ≤ 1.2×"},
 		{name: "generic bind without the sandbox firewall", n: n, p50: ms(noFW.p50()), p99: ms(noFW.p99()), baseline: "generic bind (firewall on)", ratio: ratio(generic.p50(), noFW.p50()), note: "ratio: the firewall's cost"},
 		{name: "generic bind, pinned runc (" + strings.TrimPrefix(filepath.Base(filepath.Dir(runc)), "runc-") + "), node's users", n: n, p50: ms(pinned.p50()), p99: ms(pinned.p99()), baseline: "-", ratio: "1.00×"},
+		crunRow,
 		{name: "generic bind, pinned runc, user namespace", n: n, p50: ms(userns.p50()), p99: ms(userns.p99()), baseline: "pinned runc, node's users", ratio: ratio(userns.p50(), pinned.p50()), note: "the user namespace's cost (idmapped overlay, own sysfs)"},
 		gvisor[0], gvisor[1], gvisor[2], gvisor[3],
 		{name: "hot-slot bind (started sandbox assigned)", n: len(hot), p50: ms(hot.p50()), p99: ms(hot.p99()), baseline: "raw create+start", ratio: ratio(hot.p50(), raw.p50()), note: "target p50 ≤ 10 ms"},
