@@ -27,7 +27,7 @@ func TestWireNames(t *testing.T) {
 		}}, `{"time":"2025-01-02T03:04:05Z","nodes":[` +
 			`{"node":"w1","image":"","state":"","node_error":"down"},` +
 			`{"node":"w2","image":"docker.io/library/busybox:latest","state":"ready"}],"done":true,"ready":true}`},
-		{"capacity", api.Capacity{Time: at, Pool: "p", VirtualNode: "sandman-p", Queue: 2,
+		{"capacity", api.Capacity{Time: at, Pool: "p", VirtualNode: "sandman-p", Queue: 2, QueueRoom: 100, AdvertisedPods: 104,
 			Pods: map[string]int{"Running": 1},
 			Totals: api.CapacityTotals{Nodes: 1, HealthyNodes: 1, CapacitySlots: 4, Slots: map[runtime.SlotState]int{runtime.StateWarm: 3},
 				CPU: api.Amount{Allocated: 1, Capacity: 4}, Memory: api.Amount{Allocated: 2, Capacity: 8}, Inflight: 1},
@@ -38,7 +38,7 @@ func TestWireNames(t *testing.T) {
 		}, `{"time":"2025-01-02T03:04:05Z","pool":"p","virtual_node":"sandman-p",` +
 			`"totals":{"nodes":1,"healthy_nodes":1,"capacity_slots":4,"slots":{"warm":3},` +
 			`"cpu_cores":{"allocated":1,"capacity":4},"memory_bytes":{"allocated":2,"capacity":8},"binds_in_flight":1},` +
-			`"queue":2,"pods":{"Running":1},` +
+			`"queue":2,"queue_room":100,"advertised_pods":104,"pods":{"Running":1},` +
 			`"nodes":[{"name":"w1","healthy":true,"error":"e","capacity_slots":4,"slots":{"bound":1},` +
 			`"cpu_cores":{"allocated":0,"capacity":0},"memory_bytes":{"allocated":0,"capacity":0},"images":["i"],` +
 			`"binds_in_flight":1,"binds":5,"bind_failures":1,"bind_p50_ms":2,"bind_p99_ms":3}],` +
