@@ -166,6 +166,30 @@ func startPool(t *testing.T, s *framework.Stack, n, slots int) *vpool {
 		})
 		if err != nil {
 			t.Errorf("waiting 1m for the test's pods to be gone: %v; left: %v", err, left)
+			return
+		}
+		// A pod's object can be gone before its slot is: one deleted while
+		// its bind was in flight (it waited in the pool's queue, say) is
+		// released once the bind ends, or by the reconciler's orphan
+		// sweep. sandman-vk must see that through before it stops.
+		var held []string
+		err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+			held = held[:0]
+			for _, a := range p.agents {
+				inv, err := a.client.Inventory(ctx)
+				if err != nil {
+					continue // a dead agent releases nothing; the census reports what it holds
+				}
+				for _, sl := range inv.Slots {
+					if sl.Pod != nil && (sl.State == runtime.StateBound || sl.State == runtime.StateBinding) {
+						held = append(held, fmt.Sprintf("%s on %s (%s)", sl.Pod.Name, a.name, sl.State))
+					}
+				}
+			}
+			return len(held) == 0, nil
+		})
+		if err != nil {
+			t.Errorf("waiting 1m for sandman-vk to release every slot of the test's pods: %v; still held: %v", err, held)
 		}
 	})
 	framework.Eventually(t, time.Minute, "virtual node "+p.node+" Ready", func(ctx context.Context) (bool, error) {
