@@ -14,10 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/cache"
 
 	"github.com/sandman-dev/sandman/vk"
 )
@@ -101,16 +98,7 @@ func readSeedSecret(ctx context.Context, client kubernetes.Interface, namespace,
 // are. It returns once the informer has synced; the informer runs until
 // ctx ends.
 func watchControlKeySecret(ctx context.Context, client kubernetes.Interface, namespace, name string, keys *vk.ControlKeys, log *slog.Logger) error {
-	f := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
-		}))
-	inf := f.Core().V1().Secrets().Informer()
-	set := func(obj any) {
-		s, ok := obj.(*corev1.Secret)
-		if !ok || s.Name != name {
-			return
-		}
+	return followSecret(ctx, client, namespace, name, func(s *corev1.Secret) {
 		current, previous, err := controlKeysOf(s)
 		if err == nil {
 			err = keys.Set(current, previous...)
@@ -120,24 +108,10 @@ func watchControlKeySecret(ctx context.Context, client kubernetes.Interface, nam
 			return
 		}
 		log.Info("control keys", "secret", namespace+"/"+name, "previous", len(keys.Previous()), "resourceVersion", s.ResourceVersion)
-	}
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    set,
-		UpdateFunc: func(_, cur any) { set(cur) },
-		DeleteFunc: func(any) {
-			log.Warn("control key secret deleted: keeping the keys held; a restart without it makes a new key, and sandboxes keyed by the old one answer kubectl exec no more",
-				"secret", namespace+"/"+name)
-		},
-	}); err != nil {
-		return err
-	}
-	f.Start(ctx.Done())
-	for typ, ok := range f.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			return fmt.Errorf("control key secret %s/%s: informer for %v did not sync: %w", namespace, name, typ, context.Cause(ctx))
-		}
-	}
-	return nil
+	}, func() {
+		log.Warn("control key secret deleted: keeping the keys held; a restart without it makes a new key, and sandboxes keyed by the old one answer kubectl exec no more",
+			"secret", namespace+"/"+name)
+	})
 }
 
 // readControlKeyFile reads a control key file: one key a line, the current

@@ -231,7 +231,7 @@ func run(args []string) (retErr error) {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
-	// Goroutines that watch files and Secrets end with ctx; wg waits.
+	// Goroutines that watch files end with ctx; wg waits.
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	var apiCerts *nodetls.Authority
@@ -241,7 +241,7 @@ func run(args []string) (retErr error) {
 			return fmt.Errorf("--node-api-ca-secret: %w", err)
 		}
 		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		apiCerts, err = watchNodeAPICA(sctx, ctx, &wg, client, ns, name, o.poolName, log)
+		apiCerts, err = watchNodeAPICA(sctx, ctx, client, ns, name, o.poolName, log)
 		cancel()
 		if err != nil {
 			return err

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -112,7 +111,7 @@ func parseNodeAPICA(s *corev1.Secret) (cur, prev *nodetls.CA, err error) {
 // watchNodeAPICA returns the pool's node API CAs from the TLS Secret
 // namespace/name (made with a new CA when missing) and follows the Secret
 // until runCtx ends: a rotation takes effect at once, on every replica.
-func watchNodeAPICA(ctx, runCtx context.Context, wg *sync.WaitGroup, client kubernetes.Interface, namespace, name, pool string, log *slog.Logger) (*nodetls.Authority, error) {
+func watchNodeAPICA(ctx, runCtx context.Context, client kubernetes.Interface, namespace, name, pool string, log *slog.Logger) (*nodetls.Authority, error) {
 	s, err := ensureSecret(ctx, client, namespace, name, corev1.SecretTypeTLS, func() (map[string][]byte, error) {
 		ca, err := nodetls.NewCA(pool)
 		if err != nil {
@@ -132,14 +131,8 @@ func watchNodeAPICA(ctx, runCtx context.Context, wg *sync.WaitGroup, client kube
 		return nil, err
 	}
 	seen := s.ResourceVersion
-	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
-		}))
-	inf := factory.Core().V1().Secrets().Informer()
-	update := func(obj any) {
-		s, ok := obj.(*corev1.Secret)
-		if !ok || s.ResourceVersion == seen {
+	err = followSecret(runCtx, client, namespace, name, func(s *corev1.Secret) {
+		if s.ResourceVersion == seen {
 			return
 		}
 		seen = s.ResourceVersion
@@ -154,10 +147,42 @@ func watchNodeAPICA(ctx, runCtx context.Context, wg *sync.WaitGroup, client kube
 			prevName = prev.Cert.Subject.CommonName
 		}
 		log.Info("node API CA changed", "current", cur.Cert.Subject.CommonName, "previous", prevName)
-	}
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: update, UpdateFunc: func(_, obj any) { update(obj) }}); err != nil {
+	}, func() {
+		log.Warn("node API CA secret deleted: keeping the CAs held; a restart without it makes a new CA, and every agent then needs a new certificate",
+			"secret", namespace+"/"+name)
+	})
+	if err != nil {
 		return nil, err
 	}
-	wg.Go(func() { inf.RunWithContext(runCtx) })
 	return auth, nil
+}
+
+// followSecret calls onChange with the Secret namespace/name as it is and
+// whenever it changes, and onDelete when it goes, until ctx ends (one
+// informer narrowed to that name, so RBAC can be too). It returns once the
+// informer has synced.
+func followSecret(ctx context.Context, client kubernetes.Interface, namespace, name string, onChange func(*corev1.Secret), onDelete func()) error {
+	f := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
+		}))
+	set := func(obj any) {
+		if s, ok := obj.(*corev1.Secret); ok && s.Name == name {
+			onChange(s)
+		}
+	}
+	if _, err := f.Core().V1().Secrets().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    set,
+		UpdateFunc: func(_, cur any) { set(cur) },
+		DeleteFunc: func(any) { onDelete() },
+	}); err != nil {
+		return err
+	}
+	f.Start(ctx.Done())
+	for typ, ok := range f.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return fmt.Errorf("secret %s/%s: informer for %v did not sync: %w", namespace, name, typ, context.Cause(ctx))
+		}
+	}
+	return nil
 }
