@@ -99,12 +99,31 @@ func callDaemon(clients []*client.Client, call func(*client.Client) error) (*cli
 	return nil, err
 }
 
+// callPod calls call on the daemon of a pod's container with each control
+// key in turn (daemonFor, callDaemon). When every key is refused it asks
+// once more with the keys of now: a re-key may have landed between taking
+// the keys and the call, moving the daemon to a key that was not held yet.
+// It returns the client the daemon took and the clients of the last try.
+func (p *Provider) callPod(namespace, podName, container string, call func(*client.Client) error) (*client.Client, []*client.Client, error) {
+	clients, err := p.daemonFor(namespace, podName, container)
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := callDaemon(clients, call)
+	if client.IsCode(err, daemonapi.CodeUnauthorized) {
+		if again, aerr := p.daemonFor(namespace, podName, container); aerr == nil {
+			clients = again
+			c, err = callDaemon(clients, call)
+		}
+	}
+	return c, clients, err
+}
+
 // RunInContainer implements nodeutil.Provider (kubectl exec): the command
 // runs through the daemon's attach endpoint, on a terminal with -t, with
 // stdin with -i; its exit code comes back as kubectl's.
 func (p *Provider) RunInContainer(ctx context.Context, namespace, podName, containerName string, cmd []string, attach api.AttachIO) error {
-	clients, err := p.daemonFor(namespace, podName, containerName)
-	if err != nil {
+	if _, err := p.daemonFor(namespace, podName, containerName); err != nil {
 		return err
 	}
 	opts := client.AttachOptions{Cmd: cmd, TTY: attach.TTY(), Stdout: io.Discard, Stderr: io.Discard}
@@ -141,7 +160,7 @@ func (p *Provider) RunInContainer(ctx context.Context, namespace, podName, conta
 		}()
 	}
 	var code int
-	_, err = callDaemon(clients, func(c *client.Client) error {
+	_, _, err := p.callPod(namespace, podName, containerName, func(c *client.Client) error {
 		var err error
 		code, err = c.Attach(ctx, opts)
 		return err
@@ -170,16 +189,12 @@ func (p *Provider) PortForward(ctx context.Context, namespace, pod string, port 
 // process's output as the daemon keeps it, with --tail, --since,
 // --timestamps, --limit-bytes and -f.
 func (p *Provider) GetContainerLogs(ctx context.Context, namespace, podName, containerName string, opts api.ContainerLogOpts) (io.ReadCloser, error) {
-	clients, err := p.daemonFor(namespace, podName, containerName)
-	if err != nil {
-		return nil, err
-	}
 	since := logSince(opts, time.Now())
 	// The backlog first (it ends at the output's current end); the follow
 	// uses the client whose token the daemon took.
 	var backlog []byte
 	var end int64
-	c, err := callDaemon(clients, func(c *client.Client) error {
+	c, clients, err := p.callPod(namespace, podName, containerName, func(c *client.Client) error {
 		var err error
 		backlog, end, err = readMain(ctx, c, 0, false, since, opts.Timestamps)
 		return err

@@ -197,13 +197,9 @@ func onPrevious(t *testing.T, p *Provider) int {
 }
 
 // control calls the daemon of pod's container as kubectl exec does
-// (daemonFor, each key in turn) with an authenticated call.
+// (callPod: each key in turn) with an authenticated call.
 func control(ctx context.Context, p *Provider, pod, container string) error {
-	clients, err := p.daemonFor("ns", pod, container)
-	if err != nil {
-		return err
-	}
-	_, err = callDaemon(clients, func(c *client.Client) error { return c.Renew(ctx) })
+	_, _, err := p.callPod("ns", pod, container, func(c *client.Client) error { return c.Renew(ctx) })
 	return err
 }
 
