@@ -25,6 +25,15 @@ var (
 		Help:    "Time from CreatePod to the sandbox's daemon answering, in seconds.",
 		Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
 	})
+	metricStage = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "sandman_vk_pod_stage_seconds",
+		Help: "Time a pod spent in each stage between CreatePod and its Ready status handed to virtual-kubelet, in seconds: " +
+			"admit (CreatePod to a node chosen: admission queue and placement), bind (the node API bind call), " +
+			"ready (bind answered to the node's ready event: the daemon taking its assignment), " +
+			"notify (the node's ready event to the provider: the agent's watch stream and the pool), " +
+			"status (the provider to the status handed to virtual-kubelet: the status queue).",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18),
+	}, []string{"stage"})
 	metricBindFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sandman_vk_bind_failures_total",
 		Help: "Binds that failed, by reason.",
@@ -54,7 +63,7 @@ var (
 // Collectors are the provider's package-level metrics, for registration by
 // cmd.
 func Collectors() []prometheus.Collector {
-	return []prometheus.Collector{metricPodsCreated, metricCreateToBound, metricCreateToReady, metricBindFailures,
+	return []prometheus.Collector{metricPodsCreated, metricCreateToBound, metricCreateToReady, metricStage, metricBindFailures,
 		metricReleases, metricReclaims, metricStatusUpdates, metricAPIRequests}
 }
 

@@ -88,17 +88,28 @@ func NodeSpec(cfg NodeConfig, capa runtime.Capacity, agents int) corev1.Node {
 	return n
 }
 
+// maxAdvertised caps a scaled capacity figure (2^62: 4 EiB of memory, or
+// 4.6 × 10^15 cores).
+const maxAdvertised = 1 << 62
+
 // Advertised is what a virtual node with queue room advertises for a
 // pool's capacity: pods = slots + room, CPU and memory scaled alike
-// (nothing beyond the slots while there are none).
+// (nothing beyond the slots while there are none), at most maxAdvertised.
 func Advertised(capa runtime.Capacity, room int) (pods int64, milliCPU, memory int64) {
 	pods, milliCPU, memory = int64(capa.Slots), capa.Resources.MilliCPU, capa.Resources.MemoryBytes
 	if room <= 0 || capa.Slots == 0 {
 		return pods, milliCPU, memory
 	}
 	scale := func(v int64) int64 {
-		// v × (slots+room)/slots without overflow for the sizes at hand.
-		return int64(float64(v) * float64(capa.Slots+room) / float64(capa.Slots))
+		// v × (slots+room)/slots, saturated: a node agent without a
+		// memory limit reports its host's (or a huge figure), and the
+		// default room is 100,000 pods; past int64 a float conversion
+		// would turn negative and the apiserver would refuse the node.
+		f := float64(v) * float64(capa.Slots+room) / float64(capa.Slots)
+		if f >= maxAdvertised {
+			return maxAdvertised
+		}
+		return int64(f)
 	}
 	return int64(capa.Slots + room), scale(milliCPU), scale(memory)
 }

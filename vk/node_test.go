@@ -57,4 +57,10 @@ func TestQueueRoom(t *testing.T) {
 	if pods, cpu, mem := Advertised(runtime.Capacity{}, 4000); pods != 0 || cpu != 0 || mem != 0 {
 		t.Errorf("no slots: %d pods, %dm, %d", pods, cpu, mem)
 	}
+	// An agent reporting an enormous memory figure with the default room:
+	// saturated, never negative (the apiserver refuses a negative capacity).
+	huge := runtime.Capacity{Slots: 8, Resources: runtime.Resources{MilliCPU: 2000, MemoryBytes: 1 << 60}}
+	if pods, cpu, mem := Advertised(huge, 100_000); pods != 100_008 || cpu != 25_002_000 || mem != maxAdvertised {
+		t.Errorf("huge memory: %d pods, %dm, %d", pods, cpu, mem)
+	}
 }

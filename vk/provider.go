@@ -315,8 +315,9 @@ func (p *Provider) statusWorker(ctx context.Context) {
 		p.mu.Lock()
 		sb := p.byUID[uid]
 		var pod *corev1.Pod
+		ready := false
 		if sb != nil {
-			pod = sb.podWithStatus(p.cfg.NodeIP)
+			pod, ready = sb.podWithStatus(p.cfg.NodeIP), sb.isReady
 		}
 		p.mu.Unlock()
 		p.notifyMu.Lock()
@@ -325,6 +326,14 @@ func (p *Provider) statusWorker(ctx context.Context) {
 		if pod != nil && cb != nil && ctx.Err() == nil {
 			cb(pod)
 			metricStatusUpdates.Inc()
+			if ready {
+				now := p.cfg.Now()
+				p.mu.Lock()
+				if sb := p.byUID[uid]; sb != nil {
+					p.traceReadyLocked(podKey(pod.Namespace, pod.Name), sb, now)
+				}
+				p.mu.Unlock()
+			}
 		}
 		p.status.Forget(uid)
 		p.status.Done(uid)
@@ -613,15 +622,20 @@ func (p *Provider) OnUpdate(u pool.Update) {
 		event = func() { p.cfg.Recorder.Event(pod, corev1.EventTypeNormal, u.Reason, u.Message) }
 	case pool.Placing:
 		sb.placing(u.Node)
+		sb.trace.placed = u.Time
 		p.mu.Unlock()
 		return // nothing a status shows yet
 	case pool.Bound:
 		sb.bound(u.Node, u.Slot, u.Time)
+		sb.trace.bound = u.Time
 		if !sb.isReady {
 			pushAfter = boundPushDelay
 		}
 		metricCreateToBound.Observe(u.Time.Sub(sb.created).Seconds())
 	case pool.Ready:
+		if sb.trace.readyOnNode.IsZero() {
+			sb.trace.readyOnNode, sb.trace.readySeen = u.Time, p.cfg.Now()
+		}
 		if sb.ready(u.Node, u.Slot, u.Time) {
 			metricCreateToReady.Observe(u.Time.Sub(sb.created).Seconds())
 			p.recentReady.add(u.Time, u.Time.Sub(sb.created))

@@ -14,9 +14,13 @@ import (
 // sandbox is the provider's record of one pod: what it asked for and where
 // its sandbox is in its life. The provider's mutex guards it.
 type sandbox struct {
-	pod       *corev1.Pod
-	req       runtime.BindRequest
-	created   time.Time
+	pod     *corev1.Pod
+	req     runtime.BindRequest
+	created time.Time
+	// trace: when the pod passed each stage on its way to Ready
+	// (metricStage, and a debug log line once its Ready status is handed
+	// over).
+	trace     podTrace
 	submitted bool
 	deleting  bool
 	// awaiting: the pod ran before this provider started and no synced
