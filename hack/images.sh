@@ -3,7 +3,8 @@
 # the local registry:
 #   sandman/busybox   busybox-static with its applets, /etc/passwd, /tmp
 #   sandman/noshell   one static program and no shell at all
-#   sandman/debian    debootstrap minbase bookworm + git, python3, python3-pytest
+#   sandman/debian    debootstrap minbase bookworm + git, python3, python3-pytest,
+#                     python3-venv, python3-pip (virtualenvs and offline installs)
 # `images.sh build` writes OCI layouts into $SANDMAN_CACHE/images (skipped when
 # present); `images.sh push` also pushes them (skipped when the registry has them).
 set -o errexit -o nounset -o pipefail
@@ -81,13 +82,13 @@ build_noshell() {
 }
 
 build_debian() {
-	local dir=$IMAGES_DIR/debian-bookworm-v1
+	local dir=$IMAGES_DIR/debian-bookworm-v2
 	[ -f "$dir/index.json" ] && { log "image debian: cached"; return; }
 	need debootstrap "hack/install-deps.sh"
-	log "image debian: debootstrap bookworm minbase + git python3 python3-pytest (~5 minutes once)"
+	log "image debian: debootstrap bookworm minbase + git python3 python3-pytest python3-venv python3-pip (~5 minutes once)"
 	local root
 	root=$(mktemp -d "$IMAGES_DIR/.debian.XXXXXX")
-	debootstrap --variant=minbase --include=git,python3,python3-pytest bookworm "$root" \
+	debootstrap --variant=minbase --include=git,python3,python3-pytest,python3-venv,python3-pip bookworm "$root" \
 		"${DEBIAN_MIRROR:-http://deb.debian.org/debian}" >"$IMAGES_DIR/debootstrap.log" 2>&1 ||
 		{ tail -n 20 "$IMAGES_DIR/debootstrap.log" >&2; rm -rf "$root"; die "debootstrap failed; log: $IMAGES_DIR/debootstrap.log"; }
 	rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/* "$root"/dev/*
@@ -134,5 +135,5 @@ if [ "${1:-build}" = push ]; then
 	curl -fsS "http://$REGISTRY/v2/" >/dev/null || die "registry at $REGISTRY is not up: run hack/local-up.sh"
 	push "$IMAGES_DIR/busybox-v1" "$BUSYBOX_REPO"
 	push "$IMAGES_DIR/noshell-v1" "$NOSHELL_REPO"
-	push "$IMAGES_DIR/debian-bookworm-v1" "$DEBIAN_REPO"
+	push "$IMAGES_DIR/debian-bookworm-v2" "$DEBIAN_REPO"
 fi
