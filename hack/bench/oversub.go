@@ -68,6 +68,12 @@ type oversubResult struct {
 	failed, slots, pods int
 	// pending is kube-scheduler's pending pods (all queues) over time.
 	pending []point
+	// idle: slot-seconds without a Ready pod, sampled every second until
+	// the last pod is Ready, by where the pods were meanwhile: waiting in
+	// kube-scheduler (no node yet; a create in flight counts here), on
+	// the node (bound to it, not Ready: the pool's queue, the bind), or
+	// none waiting (job B not created yet, pods being deleted).
+	idleSched, idleNode, idleNone float64
 }
 
 // point is one sample of a time series.
@@ -115,9 +121,11 @@ func (r oversubResult) row() row {
 		name: "oversubscribed burst, " + r.mode.name + ": job A create → Ready",
 		n:    n, p50: ms(r.readyA.p50()), p99: ms(r.readyA.p99()),
 		baseline: fmt.Sprintf("ideal makespan %.0f s", r.ideal.Seconds()), ratio: fmt.Sprintf("%.2f× makespan", r.makespan.Seconds()/r.ideal.Seconds()),
-		note: fmt.Sprintf("job B (%d pods, %s later) create → Ready p50 %s, p99 %s; makespan %.0f s; kube-scheduler %.3f ms CPU/pod, %.2f attempts/pod (%s); "+
+		note: fmt.Sprintf("job B (%d pods, %s later) create → Ready p50 %s, p99 %s; makespan %.0f s; "+
+			"idle slot-seconds before the last Ready: %.0f with pods in kube-scheduler, %.0f with pods bound and not Ready, %.0f with no pod waiting; kube-scheduler %.3f ms CPU/pod, %.2f attempts/pod (%s); "+
 			"apiserver %.2f ms CPU/pod, %.1f requests/pod; %d pods Failed; %d slots, pods capacity %d",
 			len(r.readyB), oversubBDelay, ms(r.readyB.p50()), ms(r.readyB.p99()), r.makespan.Seconds(),
+			r.idleSched, r.idleNode, r.idleNone,
 			r.schedCPU.Seconds()*1000/float64(n), attempts/float64(n), strings.Join(parts, ", "),
 			r.apiCPU.Seconds()*1000/float64(n), r.apiRequests/float64(n), r.failed, r.slots, r.pods),
 	}
@@ -188,6 +196,7 @@ func (b *vkBench) oversubRun(ctx context.Context, image string, m oversubMode) (
 	created, ready := map[string]time.Time{}, map[string]time.Time{}
 	failed := map[string]bool{}
 	gone := map[string]bool{}
+	scheduled := map[string]bool{}
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	del := func(name string) {
@@ -206,6 +215,9 @@ func (b *vkBench) oversubRun(ctx context.Context, image string, m oversubMode) (
 		now := time.Now()
 		mu.Lock()
 		defer mu.Unlock()
+		if pod.Spec.NodeName != "" {
+			scheduled[pod.Name] = true
+		}
 		if _, seen := ready[pod.Name]; !seen && podIsReady(pod) {
 			ready[pod.Name] = now
 			name := pod.Name
@@ -249,6 +261,27 @@ func (b *vkBench) oversubRun(ctx context.Context, image string, m oversubMode) (
 			v := sumValues(b.schedulerMetric(wctx, "scheduler_pending_pods"))
 			mu.Lock()
 			res.pending = append(res.pending, point{at: time.Since(begin), v: v})
+			// Where the slots without a Ready pod were, while pods waited.
+			busy, inSched, onNode := 0, 0, 0
+			for name := range created {
+				_, isReady := ready[name]
+				switch {
+				case gone[name]:
+				case isReady:
+					busy++
+				case scheduled[name]:
+					onNode++
+				default:
+					inSched++
+				}
+			}
+			if idle := res.slots - busy; idle > 0 && len(ready) < oversubA+oversubB {
+				s := min(idle, inSched)
+				n := min(idle-s, onNode)
+				res.idleSched += float64(s)
+				res.idleNode += float64(n)
+				res.idleNone += float64(idle - s - n)
+			}
 			mu.Unlock()
 			select {
 			case <-wctx.Done():
