@@ -74,6 +74,8 @@ type oversubResult struct {
 	// the node (bound to it, not Ready: the pool's queue, the bind), or
 	// none waiting (job B not created yet, pods being deleted).
 	idleSched, idleNode, idleNone float64
+	// busy is the share of the machine's CPU time in use over the run.
+	busy float64
 }
 
 // point is one sample of a time series.
@@ -122,10 +124,11 @@ func (r oversubResult) row() row {
 		n:    n, p50: ms(r.readyA.p50()), p99: ms(r.readyA.p99()),
 		baseline: fmt.Sprintf("ideal makespan %.0f s", r.ideal.Seconds()), ratio: fmt.Sprintf("%.2f× makespan", r.makespan.Seconds()/r.ideal.Seconds()),
 		note: fmt.Sprintf("job B (%d pods, %s later) create → Ready p50 %s, p99 %s; makespan %.0f s; "+
-			"idle slot-seconds before the last Ready: %.0f with pods in kube-scheduler, %.0f with pods bound and not Ready, %.0f with no pod waiting; kube-scheduler %.3f ms CPU/pod, %.2f attempts/pod (%s); "+
+			"idle slot-seconds before the last Ready: %.0f with pods in kube-scheduler, %.0f with pods bound and not Ready, %.0f with no pod waiting; "+
+			"machine CPU %.0f %% busy; kube-scheduler %.3f ms CPU/pod, %.2f attempts/pod (%s); "+
 			"apiserver %.2f ms CPU/pod, %.1f requests/pod; %d pods Failed; %d slots, pods capacity %d",
 			len(r.readyB), oversubBDelay, ms(r.readyB.p50()), ms(r.readyB.p99()), r.makespan.Seconds(),
-			r.idleSched, r.idleNode, r.idleNone,
+			r.idleSched, r.idleNode, r.idleNone, 100*r.busy,
 			r.schedCPU.Seconds()*1000/float64(n), attempts/float64(n), strings.Join(parts, ", "),
 			r.apiCPU.Seconds()*1000/float64(n), r.apiRequests/float64(n), r.failed, r.slots, r.pods),
 	}
@@ -248,6 +251,7 @@ func (b *vkBench) oversubRun(ctx context.Context, image string, m oversubMode) (
 
 	schedPID, apiPID := pidOf(b.env["SANDMAN_STATE"], "kube-scheduler"), pidOf(b.env["SANDMAN_STATE"], "kube-apiserver")
 	sched0, api0 := cpuTime(schedPID), cpuTime(apiPID)
+	busy0, total0 := machineCPU()
 	attempts0 := b.schedulerMetric(ctx, "scheduler_schedule_attempts_total")
 	requests0 := sumValues(b.apiserverMetric(ctx, "apiserver_request_total"))
 	begin := time.Now()
@@ -365,6 +369,9 @@ func (b *vkBench) oversubRun(ctx context.Context, image string, m oversubMode) (
 	}
 	res.failed = len(failed)
 	res.schedCPU, res.apiCPU = cpuTime(schedPID)-sched0, cpuTime(apiPID)-api0
+	if busy1, total1 := machineCPU(); total1 > total0 {
+		res.busy = float64(busy1-busy0) / float64(total1-total0)
+	}
 	for k, v := range b.schedulerMetric(ctx, "scheduler_schedule_attempts_total") {
 		res.attempts[labelValue(k, "result")] += v - attempts0[k]
 	}

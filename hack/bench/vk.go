@@ -822,6 +822,30 @@ func cpuTime(pid int) time.Duration {
 	return time.Duration(ut+st) * time.Second / 100 // USER_HZ
 }
 
+// machineCPU is the machine's busy and total CPU time so far (/proc/stat's
+// first line: busy is everything but idle and iowait).
+func machineCPU() (busy, total time.Duration) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	fields := strings.Fields(line)
+	if len(fields) < 6 || fields[0] != "cpu" {
+		return 0, 0
+	}
+	var all, idle int64
+	for i, f := range fields[1:] {
+		v, _ := strconv.ParseInt(f, 10, 64)
+		all += v
+		if i == 3 || i == 4 { // idle, iowait
+			idle += v
+		}
+	}
+	tick := time.Second / 100 // USER_HZ
+	return time.Duration(all-idle) * tick, time.Duration(all) * tick
+}
+
 // statusKB reads a kB field of /proc/pid/status.
 func statusKB(pid int, field string) int64 {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
