@@ -17,7 +17,7 @@ import (
 func TestSnapshotImageName(t *testing.T) {
 	for _, tc := range []struct {
 		registry, ref, want string
-		class              func(error) bool
+		class               func(error) bool
 	}{
 		{"registry.local:5000", "myenv:v1", "registry.local:5000/myenv:v1", nil},
 		{"registry.local:5000", "team/myenv", "registry.local:5000/team/myenv:latest", nil},
