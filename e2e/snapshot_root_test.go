@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -114,7 +115,10 @@ func TestRootSnapshot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const mb = 8
+	mb := 8
+	if v, err := strconv.Atoi(os.Getenv("SANDMAN_TEST_SNAPSHOT_MB")); err == nil && v > 0 {
+		mb = v // a larger sandbox, to measure the freeze
+	}
 	sh(orig, fmt.Sprintf(`set -e
 head -c %dM /dev/urandom > /root/big
 mkdir -p /work/sub && echo hello > /work/sub/hello && echo root > /work/root-owned
@@ -138,14 +142,14 @@ rm -rf /etc/apt/apt.conf.d && mkdir /etc/apt/apt.conf.d && echo new > /etc/apt/a
 	if res.Frozen <= 0 || res.Frozen >= res.Duration {
 		t.Errorf("frozen %v of %v", res.Frozen, res.Duration)
 	}
-	if res.DiffBytes < mb<<20 || res.LayerBytes < mb<<20 { // random data does not compress
+	if res.DiffBytes < int64(mb)<<20 || res.LayerBytes < int64(mb)<<20 { // random data does not compress
 		t.Errorf("diff %d bytes, layer %d bytes: want at least the %d MiB written", res.DiffBytes, res.LayerBytes, mb)
 	}
 	if got, want := prog.phases(), []runtime.SnapshotPhase{runtime.SnapshotFreeze, runtime.SnapshotDiff,
 		runtime.SnapshotCommit, runtime.SnapshotPush, runtime.SnapshotDone}; !slices.Equal(got, want) {
 		t.Errorf("phases %v, want %v", got, want)
 	}
-	if p := prog.last(runtime.SnapshotDiff); p.BytesDone < mb<<20 {
+	if p := prog.last(runtime.SnapshotDiff); p.BytesDone < int64(mb)<<20 {
 		t.Errorf("last diff progress %+v", p)
 	}
 	if p := prog.last(runtime.SnapshotPush); p.BytesTotal <= 0 || p.BytesDone != p.BytesTotal {
@@ -193,15 +197,50 @@ rm -rf /etc/apt/apt.conf.d && mkdir /etc/apt/apt.conf.d && echo new > /etc/apt/a
 		}
 	}
 
+	// A release that arrives while the sandbox is frozen waits until its
+	// changes are written (the sandbox runs again), not for the push.
+	var (
+		mu                    sync.Mutex
+		committed, releasedAt time.Time
+		released              = make(chan error, 1)
+	)
+	_, err = rt.Snapshot(ctx, runtime.SnapshotRequest{PodUID: "snap-orig", Image: "during-release:v1"}, func(p runtime.SnapshotProgress) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case p.Phase == runtime.SnapshotFreeze:
+			go func() {
+				err := rt.Release(context.WithoutCancel(ctx), "snap-orig", 0)
+				mu.Lock()
+				releasedAt = time.Now()
+				mu.Unlock()
+				released <- err
+			}()
+		case p.Phase == runtime.SnapshotCommit && committed.IsZero():
+			committed = time.Now()
+		}
+	})
+	if err != nil {
+		t.Fatalf("a snapshot during a release: %v", err)
+	}
+	if err := <-released; err != nil {
+		t.Fatalf("release during a snapshot: %v", err)
+	}
+	mu.Lock()
+	if releasedAt.Before(committed) {
+		t.Errorf("the release returned at %v, before the changes were written (%v)", releasedAt, committed)
+	}
+	mu.Unlock()
+
 	// Bad input.
 	if _, err := rt.Snapshot(ctx, runtime.SnapshotRequest{PodUID: "no-such-pod", Image: "x:v1"}, nil); !errdefs.IsNotFound(err) {
 		t.Errorf("snapshot of an unknown pod: %v, want NotFound", err)
 	}
-	if _, err := rt.Snapshot(ctx, runtime.SnapshotRequest{PodUID: "snap-orig", Image: "docker.io/library/x:v1"}, nil); !errdefs.IsInvalidArgument(err) ||
+	if _, err := rt.Snapshot(ctx, runtime.SnapshotRequest{PodUID: "snap-fork", Image: "docker.io/library/x:v1"}, nil); !errdefs.IsInvalidArgument(err) ||
 		!strings.Contains(err.Error(), proxy.Host+"/sandman-e2e") {
 		t.Errorf("snapshot to another registry: %v, want InvalidArgument naming the snapshot registry", err)
 	}
-	if _, err := rt.Snapshot(ctx, runtime.SnapshotRequest{PodUID: "snap-orig", Container: "nope", Image: "x:v1"}, nil); !errdefs.IsInvalidArgument(err) {
+	if _, err := rt.Snapshot(ctx, runtime.SnapshotRequest{PodUID: "snap-fork", Container: "nope", Image: "x:v1"}, nil); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("snapshot of an unknown container: %v, want InvalidArgument", err)
 	}
 }

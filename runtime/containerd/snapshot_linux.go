@@ -99,7 +99,7 @@ func (r *Runtime) Snapshot(ctx context.Context, req runtime.SnapshotRequest, pro
 	log := r.log.With("pod_uid", req.PodUID, "image", req.Image)
 	defer func() {
 		if retErr != nil && diskFull(retErr) && !errdefs.IsResourceExhausted(retErr) {
-			retErr = fmt.Errorf("snapshot of pod %s: the node's disk is full: %v: %w", req.PodUID, retErr, errdefs.ErrResourceExhausted)
+			retErr = fmt.Errorf("the node's disk is full: %v: %w", retErr, errdefs.ErrResourceExhausted)
 		}
 		r.metrics.snapshots.WithLabelValues(snapshotResult(retErr)).Inc()
 		if res.Frozen > 0 {
