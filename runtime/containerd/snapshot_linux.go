@@ -265,9 +265,9 @@ func (r *Runtime) inspectSnapshotTarget(ctx context.Context, t *snapshotTarget) 
 		return fmt.Errorf("snapshot: container %s: %w", t.id, err)
 	}
 	if info.Labels[LabelRuntimeHandler] == runtime.RuntimeHandlerRunsc {
-		// gVisor's gofer writes the sandbox's files with its own view of
-		// them (and without the freezer holding the Sentry's caches):
-		// refused until that is shown to be consistent.
+		// runsc (--overlay2=none) writes the same upper directory, but
+		// its Sentry may hold written data in its own page cache, which a
+		// pause does not flush: refused until shown to be consistent.
 		return fmt.Errorf("snapshot of pod %s: snapshots of gVisor sandboxes are not supported: %w", t.pod.UID, errdefs.ErrFailedPrecondition)
 	}
 	if info.Snapshotter != r.cfg.Snapshotter || info.SnapshotKey == "" || info.Image == "" {
