@@ -14,6 +14,7 @@ import (
 	"time"
 
 	ctrd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/util/rand"
@@ -133,6 +134,14 @@ rm -rf /etc/apt/apt.conf.d && mkdir /etc/apt/apt.conf.d && echo new > /etc/apt/a
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() {
+		// After the runtime's cleanup (cleanups run last first): no pod uses them.
+		for _, img := range []string{res.Image, proxy.Host + "/sandman-e2e/during-release:v1"} {
+			if err := cc.ImageService().Delete(context.Background(), img, images.SynchronousDelete()); err != nil && !errdefs.IsNotFound(err) {
+				t.Errorf("remove the snapshot image %s: %v", img, err)
+			}
+		}
+	})
 	t.Logf("snapshot of %d MiB written: %s, frozen %v, took %v; diff %d bytes, layer %d bytes",
 		mb, res.Image, res.Frozen, res.Duration, res.DiffBytes, res.LayerBytes)
 	if want := proxy.Host + "/sandman-e2e/" + name; res.Image != want || !strings.HasPrefix(res.Digest, "sha256:") ||
