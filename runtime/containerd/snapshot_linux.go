@@ -688,7 +688,13 @@ func pushError(registry, name string, err error) error {
 		return fmt.Errorf("the snapshot registry %s refused the push of %s: %v: give sandman-node credentials for it (--snapshot-push-config): %w",
 			registry, name, err, errdefs.ErrUnauthenticated)
 	case nodeimage.KindNotFound:
-		return fmt.Errorf("the snapshot registry %s refused the push of %s: %v: %w", registry, name, err, errdefs.ErrPermissionDenied)
+		if errors.As(err, &status) {
+			// The registry's 404 (NAME_UNKNOWN): no such repository for these credentials.
+			return fmt.Errorf("the snapshot registry %s refused the push of %s: %v: %w", registry, name, err, errdefs.ErrPermissionDenied)
+		}
+		// A blob missing from the node's content store (a base layer the
+		// node discarded after unpacking): not the registry's doing.
+		return fmt.Errorf("push %s to the snapshot registry %s: %v: %w", name, registry, err, errdefs.ErrFailedPrecondition)
 	case nodeimage.KindUnreachable:
 		return fmt.Errorf("push %s: the snapshot registry %s did not answer: %v: %w", name, registry, err, errdefs.ErrUnavailable)
 	}
