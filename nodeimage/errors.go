@@ -99,6 +99,16 @@ func classify(image string, err error) *Error {
 	return &Error{Image: image, Kind: kindOf(err), Err: err}
 }
 
+// Classify tells the kind of a failure to talk to a registry or to store
+// an image (a push, say): the classes a failed pull gets.
+func Classify(err error) Kind {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Kind
+	}
+	return kindOf(err)
+}
+
 func kindOf(err error) Kind {
 	var status remoteerrors.ErrUnexpectedStatus
 	var netErr net.Error

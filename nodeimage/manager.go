@@ -467,6 +467,19 @@ func (m *Manager) pullOnce(ctx context.Context, name string, p *pull, creds map[
 // pull secrets) and the per-registry settings of HostsDir. used, when not
 // nil, is set once a registry asked for credentials and got some.
 func (m *Manager) resolver(ctx context.Context, creds map[string][2]string, used *atomic.Bool) remotes.Resolver {
+	return m.newResolver(ctx, creds, used, nil)
+}
+
+// Resolver talks to registries as the node's pulls do (the per-registry
+// settings of HostsDir: mirrors, plain HTTP, CA files), with the
+// credentials of secrets (docker config JSON documents; none: anonymous).
+// tracker, when not nil, follows pushes (bytes sent per descriptor). The
+// containerd runtime pushes snapshots with it.
+func (m *Manager) Resolver(ctx context.Context, secrets [][]byte, tracker docker.StatusTracker) remotes.Resolver {
+	return m.newResolver(ctx, parseDockerConfigs(secrets), nil, tracker)
+}
+
+func (m *Manager) newResolver(ctx context.Context, creds map[string][2]string, used *atomic.Bool, tracker docker.StatusTracker) remotes.Resolver {
 	opts := config.HostOptions{
 		Credentials: func(host string) (string, string, error) {
 			c := creds[host]
@@ -479,7 +492,37 @@ func (m *Manager) resolver(ctx context.Context, creds map[string][2]string, used
 	if m.cfg.HostsDir != "" {
 		opts.HostDir = config.HostDirFromRoot(m.cfg.HostsDir)
 	}
-	return docker.NewResolver(docker.ResolverOptions{Hosts: config.ConfigureHosts(ctx, opts)})
+	return docker.NewResolver(docker.ResolverOptions{Hosts: config.ConfigureHosts(ctx, opts), Tracker: tracker})
+}
+
+// Adopt makes ref, an image the node made itself (a snapshot of a
+// sandbox, recorded and unpacked into the snapshotter by the caller), an
+// ordinary image of the cache: ready for binds without a pull, in the
+// ready set (OnChange), measured and collected like the others. Its access
+// is not known: the first pod that wants it has the registry asked once
+// (see Authorize), so an image made from a private one is not handed out
+// freely. An image of that name the cache held before is replaced.
+func (m *Manager) Adopt(ctx context.Context, ref string) error {
+	name, err := Normalize(ref)
+	if err != nil {
+		return err
+	}
+	ctx = m.ns(ctx)
+	img, err := m.cfg.Client.GetImage(ctx, name)
+	if err != nil {
+		return classify(name, err)
+	}
+	if ok, err := img.IsUnpacked(ctx, m.cfg.Snapshotter); err != nil || !ok {
+		return &Error{Image: name, Kind: KindFailed, Err: fmt.Errorf("not unpacked into %s (%v)", m.cfg.Snapshotter, err)}
+	}
+	m.mu.Lock()
+	delete(m.failed, name)
+	m.images[name] = &entry{lastUsed: m.cfg.Clock.Now(), access: AccessUnknown}
+	m.mu.Unlock()
+	m.cfg.Logger.Info("image adopted", "image", name, "digest", img.Target().Digest)
+	m.cfg.OnChange()
+	m.kick(m.wakeGC)
+	return nil
 }
 
 // Ready returns the images unpacked on this node, sorted.

@@ -61,6 +61,8 @@ type options struct {
 	runc, runcSource, userNS                    string
 	runsc, runscSource, runscPlatform           string
 	userNSBase                                  uint
+	snapshotRegistry, snapshotPushConfig        string
+	snapshotScratchDir                          string
 }
 
 func main() {
@@ -109,6 +111,9 @@ func run(args []string) error {
 	fs.Int64Var(&o.pidsLimit, "pids-limit", 1024, "processes per sandbox container (a pod's lower limit from its pool applies instead)")
 	fs.StringVar(&o.seccompRoot, "seccomp-profile-root", "/var/lib/kubelet/seccomp", "directory of the seccomp profiles pods name with seccompProfile Localhost, as the kubelet's (in a pod: under --host-root)")
 	fs.StringVar(&o.imageCache, "image-cache-bytes", "", "disk budget for images, e.g. 50Gi; least recently used images no slot uses are removed above it (default: no budget)")
+	fs.StringVar(&o.snapshotRegistry, "snapshot-registry", "", "registry (host[:port][/path-prefix]) that snapshots of sandboxes are pushed to; a snapshot named repository:tag goes under it, a full name must be in it (empty: the node takes no snapshots)")
+	fs.StringVar(&o.snapshotPushConfig, "snapshot-push-config", "", "docker config JSON file with the credentials to push snapshots to --snapshot-registry, read at every snapshot (empty: anonymous pushes)")
+	fs.StringVar(&o.snapshotScratchDir, "snapshot-scratch-dir", "", "where a snapshot's uncompressed changes are written while the sandbox is frozen, then compressed (default <state-dir>/snapshots)")
 	fs.StringVar(&o.hostsDir, "registry-hosts-dir", "", "per-registry settings in containerd's hosts.toml layout (<dir>/<host>/hosts.toml: mirrors, plain HTTP, CA, skip_verify)")
 	fs.Func("prepull", "image kept unpacked on this node (repeatable, or comma-separated)", func(v string) error {
 		for ref := range strings.SplitSeq(v, ",") {
@@ -465,6 +470,7 @@ func connect(ctx context.Context, o options, res runtime.Resources, cacheBytes i
 		SeccompProfileRoot: o.seccompRoot,
 		RuncPath:           o.runc, RunscPath: o.runsc, RunscPlatform: o.runscPlatform, UserNamespaces: rtcontainerd.UserNamespaces(o.userNS), UserNamespaceBase: uint32(o.userNSBase),
 		RegistryHostsDir: o.hostsDir, ImageCacheBytes: cacheBytes, PrePull: o.prePull, PrePullConcurrency: o.prePullConcurrency,
+		SnapshotRegistry: o.snapshotRegistry, SnapshotPushConfig: o.snapshotPushConfig, SnapshotScratchDir: o.snapshotScratchDir,
 	})
 	if err != nil {
 		client.Close()

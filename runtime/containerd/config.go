@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"path/filepath"
 	goruntime "runtime"
 	"time"
 
@@ -93,6 +94,19 @@ type Config struct {
 	// files, skip_verify). Empty: localhost registries may speak plain HTTP,
 	// others HTTPS.
 	RegistryHostsDir string
+	// SnapshotRegistry is where snapshots of sandboxes are pushed
+	// (runtime.Snapshotter), as host[:port][/path-prefix]: a snapshot's
+	// image must be in it (a repository[:tag] alone is put under it).
+	// Empty: the node takes no snapshots (FailedPrecondition).
+	SnapshotRegistry string
+	// SnapshotPushConfig is a docker config JSON file with the credentials
+	// pushes to SnapshotRegistry use, read at every snapshot (so a
+	// rotated Secret counts). Empty: pushes are anonymous.
+	SnapshotPushConfig string
+	// SnapshotScratchDir holds a snapshot's uncompressed changes while
+	// they are compressed (default <StateDir>/snapshots): as large as what
+	// the sandbox wrote, briefly.
+	SnapshotScratchDir string
 	// ImageCacheBytes is the disk budget for images; least recently used
 	// images no slot uses are removed above it (0: no budget).
 	ImageCacheBytes int64
@@ -212,8 +226,16 @@ func (c *Config) setDefaults() error {
 	default:
 		errs = append(errs, fmt.Errorf("user namespaces %q: want off, on or required", c.UserNamespaces))
 	}
+	if c.SnapshotRegistry != "" {
+		if err := checkSnapshotRegistry(c.SnapshotRegistry); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return err
+	}
+	if c.SnapshotScratchDir == "" {
+		c.SnapshotScratchDir = filepath.Join(c.StateDir, "snapshots")
 	}
 	if c.Namespace == "" {
 		c.Namespace = "sandman"

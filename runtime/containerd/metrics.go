@@ -15,7 +15,16 @@ type metrics struct {
 	releaseSeconds prometheus.Histogram
 	recycles       prometheus.Counter
 	failures       *prometheus.CounterVec
+	// Snapshots (snapshot_linux.go).
+	snapshots       *prometheus.CounterVec
+	snapshotSeconds prometheus.Histogram
+	frozenSeconds   prometheus.Histogram
 }
+
+// snapshotResults are the result label values of
+// sandman_node_snapshots_total: ok, or the class of the failure.
+var snapshotResults = []string{"ok", "not_found", "failed_precondition", "invalid_argument", "unauthorized",
+	"unavailable", "disk_full", "error"}
 
 var durationBuckets = []float64{.005, .01, .025, .05, .1, .15, .2, .3, .5, .75, 1, 2, 5, 10, 30}
 
@@ -38,6 +47,22 @@ func newMetrics(node string) *metrics {
 			Name: "sandman_node_bind_failures_total", ConstLabels: l,
 			Help: "Failed binds by reason (ImageNotFound, ErrImagePull, InvalidSpec, StartError, NoCapacity), and sandboxes stopped for their disk use (Evicted).",
 		}, []string{"reason"}),
+		snapshots: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sandman_node_snapshots_total", ConstLabels: l,
+			Help: "Snapshots of sandboxes by result: ok, not_found, failed_precondition, invalid_argument, unauthorized (the registry refused the push), unavailable, disk_full, error.",
+		}, []string{"result"}),
+		snapshotSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "sandman_node_snapshot_duration_seconds", ConstLabels: l,
+			Buckets: []float64{.25, .5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600},
+			Help:    "Time to take a snapshot of a sandbox, from the request to the image pushed (seconds).",
+		}),
+		frozenSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "sandman_node_snapshot_frozen_seconds", ConstLabels: l, Buckets: durationBuckets,
+			Help: "Time a sandbox was paused (cgroup freezer) while its changes were written (seconds).",
+		}),
+	}
+	for _, r := range snapshotResults {
+		m.snapshots.WithLabelValues(r)
 	}
 	// Every reason exists from the start, so dashboards show zeros, not gaps.
 	for _, r := range []string{runtime.ReasonImageNotFound, runtime.ReasonErrImagePull, runtime.ReasonInvalidSpec,
@@ -75,6 +100,9 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	c.r.metrics.releaseSeconds.Describe(ch)
 	c.r.metrics.recycles.Describe(ch)
 	c.r.metrics.failures.Describe(ch)
+	c.r.metrics.snapshots.Describe(ch)
+	c.r.metrics.snapshotSeconds.Describe(ch)
+	c.r.metrics.frozenSeconds.Describe(ch)
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
@@ -101,4 +129,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	c.r.metrics.releaseSeconds.Collect(ch)
 	c.r.metrics.recycles.Collect(ch)
 	c.r.metrics.failures.Collect(ch)
+	c.r.metrics.snapshots.Collect(ch)
+	c.r.metrics.snapshotSeconds.Collect(ch)
+	c.r.metrics.frozenSeconds.Collect(ch)
 }

@@ -811,7 +811,9 @@ func (r *Runtime) Release(ctx context.Context, uid string, grace time.Duration) 
 			r.mu.Unlock()
 			return nil
 		}
-		if s.State != runtime.StateBinding {
+		// A bind finishes or fails first; a snapshot that reads the
+		// sandbox's filesystem (frozen) finishes that part first.
+		if s.State != runtime.StateBinding && s.snapshots == 0 {
 			if s.stopReady != nil {
 				s.stopReady()
 			}
@@ -822,7 +824,6 @@ func (r *Runtime) Release(ctx context.Context, uid string, grace time.Duration) 
 			break
 		}
 		r.mu.Unlock()
-		// Let the bind finish or fail first.
 		if !r.sleep(ctx, 10*time.Millisecond) {
 			return ctx.Err()
 		}

@@ -57,6 +57,9 @@ type slot struct {
 	fwReq *runtime.BindRequest
 	// stopReady ends the readiness poll of the bound pod.
 	stopReady context.CancelFunc
+	// snapshots counts the snapshots reading the bound pod's filesystem
+	// (freezing it and writing its changes): a release waits for them.
+	snapshots int
 }
 
 // slotMeta is persisted in the slot's directory so a restarted agent can

@@ -3,6 +3,7 @@ package fake
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -36,6 +37,14 @@ type Config struct {
 	PullLatency time.Duration
 	// FailBind, when set, is asked before every bind; an error fails it.
 	FailBind func(runtime.BindRequest) error
+	// SnapshotRegistry is where snapshots go: an image named without a
+	// registry host is put under it (empty: snapshots are off, as on a
+	// node without --snapshot-registry). SnapshotLatency is how long a
+	// snapshot takes; FailSnapshot, when set, is asked before every
+	// snapshot of a bound pod, and an error fails it.
+	SnapshotRegistry string
+	SnapshotLatency  time.Duration
+	FailSnapshot     func(runtime.SnapshotRequest) error
 	// IPBase is the first three octets of slot addresses (default "10.250.0").
 	IPBase string
 	// Clock tells the time and times the latencies (default
@@ -64,6 +73,12 @@ type Runtime struct {
 	closed bool
 	// images are pre-pulled or pinned images, by reference.
 	images map[string]*runtime.ImageStatus
+	// containers are the container names of bound pods, by pod UID.
+	containers map[string][]string
+	// snapshots are the snapshots taken, in order; pushed are their
+	// images, which the fake registry has from then on.
+	snapshots []runtime.SnapshotRequest
+	pushed    map[string]bool
 }
 
 // New returns a fake node with all its slots warm.
@@ -84,7 +99,7 @@ func New(cfg Config) (*Runtime, error) {
 		cfg.Clock = clock.RealClock{}
 	}
 	r := &Runtime{cfg: cfg, hub: runtime.NewHub(4096), byPod: map[string]*runtime.Slot{}, images: map[string]*runtime.ImageStatus{},
-		changed: make(chan struct{})}
+		changed: make(chan struct{}), containers: map[string][]string{}, pushed: map[string]bool{}}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	now := cfg.Clock.Now()
 	for i := range cfg.Slots {
@@ -158,6 +173,10 @@ func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Sl
 	pod := req.Pod
 	slot.Pod, slot.Image, slot.Resources, slot.Ready = &pod, req.Containers[0].Image, want, false
 	r.byPod[pod.UID] = slot
+	r.containers[pod.UID] = nil
+	for _, c := range req.Containers {
+		r.containers[pod.UID] = append(r.containers[pod.UID], c.Name)
+	}
 	r.setLocked(slot, runtime.StateBinding)
 	r.mu.Unlock()
 
@@ -189,8 +208,11 @@ func (r *Runtime) bindWork(ctx context.Context, req runtime.BindRequest) error {
 		}
 	}
 	if r.cfg.Images != nil {
+		r.mu.Lock()
+		pushed := maps.Clone(r.pushed)
+		r.mu.Unlock()
 		for _, c := range req.Containers {
-			if !slices.Contains(r.cfg.Images, c.Image) {
+			if !slices.Contains(r.cfg.Images, c.Image) && !pushed[c.Image] {
 				return fmt.Errorf("bind %s: image %s: not found in the registry: %w: %w", req.Pod.UID, c.Image, runtime.ErrImagePull, errdefs.ErrNotFound)
 			}
 		}
@@ -215,6 +237,7 @@ func (r *Runtime) ready(uid string, slot *runtime.Slot) {
 func (r *Runtime) resetLocked(s *runtime.Slot) {
 	if s.Pod != nil {
 		delete(r.byPod, s.Pod.UID)
+		delete(r.containers, s.Pod.UID)
 	}
 	s.Pod, s.Image, s.Resources, s.Ready, s.Reason = nil, "", runtime.Resources{}, false, ""
 }
@@ -322,6 +345,11 @@ var _ runtime.ImageCache = (*Runtime)(nil)
 
 func (r *Runtime) readyImagesLocked() []string {
 	out := slices.Clone(r.cfg.Images)
+	for ref := range r.pushed {
+		if !slices.Contains(out, ref) {
+			out = append(out, ref)
+		}
+	}
 	for ref, st := range r.images {
 		if st.State == runtime.ImageReady && !slices.Contains(out, ref) {
 			out = append(out, ref)
@@ -397,4 +425,81 @@ func (r *Runtime) ImageStatuses(ctx context.Context) ([]runtime.ImageStatus, err
 	}
 	slices.SortFunc(out, func(a, b runtime.ImageStatus) int { return strings.Compare(a.Image, b.Image) })
 	return out, nil
+}
+
+var _ runtime.Snapshotter = (*Runtime)(nil)
+
+// Snapshot implements runtime.Snapshotter: after SnapshotLatency (with
+// every phase reported), the image is ready on this node (in its ready
+// images and image list) and binds there even when Images restricts what
+// the fake registry has. Errors are those of the real
+// runtime: NotFound for a pod not here, FailedPrecondition for one not
+// bound or a node without SnapshotRegistry, InvalidArgument for a pod of
+// several containers without Container, an unknown container, or an
+// image in another registry; and whatever FailSnapshot returns.
+func (r *Runtime) Snapshot(ctx context.Context, req runtime.SnapshotRequest, progress func(runtime.SnapshotProgress)) (runtime.SnapshotResult, error) {
+	if progress == nil {
+		progress = func(runtime.SnapshotProgress) {}
+	}
+	begin := r.cfg.Clock.Now()
+	r.mu.Lock()
+	s, ok := r.byPod[req.PodUID]
+	names := r.containers[req.PodUID]
+	var state runtime.SlotState
+	var base string
+	if ok {
+		state, base = s.State, s.Image
+	}
+	r.mu.Unlock()
+	switch {
+	case !ok:
+		return runtime.SnapshotResult{}, fmt.Errorf("snapshot: pod %s is not on node %s: %w", req.PodUID, r.cfg.Node, errdefs.ErrNotFound)
+	case state != runtime.StateBound:
+		return runtime.SnapshotResult{}, fmt.Errorf("snapshot: pod %s is %s on node %s, not bound: %w", req.PodUID, state, r.cfg.Node, errdefs.ErrFailedPrecondition)
+	case r.cfg.SnapshotRegistry == "":
+		return runtime.SnapshotResult{}, fmt.Errorf("snapshots are off on this node: sandman-node has no --snapshot-registry: %w", errdefs.ErrFailedPrecondition)
+	case req.Container == "" && len(names) != 1, req.Container != "" && !slices.Contains(names, req.Container):
+		return runtime.SnapshotResult{}, fmt.Errorf("snapshot: pod %s has containers %s: name one of them (container): %w",
+			req.PodUID, strings.Join(names, ", "), errdefs.ErrInvalidArgument)
+	}
+	name := req.Image
+	if first, _, hasHost := strings.Cut(name, "/"); !hasHost || !strings.ContainsAny(first, ".:") && first != "localhost" {
+		name = r.cfg.SnapshotRegistry + "/" + name
+	}
+	if !strings.HasPrefix(name, r.cfg.SnapshotRegistry+"/") || name == r.cfg.SnapshotRegistry+"/" {
+		return runtime.SnapshotResult{}, fmt.Errorf("snapshot image %q is not in this node's snapshot registry %s: %w", req.Image, r.cfg.SnapshotRegistry, errdefs.ErrInvalidArgument)
+	}
+	if r.cfg.FailSnapshot != nil {
+		if err := r.cfg.FailSnapshot(req); err != nil {
+			return runtime.SnapshotResult{}, err
+		}
+	}
+	const layer = 1 << 20
+	progress(runtime.SnapshotProgress{Phase: runtime.SnapshotFreeze})
+	progress(runtime.SnapshotProgress{Phase: runtime.SnapshotDiff, BytesDone: 2 * layer})
+	progress(runtime.SnapshotProgress{Phase: runtime.SnapshotCommit})
+	if err := r.sleep(ctx, r.cfg.SnapshotLatency); err != nil {
+		return runtime.SnapshotResult{}, err
+	}
+	progress(runtime.SnapshotProgress{Phase: runtime.SnapshotPush, BytesDone: layer, BytesTotal: layer})
+	r.mu.Lock()
+	r.snapshots = append(r.snapshots, req)
+	n := len(r.snapshots)
+	r.pushed[name] = true
+	r.images[name] = &runtime.ImageStatus{Image: name, State: runtime.ImageReady, BytesDone: layer, BytesTotal: layer, SizeBytes: layer}
+	r.hub.Publish(runtime.Event{Type: runtime.EventImages, Time: r.cfg.Clock.Now(), Images: r.readyImagesLocked()})
+	r.mu.Unlock()
+	progress(runtime.SnapshotProgress{Phase: runtime.SnapshotDone})
+	return runtime.SnapshotResult{
+		Image: name, Digest: fmt.Sprintf("sha256:%064x", n), BaseImage: base,
+		Layer: fmt.Sprintf("sha256:%064x", n<<32), LayerBytes: layer, DiffBytes: 2 * layer,
+		Frozen: time.Millisecond, Duration: r.cfg.Clock.Since(begin),
+	}, nil
+}
+
+// Snapshots returns the snapshots the node took, in order.
+func (r *Runtime) Snapshots() []runtime.SnapshotRequest {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.snapshots)
 }

@@ -20,7 +20,10 @@ import (
 	"github.com/sandman-dev/sandman/runtime"
 )
 
-var _ runtime.Runtime = (*Client)(nil)
+var (
+	_ runtime.Runtime     = (*Client)(nil)
+	_ runtime.Snapshotter = (*Client)(nil)
+)
 
 // Client is a runtime.Runtime served by a node agent.
 type Client struct {
@@ -127,8 +130,13 @@ func decodeError(resp *http.Response) error {
 	if json.Unmarshal(data, &b) != nil || b.Error.Code == "" {
 		return fmt.Errorf("node agent answered %s: %s", resp.Status, bytes.TrimSpace(data))
 	}
+	return fromWire(b.Error)
+}
+
+// fromWire is an error from the wire with its errdefs classes.
+func fromWire(we wireError) error {
 	var classes []error
-	for _, code := range append([]string{b.Error.Code}, b.Error.Causes...) {
+	for _, code := range append([]string{we.Code}, we.Causes...) {
 		for _, c := range codes {
 			if c.code == code {
 				classes = append(classes, c.err)
@@ -136,9 +144,9 @@ func decodeError(resp *http.Response) error {
 		}
 	}
 	if len(classes) == 0 {
-		return fmt.Errorf("node agent: %s", b.Error.Message)
+		return fmt.Errorf("node agent: %s", we.Message)
 	}
-	return remoteError{msg: b.Error.Message, classes: classes}
+	return remoteError{msg: we.Message, classes: classes}
 }
 
 // remoteError keeps the agent's message and its errdefs class.
@@ -284,4 +292,47 @@ func (c *Client) Watch(ctx context.Context) (runtime.Inventory, <-chan runtime.E
 		}
 	}()
 	return *first.Inventory, events, nil
+}
+
+// Snapshot implements runtime.Snapshotter: POST /v1/snapshot, whose
+// answer streams the progress (handed to progress as it comes) and ends
+// with the result or the runtime's error, in its errdefs class. An answer
+// that ends before either is Unavailable (the agent went away).
+func (c *Client) Snapshot(ctx context.Context, req runtime.SnapshotRequest, progress func(runtime.SnapshotProgress)) (runtime.SnapshotResult, error) {
+	b, err := json.Marshal(req)
+	if err != nil {
+		return runtime.SnapshotResult{}, err
+	}
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/v1/snapshot", bytes.NewReader(b))
+	if err != nil {
+		return runtime.SnapshotResult{}, err
+	}
+	c.setHeaders(hreq)
+	hreq.Header.Set("Content-Type", "application/json")
+	resp, err := c.hc.Do(hreq)
+	if err != nil {
+		return runtime.SnapshotResult{}, transportError(ctx, "node agent "+c.base, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return runtime.SnapshotResult{}, decodeError(resp)
+	}
+	dec := json.NewDecoder(bufio.NewReader(resp.Body))
+	for {
+		var line snapshotLine
+		if err := dec.Decode(&line); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return runtime.SnapshotResult{}, transportError(ctx, "node agent "+c.base+": snapshot answer ended before its result", err)
+		}
+		switch {
+		case line.Error != nil:
+			return runtime.SnapshotResult{}, fromWire(*line.Error)
+		case line.Result != nil:
+			return *line.Result, nil
+		case line.Progress != nil && progress != nil:
+			progress(*line.Progress)
+		}
+	}
 }

@@ -11,14 +11,17 @@
 //	POST /v1/release              {"uid":…, "grace_seconds":…}
 //	GET  /v1/stats?uid=           runtime.Stats
 //	POST /v1/leader               the caller leads (its epoch) → {"epoch":…}
+//	POST /v1/snapshot             runtime.SnapshotRequest → NDJSON: {"progress":…} per step, then {"result":…} or {"error":…}
 //
 // Fencing: an elected sandman-vk sends its leader epoch (HeaderLeaderEpoch)
 // with every call. Every POST (bind, release, drain, undrain, image pins,
-// leader) is refused with 409 stale_leader ("stale leader: epoch N < M")
+// leader, snapshot) is refused with 409 stale_leader ("stale leader: epoch N < M")
 // when its epoch is lower than the highest the agent has seen, or carries
 // none once the agent has seen one; otherwise its epoch becomes the highest.
 // The highest is kept in memory only: a restarted agent takes the first
 // epoch it is sent.
 //
-// Errors are {"error":{"code":…,"message":…}} with the errdefs class as code.
+// Errors are {"error":{"code":…,"message":…}} with the errdefs class as code
+// (a snapshot's, once its stream has begun, are its last line). Client is
+// also a runtime.Snapshotter.
 package nodeapi

@@ -26,13 +26,16 @@ const Heartbeat = 10 * time.Second
 
 // errorBody is every error answer.
 type errorBody struct {
-	Error struct {
-		Code    string `json:"code"`
-		Message string `json:"message"`
-		// Causes are further codes the error carries (an image_pull error
-		// that is also not_found).
-		Causes []string `json:"causes,omitempty"`
-	} `json:"error"`
+	Error wireError `json:"error"`
+}
+
+// wireError is an error on the wire: its errdefs class as a code (codes).
+type wireError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	// Causes are further codes the error carries (an image_pull error
+	// that is also not_found).
+	Causes []string `json:"causes,omitempty"`
 }
 
 // watchLine is one line of a watch stream.
@@ -63,6 +66,7 @@ var codes = []struct {
 	{errdefs.IsAlreadyExists, "already_exists", http.StatusConflict, errdefs.ErrAlreadyExists},
 	{errdefs.IsResourceExhausted, "resource_exhausted", http.StatusTooManyRequests, errdefs.ErrResourceExhausted},
 	{errdefs.IsUnauthorized, "unauthorized", http.StatusUnauthorized, errdefs.ErrUnauthenticated},
+	{errdefs.IsPermissionDenied, "permission_denied", http.StatusForbidden, errdefs.ErrPermissionDenied},
 	{errdefs.IsUnavailable, "unavailable", http.StatusServiceUnavailable, errdefs.ErrUnavailable},
 	{errdefs.IsFailedPrecondition, "failed_precondition", http.StatusPreconditionFailed, errdefs.ErrFailedPrecondition},
 }
@@ -123,6 +127,7 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("POST /v1/drain", s.auth(s.fenced(s.drain)))
 	mux.Handle("POST /v1/undrain", s.auth(s.fenced(s.undrain)))
 	mux.Handle("POST /v1/leader", s.auth(s.fenced(s.leader)))
+	mux.Handle("POST /v1/snapshot", s.auth(s.fenced(s.snapshot)))
 	return mux
 }
 
@@ -228,22 +233,27 @@ func writeError(w http.ResponseWriter, err error, status int, code string) {
 }
 
 func writeErr(w http.ResponseWriter, err error) {
-	var b errorBody
+	we, status := toWire(err)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(errorBody{Error: we})
+}
+
+// toWire is err on the wire, with the HTTP status of its class.
+func toWire(err error) (wireError, int) {
+	we := wireError{Code: "internal", Message: err.Error()}
 	status := http.StatusInternalServerError
-	b.Error.Code, b.Error.Message = "internal", err.Error()
 	for _, c := range codes {
 		if !c.is(err) {
 			continue
 		}
-		if b.Error.Code == "internal" {
-			b.Error.Code, status = c.code, c.status
+		if we.Code == "internal" {
+			we.Code, status = c.code, c.status
 		} else {
-			b.Error.Causes = append(b.Error.Causes, c.code)
+			we.Causes = append(we.Causes, c.code)
 		}
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(b)
+	return we, status
 }
 
 func (s *Server) inventory(w http.ResponseWriter, r *http.Request) {
@@ -396,4 +406,51 @@ func (s *Server) stats(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, st)
+}
+
+// snapshotLine is one line of a snapshot's answer (NDJSON): progress
+// lines, then a result or an error.
+type snapshotLine struct {
+	Progress *runtime.SnapshotProgress `json:"progress,omitempty"`
+	Result   *runtime.SnapshotResult   `json:"result,omitempty"`
+	Error    *wireError                `json:"error,omitempty"`
+}
+
+// snapshot takes a snapshot of a bound pod's sandbox (runtime.Snapshotter),
+// answering its progress as it goes and its result or error last. A
+// request the server can tell is wrong is refused before the stream (400);
+// the runtime's own errors come in the stream, with their codes. A caller
+// that goes away stops the snapshot (the runtime cleans up).
+func (s *Server) snapshot(w http.ResponseWriter, r *http.Request) {
+	sn, ok := s.rt.(runtime.Snapshotter)
+	if !ok {
+		writeError(w, errors.New("this node agent's runtime cannot take snapshots"), http.StatusNotImplemented, "not_implemented")
+		return
+	}
+	var req runtime.SnapshotRequest
+	err := decode(w, r, 64<<10, &req)
+	if err == nil && (req.PodUID == "" || req.Image == "") {
+		err = errors.New("snapshot: pod_uid and image are required")
+	}
+	if err != nil {
+		writeError(w, fmt.Errorf(`want {"pod_uid": "...", "image": "...", "container": "..."}: %w`, err), http.StatusBadRequest, "invalid_argument")
+		return
+	}
+	rc := http.NewResponseController(w)
+	_ = rc.SetWriteDeadline(time.Time{})
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	enc := json.NewEncoder(w)
+	res, err := sn.Snapshot(r.Context(), req, func(p runtime.SnapshotProgress) {
+		if enc.Encode(snapshotLine{Progress: &p}) == nil {
+			_ = rc.Flush()
+		}
+	})
+	line := snapshotLine{Result: &res}
+	if err != nil {
+		we, _ := toWire(err)
+		line = snapshotLine{Error: &we}
+	}
+	_ = enc.Encode(line)
+	_ = rc.Flush()
 }
