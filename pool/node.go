@@ -15,6 +15,9 @@ type node struct {
 	rt     Binder
 	cancel context.CancelFunc
 	done   chan struct{}
+	// snapshots holds a token per snapshot running on the node
+	// (capacity SnapshotsPerNode).
+	snapshots chan struct{}
 
 	// Guarded by Pool.mu:
 	// healthy: the watch stream is up.
@@ -152,7 +155,8 @@ func (n *node) hasImageLocked(image string) bool {
 func (p *Pool) AddNode(ctx context.Context, name string, rt Binder) {
 	ctx, cancel := context.WithCancel(ctx)
 	n := &node{name: name, rt: rt, cancel: cancel, done: make(chan struct{}), since: p.cfg.Clock.Now(),
-		slots: map[string]runtime.Slot{}, hot: map[string]int{}, images: map[string]bool{}}
+		snapshots: make(chan struct{}, p.cfg.SnapshotsPerNode),
+		slots:     map[string]runtime.Slot{}, hot: map[string]int{}, images: map[string]bool{}}
 	// Replaced in one step: the node's pods never see it absent (which
 	// would report them lost).
 	p.mu.Lock()
