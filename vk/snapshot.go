@@ -249,7 +249,7 @@ func statusError(w http.ResponseWriter, code, message string) {
 		Status:   metav1.StatusFailure, Message: message, Code: int32(status),
 		Reason: statusReason(status),
 		// The sandman code, for clients that read it.
-		Details: &metav1.StatusDetails{Causes: []metav1.StatusCause{{Type: "sandman.io/code", Message: code}}},
+		Details: &metav1.StatusDetails{Causes: []metav1.StatusCause{{Type: vkapi.CauseCode, Message: code}}},
 	})
 }
 

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -14,12 +15,16 @@ import (
 
 	"github.com/containerd/errdefs"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/sandman-dev/sandman/runtime"
 	"github.com/sandman-dev/sandman/runtime/fake"
 	vkapi "github.com/sandman-dev/sandman/vk/api"
+	vkclient "github.com/sandman-dev/sandman/vk/client"
 )
 
 // snapshotter is a fake node agent seen through runtime.Runtime only, with
@@ -261,5 +266,101 @@ func TestAppendSnapshotRecord(t *testing.T) {
 	}
 	if got := appendSnapshotRecord(`[{"image":"a","digest":"sha256:0","time":"2025-01-02T03:04:05Z"}]`, rec); len(got) != 2 || got[0].Image != "a" || got[1] != rec {
 		t.Fatalf("one before: %+v", got)
+	}
+}
+
+// TestSnapshotThroughTheClient: vk/client's Snapshot, as trainer code and
+// sandmanctl call it, against the route behind a stand-in for the
+// apiserver (pods and nodes read from the fake clientset, the node proxy
+// passing the virtual node's answers through).
+func TestSnapshotThroughTheClient(t *testing.T) {
+	h := newSnapshotHarness(t, 1, func(_ context.Context, req runtime.SnapshotRequest, progress func(runtime.SnapshotProgress)) (runtime.SnapshotResult, error) {
+		steps(progress)
+		if strings.Contains(req.Image, "denied") {
+			return runtime.SnapshotResult{}, fmt.Errorf("push: %w", errdefs.ErrPermissionDenied)
+		}
+		return runtime.SnapshotResult{Image: "reg.local/" + req.Image, Digest: "sha256:feed"}, nil
+	})
+	h.run(t, testPod("a", "img"), true)
+	if _, err := h.client.CoreV1().Pods("ns").Create(t.Context(), testPod("untaken", "img"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.client.CoreV1().Nodes().Create(t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "vn",
+		Labels: map[string]string{LabelPool: "t"}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	vnode := http.NewServeMux()
+	h.p.AttachAPI(vnode)
+	apiserver := http.NewServeMux()
+	apiserver.Handle("/api/v1/nodes/vn/proxy/", http.StripPrefix("/api/v1/nodes/vn/proxy", vnode))
+	object := func(w http.ResponseWriter, obj any, err error) {
+		w.Header().Set("Content-Type", "application/json")
+		if err != nil {
+			st := apierrors.APIStatus(nil)
+			if errors.As(err, &st) {
+				w.WriteHeader(int(st.Status().Code))
+				_ = json.NewEncoder(w).Encode(st.Status())
+				return
+			}
+			w.WriteHeader(500)
+			return
+		}
+		_ = json.NewEncoder(w).Encode(obj)
+	}
+	apiserver.HandleFunc("GET /api/v1/namespaces/{ns}/pods/{name}", func(w http.ResponseWriter, r *http.Request) {
+		pod, err := h.client.CoreV1().Pods(r.PathValue("ns")).Get(r.Context(), r.PathValue("name"), metav1.GetOptions{})
+		object(w, pod, err)
+	})
+	apiserver.HandleFunc("GET /api/v1/nodes/{name}", func(w http.ResponseWriter, r *http.Request) {
+		node, err := h.client.CoreV1().Nodes().Get(r.Context(), r.PathValue("name"), metav1.GetOptions{})
+		object(w, node, err)
+	})
+	srv := httptest.NewServer(apiserver)
+	defer srv.Close()
+	kube, err := kubernetes.NewForConfig(&rest.Config{Host: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := kube.CoreV1().RESTClient()
+
+	var phases []string
+	res, err := vkclient.Snapshot(t.Context(), rc, "", vkapi.SnapshotRequest{Namespace: "ns", Pod: "a", Image: "envs/x:1"}, func(l vkapi.SnapshotLine) {
+		phases = append(phases, string(l.Phase))
+	})
+	if err != nil || res.Image != "reg.local/envs/x:1" || res.Digest != "sha256:feed" {
+		t.Fatalf("snapshot: %+v %v", res, err)
+	}
+	if got := strings.Join(phases, " "); got != "freeze diff commit push" {
+		t.Fatalf("progress %q", got)
+	}
+
+	for _, tc := range []struct {
+		name  string
+		req   vkapi.SnapshotRequest
+		class error
+		want  string
+	}{
+		{"pod gone", vkapi.SnapshotRequest{Namespace: "ns", Pod: "gone", Image: "x:1"}, errdefs.ErrNotFound, "pod ns/gone not found"},
+		{"not bound", vkapi.SnapshotRequest{Namespace: "ns", Pod: "untaken", Image: "x:1"}, errdefs.ErrFailedPrecondition,
+			"pod ns/untaken is not bound to a slot (the virtual node has not taken it yet)"},
+		{"refused after the stream began", vkapi.SnapshotRequest{Namespace: "ns", Pod: "a", Image: "denied:1"}, errdefs.ErrPermissionDenied,
+			"snapshot of pod ns/a on node w1: push"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := vkclient.Snapshot(t.Context(), rc, "", tc.req, nil)
+			var apiErr *vkapi.Error
+			if !errors.As(err, &apiErr) || !errors.Is(err, tc.class) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want %q (%v)", err, tc.want, tc.class)
+			}
+		})
+	}
+	// A pod on a node that is not a virtual node of sandman.
+	elsewhere := testPod("elsewhere", "img")
+	elsewhere.Spec.NodeName = "worker-7"
+	_, _ = h.client.CoreV1().Pods("ns").Create(t.Context(), elsewhere, metav1.CreateOptions{})
+	_, _ = h.client.CoreV1().Nodes().Create(t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "worker-7"}}, metav1.CreateOptions{})
+	if _, err := vkclient.PodNode(t.Context(), rc, "ns", "elsewhere"); !errdefs.IsInvalidArgument(err) ||
+		err.Error() != "pod ns/elsewhere runs on node worker-7, which is not a sandman virtual node (no sandman.io/pool label)" {
+		t.Fatalf("pod on another node: %v", err)
 	}
 }

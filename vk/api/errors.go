@@ -25,6 +25,10 @@ const (
 	CodeInternal           = "internal"
 )
 
+// CauseCode is the cause type under which a refusal's Kubernetes Status
+// carries the code (details.causes[].message).
+const CauseCode = "sandman.io/code"
+
 var codeClass = map[string]error{
 	CodeNotFound:           errdefs.ErrNotFound,
 	CodeInvalidArgument:    errdefs.ErrInvalidArgument,
