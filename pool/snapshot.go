@@ -22,9 +22,11 @@ const SnapshotQueued runtime.SnapshotPhase = "queued"
 // ErrNotFound, one that waits for a slot or is still binding with
 // ErrFailedPrecondition, one whose node agent is unreachable with
 // ErrUnavailable, and a node agent that takes no snapshots with
-// ErrNotImplemented. At most SnapshotsPerNode snapshots run on a node at
-// once; another waits its turn (reported once as SnapshotQueued) until ctx
-// ends. The node agent's own errors keep their errdefs class.
+// ErrNotImplemented. The image made counts as on that node for placement
+// (by tag and by digest), so forks prefer it. At most SnapshotsPerNode
+// snapshots run on a node at once; another waits its turn (reported once as
+// SnapshotQueued) until ctx ends. The node agent's own errors keep their
+// errdefs class.
 func (p *Pool) Snapshot(ctx context.Context, req runtime.SnapshotRequest, progress func(runtime.SnapshotProgress)) (runtime.SnapshotResult, error) {
 	n, ref, err := p.snapshotNode(req.PodUID)
 	if err != nil {
@@ -58,6 +60,14 @@ func (p *Pool) Snapshot(ctx context.Context, req runtime.SnapshotRequest, progre
 		return runtime.SnapshotResult{}, fmt.Errorf("snapshot of pod %s on node %s: %w", ref, n.name, err)
 	}
 	metricSnapshotFrozenSeconds.Observe(res.Frozen.Seconds())
+	// Forks of the image prefer this node, which holds it.
+	p.mu.Lock()
+	n.snapshotted[imageKey(res.Image)] = true
+	if res.Digest != "" {
+		n.snapshotted[imageKey(res.Image+"@"+res.Digest)] = true
+	}
+	p.mu.Unlock()
+	p.nudge()
 	p.log.Info("snapshot", "pod", ref, "uid", req.PodUID, "node", n.name, "image", res.Image, "digest", res.Digest,
 		"diff_bytes", res.DiffBytes, "frozen", res.Frozen, "took", res.Duration)
 	return res, nil

@@ -231,3 +231,43 @@ func TestSnapshotsPerNodeWaitTheirTurn(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestForksPreferTheSnapshotsNode: a fork names its image by digest, which
+// no agent's image list shows; the node the snapshot was taken on holds it
+// and wins over an emptier one.
+func TestForksPreferTheSnapshotsNode(t *testing.T) {
+	const digest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	snap := func(f *fake.Runtime) runtime.Runtime {
+		return snapNode{Runtime: f, snap: func(_ context.Context, req runtime.SnapshotRequest, _ func(runtime.SnapshotProgress)) (runtime.SnapshotResult, error) {
+			return runtime.SnapshotResult{Image: "reg.local/envs/prepared:v1", Digest: digest}, nil
+		}}
+	}
+	rec := &recorder{}
+	p, err := New(Config{Name: "t", OnUpdate: rec.add})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = p.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	p.AddNode(ctx, "a", snap(fakeNode(t, "a", 4)))
+	p.AddNode(ctx, "b", snap(fakeNode(t, "b", 4)))
+	if err := p.WaitSynced(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	bindAndWait(t, p, rec, "src")
+	srcNode, _ := p.Placement("src")
+	if _, err := p.Snapshot(t.Context(), runtime.SnapshotRequest{PodUID: "src", Image: "envs/prepared:v1"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, uid := range []string{"fork-1", "fork-2"} {
+		if err := p.Submit(request(uid, "j", "reg.local/envs/prepared:v1@"+digest, 0)); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, uid+" bound", func() bool { _, ok := rec.last(uid, Bound); return ok })
+		if node, _ := p.Placement(uid); node != srcNode {
+			t.Fatalf("%s went to %s, not to %s where the snapshot is", uid, node, srcNode)
+		}
+	}
+}
