@@ -35,15 +35,15 @@ const refreshDefault = 15 * time.Second
 var unsupported = []struct{ pattern, what string }{
 	{"/sandboxes/{sandboxID}/pause", "pausing a sandbox"},
 	{"/sandboxes/{sandboxID}/resume", "resuming a sandbox (sandboxes are never paused)"},
-	{"/sandboxes/{sandboxID}/snapshots", "sandbox snapshots"},
-	{"/sandboxes/{sandboxID}/fork", "forking a sandbox"},
+	{"/sandboxes/{sandboxID}/snapshots", "sandbox snapshots other than create (POST)"},
+	{"/sandboxes/{sandboxID}/fork", "forking a sandbox with its memory and processes (create a snapshot, which keeps the files, and create sandboxes with its snapshotId as the template)"},
 	{"/sandboxes/{sandboxID}/metrics", "sandbox metrics through the E2B API (use kubectl top pod or sandman's metrics)"},
 	{"GET /sandboxes/metrics", "sandbox metrics through the E2B API (use kubectl top pod or sandman's metrics)"},
 	{"/sandboxes/{sandboxID}/network", "changing a sandbox's network configuration"},
 	{"/sandboxes/{sandboxID}/logs", "sandbox logs through the E2B API (use kubectl logs)"},
 	{"/v2/sandboxes/{sandboxID}/logs", "sandbox logs through the E2B API (use kubectl logs)"},
-	{"/snapshots", "snapshots"},
-	{"/snapshots/", "snapshots"},
+	{"/snapshots", "listing snapshots (a snapshot is an image of the pool's snapshot registry: list it there)"},
+	{"/snapshots/", "listing snapshots (a snapshot is an image of the pool's snapshot registry: list it there)"},
 	{"/templates", "templates through the E2B API (templates are the gateway's ConfigMap)"},
 	{"/templates/", "templates through the E2B API (templates are the gateway's ConfigMap)"},
 	{"/v2/templates", "template builds"},
@@ -70,6 +70,7 @@ func (g *Gateway) ControlHandler() http.Handler {
 	mux.Handle("DELETE /sandboxes/{sandboxID}", g.auth(g.serveKill))
 	mux.Handle("POST /sandboxes/{sandboxID}/timeout", g.auth(g.serveSetTimeout))
 	mux.Handle("POST /sandboxes/{sandboxID}/refreshes", g.auth(g.serveRefresh))
+	mux.Handle("POST /sandboxes/{sandboxID}/snapshots", g.auth(g.serveSnapshot))
 	mux.Handle("POST /v2/sandboxes/{sandboxID}/connect", g.auth(func(w http.ResponseWriter, r *http.Request, k Key) { g.serveConnect(w, r, k, g.cfg.DefaultTimeout) }))
 	mux.Handle("POST /sandboxes/{sandboxID}/connect", g.auth(func(w http.ResponseWriter, r *http.Request, k Key) { g.serveConnect(w, r, k, g.cfg.DefaultTimeout) }))
 	for _, u := range unsupported {

@@ -613,7 +613,7 @@ func TestUnsupported(t *testing.T) {
 	}{
 		{http.MethodPost, "/sandboxes/x/pause", nil},
 		{http.MethodPost, "/sandboxes/x/resume", map[string]any{}},
-		{http.MethodPost, "/sandboxes/x/snapshots", map[string]any{}},
+		{http.MethodGet, "/sandboxes/x/snapshots", nil},
 		{http.MethodPost, "/sandboxes/x/fork", map[string]any{"count": 2}},
 		{http.MethodGet, "/sandboxes/x/metrics", nil},
 		{http.MethodGet, "/sandboxes/metrics?sandbox_ids=a,b", nil},

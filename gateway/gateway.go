@@ -19,6 +19,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	daemonapi "github.com/sandman-dev/sandman/daemon/api"
+	"github.com/sandman-dev/sandman/runtime"
+	vkapi "github.com/sandman-dev/sandman/vk/api"
 )
 
 // Config is what a Gateway needs. Client and Tokens are required; one of
@@ -69,6 +71,15 @@ type Config struct {
 	// a plain HTTP transport dialling pod IPs).
 	Transport http.RoundTripper
 
+	// SnapshotRepository prefixes the images E2B snapshots make in the
+	// pool's snapshot registry (default "e2b"): a snapshot named N of a
+	// sandbox of a key's namespace NS is <prefix>/<NS>/<N>:<tag>.
+	SnapshotRepository string
+	// Snapshot takes a snapshot of a sandbox pod on its virtual node
+	// (default: vk/client.Snapshot through Client's REST client and the
+	// apiserver's node proxy, RBAC nodes/proxy create).
+	Snapshot func(ctx context.Context, node string, req vkapi.SnapshotRequest) (runtime.SnapshotResult, error)
+
 	Logger *slog.Logger
 	// Now is the clock for timeouts (default time.Now).
 	Now func() time.Time
@@ -115,6 +126,12 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	if cfg.ProxyWait <= 0 {
 		cfg.ProxyWait = 3 * time.Second
+	}
+	if cfg.SnapshotRepository == "" {
+		cfg.SnapshotRepository = "e2b"
+	}
+	if cfg.Snapshot == nil {
+		cfg.Snapshot = virtualNodeSnapshot(cfg.Client)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

@@ -27,6 +27,20 @@ func (a *admission) has(uid string) bool {
 	return ok
 }
 
+// get returns a queued pod's request.
+func (a *admission) get(uid string) (Request, bool) {
+	job, ok := a.byUID[uid]
+	if !ok {
+		return Request{}, false
+	}
+	for _, r := range a.jobs[job] {
+		if r.Bind.Pod.UID == uid {
+			return r, true
+		}
+	}
+	return Request{}, false
+}
+
 func (a *admission) push(req Request) { a.insert(req, false) }
 
 // pushFront puts a pod back at the head of its job's queue (a bind that a

@@ -21,6 +21,20 @@ var (
 		Name: "sandman_pool_placements_total",
 		Help: "Placement decisions by outcome: hot (a hot slot of the image), image (the image on the node), cold, waiting (no node could take the pod when it arrived).",
 	}, []string{"outcome"})
+	metricSnapshots = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sandman_pool_snapshots_total",
+		Help: "Snapshots of bound sandboxes asked of node agents, by node and outcome (ok, or the error's class: not_found, failed_precondition, invalid_argument, registry_refused, unavailable, resource_exhausted, canceled, deadline_exceeded, error).",
+	}, []string{"node", "outcome"})
+	metricSnapshotSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "sandman_pool_snapshot_seconds",
+		Help:    "Duration of snapshot calls to node agents (freeze, diff, commit, push), in seconds, by outcome.",
+		Buckets: prometheus.ExponentialBuckets(0.05, 2, 14),
+	}, []string{"outcome"})
+	metricSnapshotFrozenSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "sandman_pool_snapshot_frozen_seconds",
+		Help:    "How long successful snapshots kept their sandbox paused, in seconds.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+	})
 )
 
 func init() {
@@ -32,7 +46,8 @@ func init() {
 
 // Collectors are the pool's package-level metrics, for registration by cmd.
 func Collectors() []prometheus.Collector {
-	return []prometheus.Collector{metricBindSeconds, metricAdmissionWait, metricPlacements}
+	return []prometheus.Collector{metricBindSeconds, metricAdmissionWait, metricPlacements,
+		metricSnapshots, metricSnapshotSeconds, metricSnapshotFrozenSeconds}
 }
 
 // Collector reports the pool's state at scrape time, one series per worker

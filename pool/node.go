@@ -15,6 +15,9 @@ type node struct {
 	rt     Binder
 	cancel context.CancelFunc
 	done   chan struct{}
+	// snapshots holds a token per snapshot running on the node
+	// (capacity SnapshotsPerNode).
+	snapshots chan struct{}
 
 	// Guarded by Pool.mu:
 	// healthy: the watch stream is up.
@@ -28,11 +31,15 @@ type node struct {
 	slots map[string]runtime.Slot // by slot ID
 	// hot counts hot slots by image; images are ready on the node (its
 	// report, plus the images of its bound slots).
-	hot      map[string]int
-	images   map[string]bool
-	reported []string
-	inflight int
-	binds    bindRing
+	hot    map[string]int
+	images map[string]bool
+	// snapshotted are the images snapshots made on the node, by tag and
+	// by digest: the agent keeps them, and a fork names its image by
+	// digest, which the agent's image names do not show.
+	snapshotted map[string]bool
+	reported    []string
+	inflight    int
+	binds       bindRing
 	// rewatch ends the current watch stream (guarded by Pool.mu).
 	rewatch context.CancelFunc
 	// free counts warm and hot slots, used the resources of binding, bound
@@ -143,7 +150,7 @@ func (n *node) fitsLocked(want runtime.Resources) bool {
 
 // hasImageLocked: image (normalized) is ready on the node.
 func (n *node) hasImageLocked(image string) bool {
-	return image != "" && n.images[image]
+	return image != "" && (n.images[image] || n.snapshotted[image])
 }
 
 // AddNode starts following a node agent until ctx ends or Run returns.
@@ -152,7 +159,8 @@ func (n *node) hasImageLocked(image string) bool {
 func (p *Pool) AddNode(ctx context.Context, name string, rt Binder) {
 	ctx, cancel := context.WithCancel(ctx)
 	n := &node{name: name, rt: rt, cancel: cancel, done: make(chan struct{}), since: p.cfg.Clock.Now(),
-		slots: map[string]runtime.Slot{}, hot: map[string]int{}, images: map[string]bool{}}
+		snapshots: make(chan struct{}, p.cfg.SnapshotsPerNode),
+		slots:     map[string]runtime.Slot{}, hot: map[string]int{}, images: map[string]bool{}, snapshotted: map[string]bool{}}
 	// Replaced in one step: the node's pods never see it absent (which
 	// would report them lost).
 	p.mu.Lock()

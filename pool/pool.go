@@ -25,6 +25,9 @@ type Config struct {
 	MaxQueued int
 	// BindsPerNode bounds binds in flight on one node (default 16).
 	BindsPerNode int
+	// SnapshotsPerNode bounds the snapshots taken at once on one node
+	// (default 2): more wait their turn (see Snapshot).
+	SnapshotsPerNode int
 	// BindTimeout bounds one bind call (default 2 minutes: a cold image pull
 	// happens inside it).
 	BindTimeout time.Duration
@@ -172,6 +175,9 @@ func New(cfg Config) (*Pool, error) {
 	}
 	if cfg.BindsPerNode <= 0 {
 		cfg.BindsPerNode = 16
+	}
+	if cfg.SnapshotsPerNode <= 0 {
+		cfg.SnapshotsPerNode = 2
 	}
 	if cfg.BindTimeout <= 0 {
 		cfg.BindTimeout = 2 * time.Minute

@@ -14,11 +14,12 @@ import (
 
 // AttachAPI adds sandman's routes to mux (the kubelet API's, so they are
 // authorized as the kubelet port's other paths, by vk/kubeletauth: nodes/proxy
-// get to read, create to pre-pull): images, pre-pull, capacity (JSON), and
-// the capacity page. Their wire types are in package vk/api.
+// get to read, create to pre-pull and snapshot): images, pre-pull,
+// snapshot, capacity (JSON), and the capacity page. Their wire types are in package vk/api.
 func (p *Provider) AttachAPI(mux *http.ServeMux) {
 	mux.HandleFunc("GET "+vkapi.APIPrefix+"images", p.serveImages)
 	mux.HandleFunc("POST "+vkapi.APIPrefix+"prepull", p.servePrePull)
+	mux.HandleFunc("POST "+vkapi.APIPrefix+"snapshot", p.serveSnapshot)
 	mux.HandleFunc("GET "+vkapi.APIPrefix+"capacity", p.serveCapacity)
 	p.AttachCapacity(mux)
 }

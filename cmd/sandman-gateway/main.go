@@ -41,6 +41,7 @@ type options struct {
 	templatesConfigMap, templatesFile  string
 	tokenKeyFile                       string
 	namespace, sandboxDomain           string
+	snapshotRepository                 string
 	createTimeout, defaultTimeout      time.Duration
 	maxTimeout, proxyWait              time.Duration
 	qps                                float64
@@ -73,6 +74,7 @@ func run(args []string) error {
 		"Or env SANDMAN_GATEWAY_TOKEN_KEY. Without either, a random key: connect then only works on this replica until it restarts")
 	fs.StringVar(&o.namespace, "namespace", "", "watch sandbox pods in this namespace only (default: all namespaces; every key's namespace must be this one then)")
 	fs.StringVar(&o.sandboxDomain, "sandbox-domain", "", "returned as the sandboxes' domain (default: null)")
+	fs.StringVar(&o.snapshotRepository, "snapshot-repository", "e2b", "prefix of the images createSnapshot makes in the pool's snapshot registry: <prefix>/<key's namespace>/<name>:<tag>")
 	fs.DurationVar(&o.createTimeout, "create-timeout", 60*time.Second, "how long a create waits for the sandbox's pod to be ready")
 	fs.DurationVar(&o.defaultTimeout, "default-timeout", 300*time.Second, "a sandbox's lifetime when a create names none")
 	fs.DurationVar(&o.maxTimeout, "max-timeout", 24*time.Hour, "the longest lifetime a create, set-timeout or connect may ask for")
@@ -93,6 +95,7 @@ func run(args []string) error {
 	cfg := gateway.Config{
 		Namespace: o.namespace, CreateTimeout: o.createTimeout, DefaultTimeout: o.defaultTimeout,
 		MaxTimeout: o.maxTimeout, ProxyWait: o.proxyWait, SandboxDomain: o.sandboxDomain, Logger: log,
+		SnapshotRepository: o.snapshotRepository,
 	}
 	var err error
 	switch {

@@ -68,6 +68,7 @@ type options struct {
 	allowUnauthenticated, pprof            bool
 	qps                                    float64
 	burst, workers, bindsPerNode           int
+	snapshotsPerNode                       int
 	maxQueued                              int
 	queueRoom                              int
 	resync, reconcile, orphanGrace, lost   time.Duration
@@ -142,6 +143,7 @@ func run(args []string) (retErr error) {
 	fs.IntVar(&o.burst, "kube-api-burst", 1000, "apiserver request burst")
 	fs.IntVar(&o.workers, "workers", 32, "pod controller workers per queue")
 	fs.IntVar(&o.bindsPerNode, "binds-per-node", 16, "binds in flight per node agent")
+	fs.IntVar(&o.snapshotsPerNode, "snapshots-per-node", 2, "snapshots taken at once per node agent (more wait their turn)")
 	fs.IntVar(&o.maxQueued, "max-queued", 100000, "admission queue bound")
 	fs.IntVar(&o.queueRoom, "queue-room", -1, "pods beyond its slots the virtual node advertises room for (CPU and memory scaled alike), so kube-scheduler binds a burst "+
 		"that does not fit once and the pool's fair queue holds it; -1: the admission queue bound (--max-queued); 0: pods = slots, the truthful capacity "+
@@ -354,7 +356,7 @@ func run(args []string) (retErr error) {
 	var leaderEpoch atomic.Uint64
 	var clients agentClients
 	pl, err := pool.New(pool.Config{
-		Name: o.poolName, MaxQueued: o.maxQueued, BindsPerNode: o.bindsPerNode, LostAfter: o.lost, Logger: log,
+		Name: o.poolName, MaxQueued: o.maxQueued, BindsPerNode: o.bindsPerNode, SnapshotsPerNode: o.snapshotsPerNode, LostAfter: o.lost, Logger: log,
 		OnUpdate: func(u pool.Update) { provider.OnUpdate(u) },
 	})
 	if err != nil {

@@ -1,5 +1,6 @@
 // Command sandmanctl is the trainer's and operator's command line for
-// sandboxes: run, exec, cp, ls, rm, renew, get, delete. It follows kubectl's
+// sandboxes: run, exec, cp, ls, rm, renew, get, delete, snapshot; and the
+// pool's images and capacity: prepull, images, top. It follows kubectl's
 // kubeconfig conventions (--kubeconfig, $KUBECONFIG, ~/.kube/config, the
 // context's namespace) and keeps each sandbox's token in a file of its own.
 //
@@ -24,6 +25,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -40,7 +42,8 @@ import (
 const usage = `usage: sandmanctl [global flags] COMMAND [flags] [args]
 
 Commands:
-  run IMAGE            create a sandbox with a fresh token, wait until it is Ready
+  run IMAGE [CMD...]   create a sandbox with a fresh token, wait until it is Ready;
+                       --image IMAGE --count N creates N at once (e.g. forks of a snapshot)
   exec NAME -- CMD...  run a command in a sandbox (exit code is the command's)
   cp SRC DST           copy a file or directory; NAME:/path names a sandbox path
   ls NAME:/path        list a directory in a sandbox
@@ -51,6 +54,8 @@ Commands:
   prepull IMAGE...     keep images unpacked on every worker; a progress bar per worker
   images               the images of every worker: state, size, pinned, in use
   top nodes            slots, CPU, memory, images and bind latency per worker (--watch)
+  snapshot POD IMAGE   commit a sandbox's filesystem changes as IMAGE in the pool's
+                       snapshot registry (--container C); prints IMAGE@DIGEST
 
 Global flags:
 `
@@ -147,6 +152,8 @@ func (c *ctl) connect(kubeconfig, namespace string) error {
 			return err
 		}
 	}
+	// kubectl's rates: run --count creates many pods at once.
+	rc.QPS, rc.Burst = 50, 300
 	c.kube, err = kubernetes.NewForConfig(rc)
 	return err
 }
@@ -175,16 +182,20 @@ func (c *ctl) dispatch(ctx context.Context, cmd string, args []string) error {
 		return c.images(ctx, args)
 	case "top":
 		return c.top(ctx, args)
+	case "snapshot":
+		return c.snapshot(ctx, args)
 	}
 	return fail(exitUsage, "unknown command %q (run sandmanctl without arguments for the list)", cmd)
 }
 
-// run creates a sandbox pod with a fresh token and waits for it.
+// run creates sandbox pods, each with a fresh token, and waits for them.
 func (c *ctl) run(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	fs.SetOutput(c.errw)
 	pool := fs.String("pool", "default", "the pool (node selector sandman.io/pool)")
-	name := fs.String("name", "", "pod name (default: sandbox-<random>)")
+	image := fs.String("image", "", "the image, e.g. a snapshot's IMAGE@DIGEST (else the first argument)")
+	count := fs.Int("count", 1, "how many sandboxes to create at once (generated names)")
+	name := fs.String("name", "", "pod name (default: sandbox-<random>); with --count, the names' prefix")
 	job := fs.String("job", "", "trainer job (label sandman.io/job)")
 	idle := fs.String("idle-timeout", "", "idle lease, e.g. 30m (annotation sandman.io/idle-timeout)")
 	deadline := fs.Duration("deadline", 0, "hard deadline (spec.activeDeadlineSeconds)")
@@ -194,29 +205,39 @@ func (c *ctl) run(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return cliError{code: exitUsage}
 	}
-	if fs.NArg() < 1 {
-		return fail(exitUsage, "run: give an image")
+	img, command := *image, fs.Args()
+	if img == "" {
+		if len(command) == 0 {
+			return fail(exitUsage, "run: give an image (run IMAGE [CMD...] or run --image IMAGE [CMD...])")
+		}
+		img, command = command[0], command[1:]
 	}
-	image := fs.Arg(0)
-	token, err := newToken()
-	if err != nil {
-		return err
+	if *count < 1 {
+		return fail(exitUsage, "run: --count %d: give 1 or more", *count)
 	}
-	sum := sha256.Sum256([]byte(token))
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: *name, Namespace: c.namespace,
-			Annotations: map[string]string{"sandman.io/token-sha256": hex.EncodeToString(sum[:])}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: c.namespace, Annotations: map[string]string{}},
 		Spec: corev1.PodSpec{
 			NodeSelector: map[string]string{"sandman.io/pool": *pool},
 			Tolerations:  []corev1.Toleration{{Key: "sandman.io/pool", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
-			Containers:   []corev1.Container{{Name: "task", Image: image, Command: fs.Args()[1:]}},
+			Containers:   []corev1.Container{{Name: "task", Image: img, Command: command}},
 		},
 	}
-	if *name == "" {
+	switch {
+	case *count == 1 && *name != "":
+		pod.Name = *name
+	case *name != "":
+		pod.GenerateName = *name + "-"
+	default:
 		pod.GenerateName = "sandbox-"
 	}
+	id, err := runID()
+	if err != nil {
+		return err
+	}
+	pod.Labels = map[string]string{labelRun: id}
 	if *job != "" {
-		pod.Labels = map[string]string{"sandman.io/job": *job}
+		pod.Labels["sandman.io/job"] = *job
 	}
 	if *idle != "" {
 		pod.Annotations["sandman.io/idle-timeout"] = *idle
@@ -241,21 +262,157 @@ func (c *ctl) run(ctx context.Context, args []string) error {
 		res.Requests[corev1.ResourceMemory], res.Limits[corev1.ResourceMemory] = q, q
 	}
 	pod.Spec.Containers[0].Resources = res
-	created, err := c.kube.CoreV1().Pods(c.namespace).Create(ctx, pod, metav1.CreateOptions{})
+	boxes, err := c.createSandboxes(ctx, pod, *count)
 	if err != nil {
 		return err
 	}
-	file, err := c.saveToken(created.Name, token)
-	if err != nil {
-		return err
-	}
+	var waitErr error
 	if *wait > 0 {
-		if err := c.waitReady(ctx, created.Name, *wait); err != nil {
-			return err
+		waitErr = c.waitAllReady(ctx, boxes, labelRun+"="+id, *wait)
+	}
+	for _, b := range boxes {
+		if b.err == nil {
+			fmt.Fprintf(c.out, "%s\t%s\n", b.name, b.tokenFile)
 		}
 	}
-	fmt.Fprintf(c.out, "%s\t%s\n", created.Name, file)
-	return nil
+	return waitErr
+}
+
+// labelRun marks the sandboxes one run created together.
+const labelRun = "sandman.io/run"
+
+// createFanOut caps the sandboxes created at once.
+const createFanOut = 16
+
+// sandbox is one pod run creates: its name, its token file, and why it is
+// not Ready (when waiting for it failed).
+type sandbox struct {
+	name, tokenFile string
+	err             error
+}
+
+// createSandboxes creates count copies of pod, each with a fresh token
+// whose SHA-256 it carries and which is kept in its token file. Either all
+// are created or none: those made before a failure are deleted again.
+func (c *ctl) createSandboxes(ctx context.Context, pod *corev1.Pod, count int) (_ []sandbox, retErr error) {
+	boxes := make([]sandbox, count)
+	defer func() {
+		if retErr == nil {
+			return
+		}
+		// Outlives a cancelled ctx (an interrupt): leave nothing half made.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		for _, b := range boxes {
+			if b.name != "" {
+				_ = c.kube.CoreV1().Pods(c.namespace).Delete(cctx, b.name, metav1.DeleteOptions{})
+				_ = os.Remove(c.tokenFile(b.name))
+			}
+		}
+	}()
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(createFanOut)
+	for i := range boxes {
+		g.Go(func() error {
+			token, err := newToken()
+			if err != nil {
+				return err
+			}
+			sum := sha256.Sum256([]byte(token))
+			p := pod.DeepCopy()
+			p.Annotations["sandman.io/token-sha256"] = hex.EncodeToString(sum[:])
+			created, err := c.kube.CoreV1().Pods(c.namespace).Create(gctx, p, metav1.CreateOptions{})
+			if err != nil {
+				if count > 1 {
+					return fmt.Errorf("creating sandbox %d of %d: %w", i+1, count, err)
+				}
+				return err
+			}
+			boxes[i].name = created.Name
+			boxes[i].tokenFile, err = c.saveToken(created.Name, token)
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		if count > 1 {
+			return nil, fmt.Errorf("%w (the sandboxes created are deleted again)", err)
+		}
+		return nil, err
+	}
+	return boxes, nil
+}
+
+// waitAllReady waits for every sandbox to be Ready and records in each why
+// it is not. One sandbox is read on its own; several are listed together
+// by their run label, one request a round whatever their number. The
+// error names every sandbox not Ready.
+func (c *ctl) waitAllReady(ctx context.Context, boxes []sandbox, selector string, timeout time.Duration) error {
+	if len(boxes) == 1 {
+		boxes[0].err = c.waitReady(ctx, boxes[0].name, timeout)
+		return boxes[0].err
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	pending := map[string]int{}
+	for i, b := range boxes {
+		pending[b.name] = i
+	}
+	last := map[string]*corev1.Pod{}
+	for len(pending) > 0 {
+		list, err := c.kube.CoreV1().Pods(c.namespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
+		if err == nil {
+			for i := range list.Items {
+				pod := &list.Items[i]
+				j, ok := pending[pod.Name]
+				if !ok {
+					continue
+				}
+				last[pod.Name] = pod
+				switch {
+				case ready(pod):
+					delete(pending, pod.Name)
+				case pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded:
+					boxes[j].err = fmt.Errorf("sandbox %s ended: %s %s", pod.Name, pod.Status.Reason, pod.Status.Message)
+					delete(pending, pod.Name)
+				}
+			}
+		}
+		if len(pending) == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			for name, j := range pending {
+				why := ""
+				if pod := last[name]; pod != nil {
+					why = waitingReason(pod)
+				}
+				boxes[j].err = fmt.Errorf("sandbox %s not Ready after %v%s", name, timeout, why)
+			}
+			pending = nil
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+	var bad []string
+	for _, b := range boxes {
+		if b.err != nil {
+			bad = append(bad, b.err.Error())
+		}
+	}
+	if len(bad) == 0 {
+		return nil
+	}
+	return fail(exitError, "%d of %d sandboxes are not Ready (the others are printed; inspect or delete these):\n  %s",
+		len(bad), len(boxes), strings.Join(bad, "\n  "))
+}
+
+// runID labels the sandboxes of one run (label sandman.io/run).
+func runID() (string, error) {
+	b := make([]byte, 5)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(b), nil
 }
 
 func newToken() (string, error) {

@@ -34,3 +34,52 @@ type PrePullLine struct {
 	Done  bool        `json:"done,omitempty"`
 	Ready bool        `json:"ready,omitempty"`
 }
+
+// AnnotationSnapshots names the snapshots taken of a pod: a JSON list of
+// SnapshotRecord, newest last, at most MaxSnapshotRecords (the oldest
+// dropped). The virtual node writes it after each successful snapshot.
+const AnnotationSnapshots = "sandman.io/snapshots"
+
+// MaxSnapshotRecords bounds the AnnotationSnapshots list.
+const MaxSnapshotRecords = 20
+
+// SnapshotRecord is one snapshot of a pod, as AnnotationSnapshots lists
+// it: Image@Digest pins the image it made.
+type SnapshotRecord struct {
+	Image  string    `json:"image"`
+	Digest string    `json:"digest"`
+	Time   time.Time `json:"time"`
+}
+
+// SnapshotRequest asks the virtual node to snapshot one container of a
+// bound pod as a new image (POST APIPrefix+"snapshot"). Container may be
+// empty for a pod of one container. Image is a full reference in the
+// pool's snapshot registry, or a repository[:tag] there.
+type SnapshotRequest struct {
+	Namespace string `json:"namespace"`
+	Pod       string `json:"pod"`
+	Container string `json:"container,omitempty"`
+	Image     string `json:"image"`
+}
+
+// SnapshotQueued is the phase of a snapshot waiting for its turn on a
+// worker that already takes as many snapshots as it may at once.
+const SnapshotQueued runtime.SnapshotPhase = "queued"
+
+// SnapshotLine is one line of the snapshot stream (NDJSON, 200 OK): the
+// phase reached (runtime.SnapshotPhase, or SnapshotQueued) with its bytes,
+// the worker the pod is bound on and the time since the call began; the
+// same line again every few seconds while nothing changes. The last line
+// carries either Result or Error with its Code (then Phase is the last
+// phase reached). A call refused before the stream begins is answered with
+// an HTTP error status and a Kubernetes Status object (kind Status,
+// message, code) instead, which client-go reads as an API error.
+type SnapshotLine struct {
+	Time time.Time `json:"time"`
+	Node string    `json:"node,omitempty"`
+	runtime.SnapshotProgress
+	ElapsedMS int64                   `json:"elapsed_ms"`
+	Result    *runtime.SnapshotResult `json:"result,omitempty"`
+	Code      string                  `json:"code,omitempty"`
+	Error     string                  `json:"error,omitempty"`
+}

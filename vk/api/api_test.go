@@ -1,11 +1,16 @@
 package api_test
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/containerd/errdefs"
 
 	"github.com/sandman-dev/sandman/runtime"
 	"github.com/sandman-dev/sandman/vk/api"
@@ -43,6 +48,22 @@ func TestWireNames(t *testing.T) {
 			`"cpu_cores":{"allocated":0,"capacity":0},"memory_bytes":{"allocated":0,"capacity":0},"images":["i"],` +
 			`"binds_in_flight":1,"binds":5,"bind_failures":1,"bind_p50_ms":2,"bind_p99_ms":3}],` +
 			`"create_to_ready":{"window":"5m","count":1,"p50_ms":4,"p99_ms":5,"buckets":[{"le_ms":25,"count":1}]}}`},
+		{"snapshot request", api.SnapshotRequest{Namespace: "ns", Pod: "p", Container: "c", Image: "envs/x:1"},
+			`{"namespace":"ns","pod":"p","container":"c","image":"envs/x:1"}`},
+		{"snapshot progress line", api.SnapshotLine{Time: at, Node: "w1", ElapsedMS: 1500,
+			SnapshotProgress: runtime.SnapshotProgress{Phase: runtime.SnapshotPush, BytesDone: 1, BytesTotal: 2}},
+			`{"time":"2025-01-02T03:04:05Z","node":"w1","phase":"push","bytes_done":1,"bytes_total":2,"elapsed_ms":1500}`},
+		{"snapshot result line", api.SnapshotLine{Time: at, Node: "w1", ElapsedMS: 2000,
+			SnapshotProgress: runtime.SnapshotProgress{Phase: runtime.SnapshotDone},
+			Result: &runtime.SnapshotResult{Image: "r/x:1", Digest: "sha256:d", BaseImage: "b", Layer: "sha256:l",
+				LayerBytes: 3, DiffBytes: 4, Frozen: 5, Duration: 6}},
+			`{"time":"2025-01-02T03:04:05Z","node":"w1","phase":"done","elapsed_ms":2000,"result":{"image":"r/x:1","digest":"sha256:d",` +
+				`"base_image":"b","layer":"sha256:l","layer_bytes":3,"diff_bytes":4,"frozen_ns":5,"duration_ns":6}}`},
+		{"snapshot error line", api.SnapshotLine{Time: at, Node: "w1", SnapshotProgress: runtime.SnapshotProgress{Phase: runtime.SnapshotPush},
+			Code: api.CodePermissionDenied, Error: "denied"},
+			`{"time":"2025-01-02T03:04:05Z","node":"w1","phase":"push","elapsed_ms":0,"code":"permission_denied","error":"denied"}`},
+		{"snapshot record", []api.SnapshotRecord{{Image: "r/x:1", Digest: "sha256:d", Time: at}},
+			`[{"image":"r/x:1","digest":"sha256:d","time":"2025-01-02T03:04:05Z"}]`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := json.Marshal(tc.v)
@@ -79,5 +100,50 @@ func TestDependsOnLittle(t *testing.T) {
 		if !allowed[pkg] {
 			t.Errorf("vk/api depends on %s", pkg)
 		}
+	}
+}
+
+// TestErrorCodes: every code is a class errors.Is finds, and a refusal's
+// HTTP status reads back as the same code where the status is the code's
+// own (a registry's refusal reads as unavailable).
+func TestErrorCodes(t *testing.T) {
+	for _, tc := range []struct {
+		err   error
+		code  string
+		class error
+	}{
+		{fmt.Errorf("x: %w", errdefs.ErrNotFound), api.CodeNotFound, errdefs.ErrNotFound},
+		{fmt.Errorf("x: %w", errdefs.ErrFailedPrecondition), api.CodeFailedPrecondition, errdefs.ErrFailedPrecondition},
+		{fmt.Errorf("x: %w", errdefs.ErrInvalidArgument), api.CodeInvalidArgument, errdefs.ErrInvalidArgument},
+		{fmt.Errorf("x: %w", errdefs.ErrNotImplemented), api.CodeNotImplemented, errdefs.ErrNotImplemented},
+		{fmt.Errorf("x: %w", errdefs.ErrUnavailable), api.CodeUnavailable, errdefs.ErrUnavailable},
+		{fmt.Errorf("x: %w", errdefs.ErrResourceExhausted), api.CodeResourceExhausted, errdefs.ErrResourceExhausted},
+		{fmt.Errorf("x: %w", errdefs.ErrUnauthenticated), api.CodeUnauthenticated, errdefs.ErrUnauthenticated},
+		{fmt.Errorf("x: %w", errdefs.ErrPermissionDenied), api.CodePermissionDenied, errdefs.ErrPermissionDenied},
+		{fmt.Errorf("x: %w", context.Canceled), api.CodeCanceled, context.Canceled},
+		{fmt.Errorf("x: %w", context.DeadlineExceeded), api.CodeDeadlineExceeded, context.DeadlineExceeded},
+		{errors.New("x"), api.CodeInternal, errdefs.ErrInternal},
+	} {
+		t.Run(tc.code, func(t *testing.T) {
+			if got := api.ErrorCode(tc.err); got != tc.code {
+				t.Fatalf("ErrorCode = %s", got)
+			}
+			e := &api.Error{Code: tc.code, Message: "m"}
+			if !errors.Is(e, tc.class) || e.Error() != "m" {
+				t.Fatalf("%v is not %v", e, tc.class)
+			}
+			back := api.CodeOfStatus(api.HTTPStatus(tc.code))
+			switch tc.code {
+			case api.CodeUnauthenticated, api.CodePermissionDenied:
+				if back != api.CodeUnavailable {
+					t.Fatalf("a registry's refusal reads back as %s", back)
+				}
+			case api.CodeCanceled:
+			default:
+				if back != tc.code {
+					t.Fatalf("HTTP %d reads back as %s", api.HTTPStatus(tc.code), back)
+				}
+			}
+		})
 	}
 }

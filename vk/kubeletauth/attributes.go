@@ -12,8 +12,8 @@ import (
 // nodeAuthorizerAttributesGetter (pkg/kubelet/server/auth.go, Kubernetes
 // 1.37) builds them: one per subresource to try, in order, differing only
 // by subresource. Paths sandman serves besides the kubelet's
-// (/sandman/v1/images, /sandman/v1/prepull, /capacity, …) are proxy: get to
-// read, create to pre-pull.
+// (/sandman/v1/images, /sandman/v1/prepull, /sandman/v1/snapshot, /capacity,
+// …) are proxy: get to read, create to pre-pull and snapshot.
 func (a *Auth) attributes(u user.Info, r *http.Request) []authorizer.Attributes {
 	path := r.URL.Path
 	var subresources []string

@@ -237,9 +237,12 @@ func TestAuthenticateAndAuthorize(t *testing.T) {
 		{name: "bob pods: pods, then proxy", req: request{method: "GET", path: "/pods", token: "token-bob"}, status: 403, user: "bob",
 			sars: []sar{{"get", "pods"}, {"get", "proxy"}}, body: "Forbidden (user=bob, verb=get, resource=nodes, subresource(s)=[pods proxy])\n"},
 		{name: "bob pre-pull", req: request{method: "POST", path: "/sandman/v1/prepull", token: "token-bob"}, status: 403, user: "bob", sars: []sar{{"create", "proxy"}}},
+		{name: "bob snapshot", req: request{method: "POST", path: "/sandman/v1/snapshot", token: "token-bob"}, status: 403, user: "bob",
+			sars: []sar{{"create", "proxy"}}, body: "Forbidden (user=bob, verb=create, resource=nodes, subresource(s)=[proxy])\n"},
 		{name: "bob capacity page", req: request{method: "GET", path: "/capacity", token: "token-bob"}, status: 403, user: "bob", sars: []sar{{"get", "proxy"}}},
 
 		{name: "alice exec", req: request{method: "POST", path: exec, token: "token-alice"}, status: 200, user: "alice", sars: []sar{{"create", "proxy"}}},
+		{name: "alice snapshot", req: request{method: "POST", path: "/sandman/v1/snapshot", token: "token-alice"}, status: 200, user: "alice", sars: []sar{{"create", "proxy"}}},
 		{name: "alice containerLogs", req: request{method: "GET", path: "/containerLogs/ns/box/task", token: "token-alice"}, status: 200, user: "alice", sars: []sar{{"get", "proxy"}}},
 		{name: "alice stats: stats is not proxy", req: request{method: "GET", path: "/stats/summary", token: "token-alice"}, status: 403, user: "alice", sars: []sar{{"get", "stats"}}},
 		{name: "alice pods through proxy", req: request{method: "GET", path: "/runningpods/", token: "token-alice"}, status: 200, user: "alice",
