@@ -31,6 +31,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/archive"
 	"github.com/containerd/continuity/fs"
 	"github.com/containerd/errdefs"
+	"github.com/distribution/reference"
 	"github.com/klauspost/compress/gzip"
 	digest "github.com/opencontainers/go-digest"
 	specs "github.com/opencontainers/image-spec/specs-go"
@@ -213,6 +214,7 @@ func (r *Runtime) Snapshot(ctx context.Context, req runtime.SnapshotRequest, pro
 	if err := r.images.Adopt(ctx, name); err != nil {
 		return res, fmt.Errorf("snapshot of pod %s: %w", req.PodUID, err)
 	}
+	r.adoptByDigest(ctx, name, manifest)
 	progress(runtime.SnapshotProgress{Phase: runtime.SnapshotDone})
 	res.Image, res.Digest, res.BaseImage = name, manifest.Digest.String(), t.image
 	res.Layer, res.LayerBytes, res.DiffBytes = layer.Digest.String(), layer.Size, diffBytes
@@ -623,6 +625,26 @@ func (r *Runtime) recordImage(ctx context.Context, name string, target ocispec.D
 		_, err := is.Update(ctx, old, "target", "labels")
 		return err
 	}, nil
+}
+
+// adoptByDigest records the snapshot's image under its digest too
+// (<repository>@<digest>, how forks pin it: `IMAGE@DIGEST` normalizes to
+// that), so a fork named so on this node finds it here and pulls nothing.
+// The alias is an image record of its own for the cache (its LRU and
+// placement); a failure only costs that fork a pull, so it is logged.
+func (r *Runtime) adoptByDigest(ctx context.Context, name string, manifest ocispec.Descriptor) {
+	named, err := reference.ParseNormalizedNamed(name)
+	if err != nil {
+		return
+	}
+	alias := named.Name() + "@" + manifest.Digest.String()
+	if _, err := r.recordImage(ctx, alias, manifest); err != nil {
+		r.log.Warn("record a snapshot's image by digest", "image", alias, "err", err)
+		return
+	}
+	if err := r.images.Adopt(ctx, alias); err != nil {
+		r.log.Warn("adopt a snapshot's image by digest", "image", alias, "err", err)
+	}
 }
 
 // pushSnapshot pushes the image to the snapshot registry, reporting the
