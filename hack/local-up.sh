@@ -127,6 +127,13 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
 [metrics]
   address = "127.0.0.1:11338"
 
+# Each node agent of the host-process stack has a containerd namespace of
+# its own and stands for a worker of its own: its content must not be shared
+# with the others', or a pull there would find what another "worker" fetched
+# (the snapshot tests count the blobs a fork on another worker pulls).
+[plugins."io.containerd.metadata.v1.bolt"]
+  content_sharing_policy = "isolated"
+
 [plugins."io.containerd.internal.v1.opt"]
   path = "$SANDMAN_STATE/containerd/opt"
 
