@@ -2,7 +2,6 @@ package pool
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/containerd/errdefs"
@@ -53,7 +52,7 @@ func (p *Pool) Snapshot(ctx context.Context, req runtime.SnapshotRequest, progre
 	defer func() { <-n.snapshots }()
 	start := p.cfg.Clock.Now()
 	res, err := sn.Snapshot(ctx, req, progress)
-	outcome := snapshotOutcome(err)
+	outcome := runtime.SnapshotOutcome(err)
 	metricSnapshots.WithLabelValues(n.name, outcome).Inc()
 	metricSnapshotSeconds.WithLabelValues(outcome).Observe(p.cfg.Clock.Since(start).Seconds())
 	if err != nil {
@@ -99,30 +98,4 @@ func (p *Pool) snapshotNode(uid string) (*node, string, error) {
 		return nil, "", fmt.Errorf("snapshot of pod %s: node agent %s is unreachable (%s): %w", ref, pl.node, why, errdefs.ErrUnavailable)
 	}
 	return n, ref, nil
-}
-
-// snapshotOutcome is a metric label for a snapshot's error: ok or its
-// errdefs class.
-func snapshotOutcome(err error) string {
-	switch {
-	case err == nil:
-		return "ok"
-	case errors.Is(err, context.Canceled), errdefs.IsCanceled(err):
-		return "canceled"
-	case errors.Is(err, context.DeadlineExceeded), errdefs.IsDeadlineExceeded(err):
-		return "deadline_exceeded"
-	case errdefs.IsNotFound(err):
-		return "not_found"
-	case errdefs.IsFailedPrecondition(err):
-		return "failed_precondition"
-	case errdefs.IsInvalidArgument(err):
-		return "invalid_argument"
-	case errdefs.IsUnauthorized(err), errdefs.IsPermissionDenied(err):
-		return "registry_refused"
-	case errdefs.IsUnavailable(err):
-		return "unavailable"
-	case errdefs.IsResourceExhausted(err):
-		return "resource_exhausted"
-	}
-	return "error"
 }

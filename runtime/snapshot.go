@@ -2,7 +2,10 @@ package runtime
 
 import (
 	"context"
+	"errors"
 	"time"
+
+	"github.com/containerd/errdefs"
 )
 
 // Snapshotter is implemented by runtimes that can commit a bound sandbox's
@@ -83,4 +86,36 @@ type SnapshotResult struct {
 	// Frozen is how long the sandbox was paused, Duration the whole snapshot.
 	Frozen   time.Duration `json:"frozen_ns"`
 	Duration time.Duration `json:"duration_ns"`
+}
+
+// SnapshotOutcomes are the values SnapshotOutcome returns, for metrics
+// that start every label at 0.
+var SnapshotOutcomes = []string{"ok", "canceled", "deadline_exceeded", "not_found", "failed_precondition",
+	"invalid_argument", "registry_refused", "unavailable", "resource_exhausted", "error"}
+
+// SnapshotOutcome is a snapshot's outcome as a metric label: ok, or the
+// class of its failure (registry_refused for a push the registry refused,
+// resource_exhausted for a full disk).
+func SnapshotOutcome(err error) string {
+	switch {
+	case err == nil:
+		return "ok"
+	case errors.Is(err, context.Canceled), errdefs.IsCanceled(err):
+		return "canceled"
+	case errors.Is(err, context.DeadlineExceeded), errdefs.IsDeadlineExceeded(err):
+		return "deadline_exceeded"
+	case errdefs.IsNotFound(err):
+		return "not_found"
+	case errdefs.IsFailedPrecondition(err):
+		return "failed_precondition"
+	case errdefs.IsInvalidArgument(err):
+		return "invalid_argument"
+	case errdefs.IsUnauthorized(err), errdefs.IsPermissionDenied(err):
+		return "registry_refused"
+	case errdefs.IsUnavailable(err):
+		return "unavailable"
+	case errdefs.IsResourceExhausted(err):
+		return "resource_exhausted"
+	}
+	return "error"
 }

@@ -21,11 +21,6 @@ type metrics struct {
 	frozenSeconds   prometheus.Histogram
 }
 
-// snapshotResults are the result label values of
-// sandman_node_snapshots_total: ok, or the class of the failure.
-var snapshotResults = []string{"ok", "not_found", "failed_precondition", "invalid_argument", "unauthorized",
-	"unavailable", "disk_full", "error"}
-
 var durationBuckets = []float64{.005, .01, .025, .05, .1, .15, .2, .3, .5, .75, 1, 2, 5, 10, 30}
 
 func newMetrics(node string) *metrics {
@@ -61,7 +56,7 @@ func newMetrics(node string) *metrics {
 			Help: "Time a sandbox was paused (cgroup freezer) while its changes were written (seconds).",
 		}),
 	}
-	for _, r := range snapshotResults {
+	for _, r := range runtime.SnapshotOutcomes {
 		m.snapshots.WithLabelValues(r)
 	}
 	// Every reason exists from the start, so dashboards show zeros, not gaps.

@@ -102,7 +102,7 @@ func (r *Runtime) Snapshot(ctx context.Context, req runtime.SnapshotRequest, pro
 		if retErr != nil && diskFull(retErr) && !errdefs.IsResourceExhausted(retErr) {
 			retErr = fmt.Errorf("the node's disk is full: %v: %w", retErr, errdefs.ErrResourceExhausted)
 		}
-		r.metrics.snapshots.WithLabelValues(snapshotResult(retErr)).Inc()
+		r.metrics.snapshots.WithLabelValues(runtime.SnapshotOutcome(retErr)).Inc()
 		if res.Frozen > 0 {
 			r.metrics.frozenSeconds.Observe(res.Frozen.Seconds())
 		}
@@ -729,27 +729,6 @@ func diskFull(err error) bool {
 	msg := err.Error()
 	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) ||
 		strings.Contains(msg, "no space left on device") || strings.Contains(msg, "disk quota exceeded")
-}
-
-// snapshotResult is the result label of a snapshot that ended with err.
-func snapshotResult(err error) string {
-	switch {
-	case err == nil:
-		return "ok"
-	case errdefs.IsNotFound(err):
-		return "not_found"
-	case errdefs.IsFailedPrecondition(err):
-		return "failed_precondition"
-	case errdefs.IsInvalidArgument(err):
-		return "invalid_argument"
-	case errdefs.IsUnauthorized(err), errdefs.IsPermissionDenied(err):
-		return "unauthorized"
-	case errdefs.IsUnavailable(err):
-		return "unavailable"
-	case errdefs.IsResourceExhausted(err):
-		return "disk_full"
-	}
-	return "error"
 }
 
 // progressWriter counts what goes through it and reports the count at
