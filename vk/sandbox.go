@@ -9,6 +9,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/sandman-dev/sandman/runtime"
+	vkapi "github.com/sandman-dev/sandman/vk/api"
 )
 
 // sandbox is the provider's record of one pod: what it asked for and where
@@ -31,6 +32,12 @@ type sandbox struct {
 	// Waiting: reason and message for the containers (and the pod when
 	// failed).
 	reason, message string
+	// snapshots is the vkapi.AnnotationSnapshots value this provider wrote
+	// last (recordSnapshot). Every pod handed over with a status carries
+	// it: virtual-kubelet writes statuses through pods/status, which
+	// writes the pod's annotations too, and a pod copied before the
+	// snapshot was recorded would drop it.
+	snapshots string
 	// Placement.
 	node      string
 	slot      runtime.Slot
@@ -200,6 +207,12 @@ func (s *sandbox) phase() corev1.PodPhase {
 // podWithStatus is the pod with the status a kubelet would report.
 func (s *sandbox) podWithStatus(nodeIP string) *corev1.Pod {
 	pod := s.pod.DeepCopy()
+	if s.snapshots != "" {
+		if pod.Annotations == nil {
+			pod.Annotations = map[string]string{}
+		}
+		pod.Annotations[vkapi.AnnotationSnapshots] = s.snapshots
+	}
 	if s.awaiting {
 		// Not known yet: the status stays what the last provider wrote.
 		return pod

@@ -200,6 +200,12 @@ func (p *Provider) recordSnapshot(ctx context.Context, pod *corev1.Pod, res runt
 		if err != nil {
 			return err
 		}
+		// Statuses handed over from now on carry it (sandbox.snapshots).
+		p.mu.Lock()
+		if sb := p.byUID[string(pod.UID)]; sb != nil {
+			sb.snapshots = string(value)
+		}
+		p.mu.Unlock()
 		// The resource version makes a concurrent change a conflict, which
 		// is read again and retried.
 		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
@@ -212,6 +218,9 @@ func (p *Provider) recordSnapshot(ctx context.Context, pod *corev1.Pod, res runt
 		_, err = pods.Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 		return err
 	})
+	// A status handed over before the record, and written after it,
+	// dropped it: the next one writes it again.
+	p.push(string(pod.UID))
 	if err != nil {
 		p.log.Warn("could not record a snapshot on its pod", "pod", podKey(pod.Namespace, pod.Name), "image", res.Image, "digest", res.Digest, "err", err)
 	}

@@ -164,6 +164,12 @@ func TestSnapshotStreamsAndRecords(t *testing.T) {
 		list[len(list)-1].Image != "reg.local/envs/prepared:v1" || list[len(list)-1].Digest != "sha256:feed" || list[len(list)-1].Time.IsZero() {
 		t.Fatalf("annotation %s", got.Annotations[vkapi.AnnotationSnapshots])
 	}
+	// The pod the provider hands over with its status carries it too:
+	// virtual-kubelet writes it through pods/status, annotations included.
+	mine, err := h.p.GetPod(t.Context(), "ns", "a")
+	if err != nil || mine.Annotations[vkapi.AnnotationSnapshots] != got.Annotations[vkapi.AnnotationSnapshots] {
+		t.Fatalf("the provider's pod: %v %q, want the annotation written", err, mine.Annotations[vkapi.AnnotationSnapshots])
+	}
 	select {
 	case ev := <-h.events:
 		if want := "Normal Snapshotted snapshot reg.local/envs/prepared:v1@sha256:feed: 12.5 MB of changes, frozen 42 ms"; ev != want {
