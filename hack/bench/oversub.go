@@ -48,10 +48,13 @@ var (
 // oversubMode is one way of scheduling the same burst.
 type oversubMode struct {
 	// key names the mode in BENCH_OVERSUB_MODES (comma-separated; empty:
-	// all): truthful, room, nodes200, nodes1000.
+	// all): truthful, room, preset, nodes200, nodes1000.
 	key, name string
 	// queueRoom: sandman-vk's --queue-room (virtual node modes).
 	queueRoom string
+	// preset: the trainer names the virtual node (spec.nodeName), so
+	// kube-scheduler never schedules the pods.
+	preset bool
 	// nodes: ordinary Node objects of oversubPerNode pods each (0: the
 	// virtual node).
 	nodes int
@@ -88,6 +91,7 @@ func (b *vkBench) oversubscribed(ctx context.Context, image string) ([]row, map[
 	modes := []oversubMode{
 		{key: "truthful", name: "virtual node, truthful capacity (pods = slots)", queueRoom: "0"},
 		{key: "room", name: "virtual node, queue room advertised", queueRoom: "-1"},
+		{key: "preset", name: "virtual node, queue room, spec.nodeName preset by the trainer", queueRoom: "-1", preset: true},
 		{key: "nodes200", name: fmt.Sprintf("%d ordinary nodes × %d pods", oversubSlots/oversubPerNode, oversubPerNode), nodes: oversubSlots / oversubPerNode},
 		{key: "nodes1000", name: fmt.Sprintf("%d ordinary nodes × %d pods", 1000, oversubPerNode), nodes: 1000},
 	}
@@ -167,8 +171,12 @@ func (b *vkBench) oversubRun(ctx context.Context, image string, m oversubMode) (
 			return res, err
 		}
 		res.slots, res.pods = len(agents)*perAgent, int(n.Status.Capacity.Pods().Value())
+		nodeName := ""
+		if m.preset {
+			nodeName = vk.node
+		}
 		podFor = func(name, job string) *corev1.Pod {
-			p := b.pod(name, pool, image, "")
+			p := b.pod(name, pool, image, nodeName)
 			p.Labels = map[string]string{"sandman.io/job": job}
 			return p
 		}
