@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -23,6 +24,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -144,11 +146,15 @@ type registryProxy struct {
 	requests atomic.Int64
 	// bytesPerSecond throttles blob downloads (0: full speed).
 	bytesPerSecond atomic.Int64
+
+	mu sync.Mutex
+	// byDigest counts blob downloads per digest (sha256:…), guarded by mu.
+	byDigest map[string]int
 }
 
 func startRegistryProxy(t testing.TB, target string) *registryProxy {
 	t.Helper()
-	p := &registryProxy{}
+	p := &registryProxy{byDigest: map[string]int{}}
 	rp := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: "http", Host: target})
 	rp.ModifyResponse = func(resp *http.Response) error {
 		if bps := p.bytesPerSecond.Load(); bps > 0 && strings.Contains(resp.Request.URL.Path, "/blobs/") {
@@ -160,6 +166,9 @@ func startRegistryProxy(t testing.TB, target string) *registryProxy {
 		p.requests.Add(1)
 		if r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/blobs/") {
 			p.blobGets.Add(1)
+			p.mu.Lock()
+			p.byDigest[r.URL.Path[strings.LastIndex(r.URL.Path, "/")+1:]]++
+			p.mu.Unlock()
 		}
 		rp.ServeHTTP(w, r)
 	}))
@@ -169,6 +178,13 @@ func startRegistryProxy(t testing.TB, target string) *registryProxy {
 }
 
 func (p *registryProxy) BlobGets() int64 { return p.blobGets.Load() }
+
+// BlobGetsByDigest is how often each blob was downloaded so far, by digest.
+func (p *registryProxy) BlobGetsByDigest() map[string]int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return maps.Clone(p.byDigest)
+}
 
 // Requests counts every request the registry was sent through the proxy.
 func (p *registryProxy) Requests() int64 { return p.requests.Load() }
