@@ -563,6 +563,11 @@ func (r *Runtime) start(ctx context.Context, s *slot, req runtime.BindRequest) e
 	for _, id := range stale {
 		// The idle hot sandbox of another image reserve took this slot from.
 		if err := r.removeContainer(context.WithoutCancel(ctx), id, 0); err != nil {
+			// Bind's cleanup tries again, and leaves the slot broken
+			// rather than warm with the sandbox still in it.
+			r.mu.Lock()
+			s.containers = stale
+			r.mu.Unlock()
 			return fmt.Errorf("bind %s: remove the hot sandbox waiting in slot %s: %w", req.Pod.UID, s.ID, err)
 		}
 	}
