@@ -78,8 +78,9 @@ func (a *vagent) restart(t *testing.T) {
 }
 
 // startPool starts n node agents with slots each and a virtual node over
-// them, in a namespace of its own.
-func startPool(t *testing.T, s *framework.Stack, n, slots int) *vpool {
+// them, in a namespace of its own; agentArgs are added to each agent's
+// flags.
+func startPool(t *testing.T, s *framework.Stack, n, slots int, agentArgs ...string) *vpool {
 	t.Helper()
 	id := rand.String(5)
 	p := &vpool{t: t, s: s, name: "e2e-" + id, node: "sandman-e2e-" + id, ns: "vk-" + id}
@@ -102,6 +103,7 @@ func startPool(t *testing.T, s *framework.Stack, n, slots int) *vpool {
 			"--slots", strconv.Itoa(slots), "--warm-slots", "2", "--cpu", "4", "--memory", "8Gi",
 			"--state-dir", filepath.Join(framework.StateDir(), "e2e-nodes", name), "--daemon-path", daemonBin, "--runc", s.RuncBin, "--runsc", s.RunscBin,
 			"--cni-conf-dir", s.CNIConfDir, "--cni-bin-dir", s.CNIBinDir, "--listen", a.addr}
+		a.args = append(a.args, agentArgs...)
 		a.proc = launchAgent(t, nodeBin, a.args)
 		a.client = nodeapi.NewClient(a.addr, "pool-secret", nil)
 		p.agents = append(p.agents, a)
