@@ -6,7 +6,9 @@
 # BENCH_SUITE=scale, sized by BENCH_SCALE_* — see hack/bench/scale.go; so does
 # the deploy suite, which installs deploy/overlays/local: BENCH_SUITE=deploy;
 # and the snapshot suite of prepared environments, about 2.5 minutes:
-# BENCH_SUITE=snapshot),
+# BENCH_SUITE=snapshot; and the hot suite, issue 16's mixed burst per hot
+# budget, ~10 minutes: BENCH_SUITE=hot, sized by BENCH_HOT_* — see
+# hack/bench/hot.go),
 # BENCH_N the iterations,
 # BENCH_OUT where the markdown table is also written. Suites that need the
 # local stack get one: a running stack is reused, one started here is

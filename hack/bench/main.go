@@ -42,6 +42,9 @@ var suites = []suite{
 	// failover kills sandman-vk leaders (about a minute a run): only when
 	// asked for (BENCH_SUITE=failover).
 	{"failover", benchFailover},
+	// hot runs issue 16's mixed burst once per hot budget (about 10
+	// minutes): only when asked for (BENCH_SUITE=hot).
+	{"hot", benchHot},
 	// deploy installs deploy/overlays/local: only when asked for (BENCH_SUITE=deploy).
 	{"deploy", benchDeploy},
 	// snapshot (prepared environments, issue 18) takes about two minutes:
@@ -53,7 +56,7 @@ var suites = []suite{
 
 func main() {
 	var (
-		only = flag.String("suite", "all", "comma-separated suites to run: "+suiteNames()+" or all (all but scale)")
+		only = flag.String("suite", "all", "comma-separated suites to run: "+suiteNames()+" or all (all but failover, hot, deploy and scale)")
 		n    = flag.Int("n", 500, "iterations for latency benchmarks")
 		out  = flag.String("out", "", "also write the table (markdown) to this file")
 	)
@@ -64,7 +67,7 @@ func main() {
 	}
 	var rows []row
 	for _, s := range suites {
-		if *only == "all" && (s.name == "scale" || s.name == "deploy" || s.name == "failover" || s.name == "snapshot") {
+		if *only == "all" && (s.name == "scale" || s.name == "deploy" || s.name == "failover" || s.name == "snapshot" || s.name == "hot") {
 			continue
 		}
 		if *only != "all" && !slices.Contains(strings.Split(*only, ","), s.name) {

@@ -114,16 +114,21 @@ type Config struct {
 	// pulls (default 1) so pre-pulls never starve binds.
 	PrePull            []string
 	PrePullConcurrency int
-	// HotSlots bounds the slots that hold a started sandbox of a popular
-	// image whose daemon waits to be assigned (0: no hot slots). Binding a
-	// pod to one hands over tokens, env and command and takes milliseconds.
+	// HotSlots bounds the slots that hold a started sandbox of a recently
+	// bound image whose daemon waits to be assigned (0: no hot slots).
+	// Binding a pod to one hands over tokens, env and command and takes
+	// milliseconds. How many each image gets follows the bind mix (see
+	// hotTargets); hot sandboxes of images that left it are cooled down.
 	HotSlots int
-	// HotImages are kept hot whatever the mix (operator pins), within
-	// HotSlots.
+	// HotImages are kept hot whatever the mix (operator pins): one each,
+	// and what the mix leaves of HotSlots.
 	HotImages []string
-	// HotMixWindow is how many recent binds decide which images are
-	// popular (default 100).
-	HotMixWindow int
+	// HotMixWindow is how many recent binds make the mix (default 100);
+	// HotMixHalfLife how fast a bind's weight in it fades (default 5
+	// min), so an image no longer bound leaves the mix even on a quiet
+	// node: one bound n times leaves it about log2(2n) half-lives later.
+	HotMixWindow   int
+	HotMixHalfLife time.Duration
 	// ShimGroupSize is how many slots share one runc shim (the
 	// io.containerd.runc.v2.group annotation): fewer shims and less host
 	// memory per idle sandbox, but a shim failure takes its group down and
@@ -276,6 +281,12 @@ func (c *Config) setDefaults() error {
 	}
 	if c.HotMixWindow <= 0 {
 		c.HotMixWindow = 100
+	}
+	if c.HotMixHalfLife <= 0 {
+		c.HotMixHalfLife = 5 * time.Minute
+	}
+	if c.HotSlots < 0 {
+		return fmt.Errorf("hot slots %d: want 0 (none) or more", c.HotSlots)
 	}
 	if c.ShimGroupSize <= 0 {
 		c.ShimGroupSize = 1

@@ -2,6 +2,7 @@ package containerd
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -30,47 +31,12 @@ import (
 	"github.com/sandman-dev/sandman/runtime"
 )
 
-// desiredHot splits HotSlots among images: pinned images first, then the
-// most frequent images of the recent bind mix, in proportion.
-func (r *Runtime) desiredHotLocked() map[string]int {
-	want := map[string]int{}
-	budget := r.cfg.HotSlots
-	for _, img := range r.cfg.HotImages {
-		if budget == 0 {
-			return want
-		}
-		want[img]++
-		budget--
-	}
-	if budget == 0 {
-		return want
-	}
-	if len(r.recent) == 0 {
-		// No mix yet: the pinned images share the rest.
-		for i := 0; budget > 0 && len(r.cfg.HotImages) > 0; i++ {
-			want[r.cfg.HotImages[i%len(r.cfg.HotImages)]]++
-			budget--
-		}
-		return want
-	}
-	counts := map[string]int{}
-	for _, img := range r.recent {
-		counts[img]++
-	}
-	images := slices.SortedFunc(maps.Keys(counts), func(a, b string) int { return counts[b] - counts[a] })
-	total := budget
-	for _, img := range images {
-		if budget == 0 {
-			break
-		}
-		n := min(budget, max(1, total*counts[img]/len(r.recent)))
-		want[img] += n
-		budget -= n
-	}
-	return want
-}
+// hotSuffix ends the container ID of a slot's hot sandbox.
+const hotSuffix = "-hot"
 
-// heat starts hot sandboxes in warm slots where the desired mix is short,
+// heat plans the hot pool from the bind mix (hotTargets), cools down idle
+// hot sandboxes of images over their target (hotSurplus) and starts hot
+// sandboxes in warm slots where an image is short, within HotSlots in all,
 // in goroutines counted in wg (Run's).
 func (r *Runtime) heat(ctx context.Context, wg *sync.WaitGroup) {
 	if r.cfg.HotSlots == 0 {
@@ -79,20 +45,47 @@ func (r *Runtime) heat(ctx context.Context, wg *sync.WaitGroup) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.draining != "" {
-		return
+		return // shedIdle tears hot slots down
 	}
+	now := r.cfg.Clock.Now()
+	targets := hotTargets(r.cfg.HotSlots, r.cfg.HotImages, r.mix.demand(now))
+	r.hotPlan = targets
 	have := map[string]int{}
+	var idle []*slot // hot and waiting, oldest first
 	for _, s := range r.slots {
 		if s.State == runtime.StateHot || s.heating {
 			have[s.Image]++
 		}
+		if s.State == runtime.StateHot {
+			idle = append(idle, s)
+		}
 	}
-	now := r.cfg.Clock.Now()
-	for img, n := range r.desiredHotLocked() {
+	slices.SortFunc(idle, func(a, b *slot) int { return a.Since.Compare(b.Since) })
+	surplus := hotSurplus(targets, have)
+	coolAfter := hotCoolAfter(r.cfg.HotMixHalfLife)
+	for _, s := range idle {
+		if surplus[s.Image] == 0 || now.Sub(s.Since) < coolAfter {
+			continue
+		}
+		surplus[s.Image]--
+		have[s.Image]--
+		r.coolIdleLocked(s, wg)
+	}
+	total := 0
+	for _, n := range have {
+		total += n
+	}
+	// The images furthest below their target first.
+	short := slices.Collect(maps.Keys(targets))
+	slices.SortFunc(short, func(a, b string) int {
+		fa, fb := float64(have[a])/float64(targets[a]), float64(have[b])/float64(targets[b])
+		return cmp.Or(cmp.Compare(fa, fb), cmp.Compare(a, b))
+	})
+	for _, img := range short {
 		if f, ok := r.hotFailures[img]; ok && now.Before(f.until) {
 			continue // backing off after a failed start
 		}
-		for ; have[img] < n && r.heating < r.cfg.RefillConcurrency; have[img]++ {
+		for ; have[img] < targets[img] && total < r.cfg.HotSlots && r.heating < r.cfg.RefillConcurrency; have[img]++ {
 			var warm *slot
 			for _, s := range r.slots {
 				if s.State == runtime.StateWarm && !s.heating {
@@ -105,9 +98,41 @@ func (r *Runtime) heat(ctx context.Context, wg *sync.WaitGroup) {
 			}
 			warm.heating, warm.Image = true, img
 			r.heating++
+			total++
 			wg.Go(func() { r.startHot(ctx, warm, img) })
 		}
 	}
+}
+
+// coolIdleLocked removes s's waiting hot sandbox, which no pod holds, in a
+// goroutine counted in wg; the slot is releasing meanwhile (no bind takes
+// it, a drain leaves it), then warm.
+func (r *Runtime) coolIdleLocked(s *slot, wg *sync.WaitGroup) {
+	ids := s.containers
+	// Its exit watch finds it released: no exit event, no cool-down twice.
+	s.containers, s.assignToken = nil, ""
+	r.log.Info("cooling down hot sandbox", "slot", s.ID, "image", s.Image)
+	r.setLocked(s, runtime.StateReleasing)
+	r.metrics.hotCooldowns.Inc()
+	wg.Go(func() {
+		// Finishes even when Run stops: Close waits for it.
+		ctx := r.nsCtx(context.Background())
+		var errs []error
+		for _, id := range ids {
+			errs = append(errs, r.removeContainer(ctx, id, 0))
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		s.Image = ""
+		if err := errors.Join(errs...); err != nil {
+			r.log.Warn("cool down hot sandbox", "slot", s.ID, "err", err)
+			s.Reason, s.leftovers = err.Error(), ids
+			r.setLocked(s, runtime.StateBroken)
+			return
+		}
+		r.setLocked(s, runtime.StateWarm)
+		r.wake()
+	})
 }
 
 // startHot starts img's sandbox in s with a daemon waiting to be assigned.
@@ -161,7 +186,7 @@ func (r *Runtime) startHotWork(ctx context.Context, s *slot, image string) error
 		Pod:        runtime.PodRef{Name: "sandbox"},
 		Containers: []runtime.ContainerSpec{{Name: "task", Image: image}},
 	}
-	id := s.ID + "-hot"
+	id := s.ID + hotSuffix
 	spec, err := r.specOpts(s, req, 0, img, hex.EncodeToString(sum[:]), true)
 	if err != nil {
 		return err

@@ -2,6 +2,7 @@ package containerd
 
 import (
 	"context"
+	"maps"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -19,6 +20,13 @@ type metrics struct {
 	snapshots       *prometheus.CounterVec
 	snapshotSeconds prometheus.Histogram
 	frozenSeconds   prometheus.Histogram
+	// The hot pool (hot_linux.go): binds by path, hot-eligible binds that
+	// found no hot sandbox of their image, hot sandboxes cooled down for
+	// want of demand, and those removed for a bind of another image.
+	binds        *prometheus.CounterVec
+	hotMisses    prometheus.Counter
+	hotCooldowns prometheus.Counter
+	hotTakeovers prometheus.Counter
 }
 
 var durationBuckets = []float64{.005, .01, .025, .05, .1, .15, .2, .3, .5, .75, 1, 2, 5, 10, 30}
@@ -44,7 +52,7 @@ func newMetrics(node string) *metrics {
 		}, []string{"reason"}),
 		snapshots: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sandman_node_snapshots_total", ConstLabels: l,
-			Help: "Snapshots of sandboxes by result: ok, not_found, failed_precondition, invalid_argument, unauthorized (the registry refused the push), unavailable, disk_full, error.",
+			Help: "Snapshots of sandboxes by result: ok, or the class of the failure (not_found, failed_precondition, invalid_argument, registry_refused, unavailable, resource_exhausted: the disk filled, canceled, deadline_exceeded, error).",
 		}, []string{"result"}),
 		snapshotSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "sandman_node_snapshot_duration_seconds", ConstLabels: l,
@@ -55,9 +63,28 @@ func newMetrics(node string) *metrics {
 			Name: "sandman_node_snapshot_frozen_seconds", ConstLabels: l, Buckets: durationBuckets,
 			Help: "Time a sandbox was paused (cgroup freezer) while its changes were written (seconds).",
 		}),
+		binds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sandman_node_binds_total", ConstLabels: l,
+			Help: "Successful binds by path: hot (a started sandbox of the image assigned) or generic (containers created and started).",
+		}, []string{"path"}),
+		hotMisses: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sandman_node_hot_misses_total", ConstLabels: l,
+			Help: "Binds that could have used a hot sandbox but found none of their image (hot slots on).",
+		}),
+		hotCooldowns: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sandman_node_hot_cooldowns_total", ConstLabels: l,
+			Help: "Idle hot sandboxes removed because their image's demand fell below what was hot.",
+		}),
+		hotTakeovers: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sandman_node_hot_takeovers_total", ConstLabels: l,
+			Help: "Idle hot sandboxes removed by a bind of another image that found no other free slot.",
+		}),
 	}
 	for _, r := range runtime.SnapshotOutcomes {
 		m.snapshots.WithLabelValues(r)
+	}
+	for _, p := range []string{"hot", "generic"} {
+		m.binds.WithLabelValues(p)
 	}
 	// Every reason exists from the start, so dashboards show zeros, not gaps.
 	for _, r := range []string{runtime.ReasonImageNotFound, runtime.ReasonErrImagePull, runtime.ReasonInvalidSpec,
@@ -85,10 +112,12 @@ var (
 	capMemDesc   = prometheus.NewDesc("sandman_node_capacity_memory_bytes", "Memory the node offers sandboxes (bytes).", []string{"node"}, nil)
 	allocCPUDesc = prometheus.NewDesc("sandman_node_allocated_cpu_cores", "CPU requested by bound and binding pods (cores).", []string{"node"}, nil)
 	allocMemDesc = prometheus.NewDesc("sandman_node_allocated_memory_bytes", "Memory requested by bound and binding pods (bytes).", []string{"node"}, nil)
+	hotTargetDes = prometheus.NewDesc("sandman_node_hot_target_slots", "Hot sandboxes the node aims to keep per image, planned from the recent bind mix within its hot budget.", []string{"node", "image"}, nil)
+	hotBudgetDes = prometheus.NewDesc("sandman_node_hot_budget_slots", "The node's hot budget: at most this many slots hold a started sandbox waiting for a pod (0: hot slots off).", []string{"node"}, nil)
 )
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{slotsDesc, capSlotsDesc, capCPUDesc, capMemDesc, allocCPUDesc, allocMemDesc} {
+	for _, d := range []*prometheus.Desc{slotsDesc, capSlotsDesc, capCPUDesc, capMemDesc, allocCPUDesc, allocMemDesc, hotTargetDes, hotBudgetDes} {
 		ch <- d
 	}
 	c.r.metrics.bindSeconds.Describe(ch)
@@ -98,6 +127,10 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	c.r.metrics.snapshots.Describe(ch)
 	c.r.metrics.snapshotSeconds.Describe(ch)
 	c.r.metrics.frozenSeconds.Describe(ch)
+	c.r.metrics.binds.Describe(ch)
+	c.r.metrics.hotMisses.Describe(ch)
+	c.r.metrics.hotCooldowns.Describe(ch)
+	c.r.metrics.hotTakeovers.Describe(ch)
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
@@ -120,6 +153,14 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(allocCPUDesc, prometheus.GaugeValue, float64(alloc.MilliCPU)/1000, node)
 		ch <- prometheus.MustNewConstMetric(allocMemDesc, prometheus.GaugeValue, float64(alloc.MemoryBytes), node)
 	}
+	c.r.mu.Lock()
+	plan := maps.Clone(c.r.hotPlan)
+	c.r.mu.Unlock()
+	node := c.r.cfg.Node
+	ch <- prometheus.MustNewConstMetric(hotBudgetDes, prometheus.GaugeValue, float64(c.r.cfg.HotSlots), node)
+	for img, n := range plan {
+		ch <- prometheus.MustNewConstMetric(hotTargetDes, prometheus.GaugeValue, float64(n), node, img)
+	}
 	c.r.metrics.bindSeconds.Collect(ch)
 	c.r.metrics.releaseSeconds.Collect(ch)
 	c.r.metrics.recycles.Collect(ch)
@@ -127,4 +168,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	c.r.metrics.snapshots.Collect(ch)
 	c.r.metrics.snapshotSeconds.Collect(ch)
 	c.r.metrics.frozenSeconds.Collect(ch)
+	c.r.metrics.binds.Collect(ch)
+	c.r.metrics.hotMisses.Collect(ch)
+	c.r.metrics.hotCooldowns.Collect(ch)
+	c.r.metrics.hotTakeovers.Collect(ch)
 }

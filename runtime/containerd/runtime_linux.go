@@ -74,10 +74,12 @@ type Runtime struct {
 	slots    map[string]*slot
 	byPod    map[string]*slot
 	creating int
-	// heating counts hot sandboxes being started; recent is the image of
-	// each recent bind (the mix that decides which images are kept hot).
+	// heating counts hot sandboxes being started; mix is the recent binds
+	// that decide which images are kept hot, hotPlan the targets last
+	// planned from it (for the metrics).
 	heating int
-	recent  []string
+	mix     hotMix
+	hotPlan map[string]int
 	// hotFailures back off the hot starts of images whose last one failed.
 	hotFailures map[string]hotFailure
 }
@@ -103,6 +105,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		kick:   make(chan struct{}, 1), metrics: newMetrics(cfg.Node),
 		slots: map[string]*slot{}, byPod: map[string]*slot{},
 		self: nodeAddrs(),
+		mix:  hotMix{window: cfg.HotMixWindow, halfLife: cfg.HotMixHalfLife},
 	}
 	r.deny = slices.Concat(sandboxnet.SpecialRanges, cfg.EgressDeny, r.self)
 	r.life, r.endLife = context.WithCancel(r.nsCtx(context.Background()))
@@ -352,7 +355,7 @@ func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Sl
 			Slot: runtime.Slot{Pod: &pod, State: runtime.StateWarm}, Reason: reason, Message: err.Error()})
 		return runtime.Slot{}, err
 	}
-	s, err := r.reserve(ctx, req)
+	s, hot, err := r.reserve(ctx, req)
 	if err != nil {
 		if errdefs.IsResourceExhausted(err) {
 			r.metrics.failures.WithLabelValues("NoCapacity").Inc()
@@ -391,7 +394,8 @@ func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Sl
 		s.Pod, s.Image, s.Resources, s.Ready, s.containers, s.assignToken = nil, "", runtime.Resources{}, false, nil, ""
 		s.diskLimits, s.evicted, s.earlyExits = nil, "", nil
 		if cleanupErr != nil {
-			s.Reason, s.leftovers = cleanupErr.Error(), ids
+			// The hot sandbox this bind took over, if it was not removed.
+			s.Reason, s.leftovers = cleanupErr.Error(), append(ids, s.ID+hotSuffix)
 			r.setLocked(s, runtime.StateBroken)
 		} else {
 			r.setLocked(s, runtime.StateWarm)
@@ -400,6 +404,11 @@ func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Sl
 		return runtime.Slot{}, err
 	}
 	r.metrics.observePhase("total", begin)
+	if hot {
+		r.metrics.binds.WithLabelValues("hot").Inc()
+	} else {
+		r.metrics.binds.WithLabelValues("generic").Inc()
+	}
 	for _, c := range req.Containers {
 		if c.ExclusiveCPUs > 0 {
 			r.rebalanceCPUs() // the new exclusive cores leave the shared pool
@@ -433,26 +442,24 @@ func bindFailureReason(err error) string {
 	return runtime.ReasonStartFailed
 }
 
-// reserve takes a warm slot for the pod (making one when the node has room
-// but none is warm) and marks it binding.
-func (r *Runtime) reserve(ctx context.Context, req runtime.BindRequest) (*slot, error) {
+// reserve takes a slot for the pod and marks it binding: a hot slot of its
+// image if it may use one (hot: true), else the warm slot waiting longest,
+// else a new one when the node has room, else an idle hot slot of another
+// image, whose sandbox the bind removes first.
+func (r *Runtime) reserve(ctx context.Context, req runtime.BindRequest) (_ *slot, hot bool, _ error) {
 	want := req.Requests()
 	pod := req.Pod
 	r.mu.Lock()
 	if _, ok := r.byPod[pod.UID]; ok {
 		r.mu.Unlock()
-		return nil, fmt.Errorf("bind %s: pod already bound on %s: %w", pod.UID, r.cfg.Node, errdefs.ErrAlreadyExists)
+		return nil, false, fmt.Errorf("bind %s: pod already bound on %s: %w", pod.UID, r.cfg.Node, errdefs.ErrAlreadyExists)
 	}
 	if r.draining != "" {
 		r.mu.Unlock()
-		return nil, fmt.Errorf("bind %s: %s: %w", pod.UID, r.draining, errdefs.ErrUnavailable)
-	}
-	r.recent = append(r.recent, req.Containers[0].Image)
-	if len(r.recent) > r.cfg.HotMixWindow {
-		r.recent = r.recent[len(r.recent)-r.cfg.HotMixWindow:]
+		return nil, false, fmt.Errorf("bind %s: %s: %w", pod.UID, r.draining, errdefs.ErrUnavailable)
 	}
 	var used runtime.Resources
-	var warm, hot *slot
+	var warm, hotSlot, other *slot
 	// A hot sandbox runs as any sandbox of its image does: a pod that sets
 	// its user or groups or narrows what it may do (read-only root, dropped
 	// capabilities, its own seccomp profile, runAsNonRoot, checked against
@@ -468,14 +475,16 @@ func (r *Runtime) reserve(ctx context.Context, req runtime.BindRequest) (*slot, 
 	}
 	if exclusive > len(r.cpus.all)-len(r.cpus.reserved)-len(r.cpus.owner) {
 		r.mu.Unlock()
-		return nil, fmt.Errorf("bind %s: %d exclusive CPUs asked, %d free on %s: %w", pod.UID, exclusive,
+		return nil, false, fmt.Errorf("bind %s: %d exclusive CPUs asked, %d free on %s: %w", pod.UID, exclusive,
 			len(r.cpus.all)-len(r.cpus.reserved)-len(r.cpus.owner), r.cfg.Node, errdefs.ErrResourceExhausted)
 	}
 	for _, s := range r.slots {
 		switch s.State {
 		case runtime.StateHot:
-			if hotOK && hot == nil && s.Image == req.Containers[0].Image && s.userNS == wantNS {
-				hot = s
+			if hotOK && hotSlot == nil && s.Image == req.Containers[0].Image && s.userNS == wantNS {
+				hotSlot = s
+			} else if other == nil || s.Since.Before(other.Since) {
+				other = s
 			}
 		case runtime.StateWarm:
 			if !s.heating && (warm == nil || s.Since.Before(warm.Since)) {
@@ -487,15 +496,20 @@ func (r *Runtime) reserve(ctx context.Context, req runtime.BindRequest) (*slot, 
 	}
 	if total := used.Add(want); total.MilliCPU > r.cfg.Resources.MilliCPU || total.MemoryBytes > r.cfg.Resources.MemoryBytes {
 		r.mu.Unlock()
-		return nil, fmt.Errorf("bind %s: requests of %dm CPU and %d bytes do not fit on %s: %w", pod.UID, want.MilliCPU, want.MemoryBytes, r.cfg.Node, errdefs.ErrResourceExhausted)
+		return nil, false, fmt.Errorf("bind %s: requests of %dm CPU and %d bytes do not fit on %s: %w", pod.UID, want.MilliCPU, want.MemoryBytes, r.cfg.Node, errdefs.ErrResourceExhausted)
 	}
-	if hot != nil {
-		warm = hot
-	} else if warm == nil {
-		if len(r.slots)+r.creating >= r.cfg.Slots {
-			r.mu.Unlock()
-			return nil, fmt.Errorf("bind %s: all %d slots of %s are in use: %w", pod.UID, r.cfg.Slots, r.cfg.Node, errdefs.ErrResourceExhausted)
+	// The mix counts the binds a hot sandbox could have served: a pod
+	// that may not use one would keep sandboxes hot for nothing.
+	if r.cfg.HotSlots > 0 && hotOK && wantNS == (r.cfg.UserNamespaces != UserNamespacesOff) {
+		r.mix.add(req.Containers[0].Image, r.cfg.Clock.Now())
+		if hotSlot == nil {
+			r.metrics.hotMisses.Inc()
 		}
+	}
+	switch {
+	case hotSlot != nil:
+		warm = hotSlot
+	case warm == nil && len(r.slots)+r.creating < r.cfg.Slots:
 		// Make one now, outside the lock.
 		r.creating++
 		r.mu.Unlock()
@@ -504,19 +518,29 @@ func (r *Runtime) reserve(ctx context.Context, req runtime.BindRequest) (*slot, 
 		r.creating--
 		if err != nil {
 			r.mu.Unlock()
-			return nil, fmt.Errorf("bind %s: %w", pod.UID, err)
+			return nil, false, fmt.Errorf("bind %s: %w", pod.UID, err)
 		}
 		r.slots[s.ID] = s
 		warm = s
+	case warm == nil && other != nil:
+		// Every slot is taken, but one waits hot for another image: this
+		// bind removes that sandbox (start, before its own containers)
+		// rather than fail while the node has an idle slot.
+		warm = other
+		warm.stale, warm.containers = warm.containers, nil
+		r.metrics.hotTakeovers.Inc()
+	case warm == nil:
+		r.mu.Unlock()
+		return nil, false, fmt.Errorf("bind %s: all %d slots of %s are in use: %w", pod.UID, r.cfg.Slots, r.cfg.Node, errdefs.ErrResourceExhausted)
 	}
-	if warm.State != runtime.StateHot {
+	if warm != hotSlot {
 		warm.containers, warm.assignToken = nil, ""
 	}
 	warm.Pod, warm.Image, warm.Resources, warm.Ready, warm.Reason = &pod, req.Containers[0].Image, want, false, ""
 	r.byPod[pod.UID] = warm
 	r.setLocked(warm, runtime.StateBinding)
 	r.mu.Unlock()
-	return warm, nil
+	return warm, warm == hotSlot, nil
 }
 
 // start ensures the images and creates and starts the pod's containers.
@@ -531,6 +555,21 @@ func (r *Runtime) start(ctx context.Context, s *slot, req runtime.BindRequest) e
 			return err
 		}
 		return r.assignHot(ctx, s, req, token)
+	}
+	r.mu.Lock()
+	stale := s.stale
+	s.stale = nil
+	r.mu.Unlock()
+	for _, id := range stale {
+		// The idle hot sandbox of another image reserve took this slot from.
+		if err := r.removeContainer(context.WithoutCancel(ctx), id, 0); err != nil {
+			// Bind's cleanup tries again, and leaves the slot broken
+			// rather than warm with the sandbox still in it.
+			r.mu.Lock()
+			s.containers = stale
+			r.mu.Unlock()
+			return fmt.Errorf("bind %s: remove the hot sandbox waiting in slot %s: %w", req.Pod.UID, s.ID, err)
+		}
 	}
 	t := time.Now()
 	images := make([]ctrd.Image, len(req.Containers))

@@ -40,6 +40,9 @@ type slot struct {
 	evicted    string
 	// containers are the bound pod's containerd container IDs, in order.
 	containers []string
+	// stale is the hot sandbox of another image a bind took this slot
+	// from (reserve, when no other slot was free); the bind removes it.
+	stale []string
 	// leftovers are the containers (and their snapshots) a broken slot
 	// could not remove; repairBroken tries again.
 	leftovers []string

@@ -1,0 +1,190 @@
+//go:build root
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sandman-dev/sandman/e2e/framework"
+	"github.com/sandman-dev/sandman/runtime"
+	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
+	"github.com/sandman-dev/sandman/runtime/runtimetest"
+)
+
+// hotByImage counts rt's hot slots per image.
+func hotByImage(ctx context.Context, rt runtime.Runtime) (map[string]int, error) {
+	inv, err := rt.Inventory(ctx)
+	if err != nil {
+		return nil, err
+	}
+	hot := map[string]int{}
+	for _, s := range inv.Slots {
+		if s.State == runtime.StateHot {
+			hot[s.Image]++
+		}
+	}
+	return hot, nil
+}
+
+// bindsByPath reads sandman_node_binds_total by path from rt's metrics.
+func bindsByPath(t *testing.T, rt *rtcontainerd.Runtime) map[string]float64 {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(rt.Collector())
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, f := range families {
+		if f.GetName() != "sandman_node_binds_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "path" {
+					out[l.GetValue()] = m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return out
+}
+
+// TestRootHotFollowsDemand: the hot pool follows the bind mix (issue 16).
+// Binds of image A make A's sandboxes hot; when the mix moves to image B,
+// A's idle hot sandboxes are cooled down (their slots warm again) and B's
+// are started, within the budget.
+func TestRootHotFollowsDemand(t *testing.T) {
+	s := framework.Get(t)
+	a, b := s.BusyboxImage, s.NoShellImage
+	const budget = 3
+	rt := newContainerdRuntime(t, s, 6, 2, func(c *rtcontainerd.Config) {
+		// A window of 6 binds: 6 binds of B push A out of the mix. The
+		// half-life keeps B's demand above the budget for the test's
+		// length, and lets a hot sandbox be cooled 3 s after it started.
+		c.HotSlots, c.HotMixWindow, c.HotMixHalfLife = budget, 6, 30*time.Second
+	})
+	ctx := t.Context()
+	_, events, err := rt.Watch(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A slot that held A's hot sandbox and went warm again (cooled down).
+	cooled := make(chan string, 16)
+	go func() {
+		wasHotA := map[string]bool{}
+		for ev := range events {
+			if ev.Type != runtime.EventSlot {
+				continue
+			}
+			switch sl := ev.Slot; {
+			case sl.State == runtime.StateHot && sl.Image == a:
+				wasHotA[sl.ID] = true
+			case sl.State == runtime.StateBinding:
+				delete(wasHotA, sl.ID) // taken by a pod, not cooled
+			case sl.State == runtime.StateWarm && wasHotA[sl.ID]:
+				delete(wasHotA, sl.ID)
+				select {
+				case cooled <- sl.ID:
+				default:
+				}
+			}
+		}
+	}()
+	bindRelease := func(image string, n int, prefix string) (hot int) {
+		t.Helper()
+		was := bindsByPath(t, rt)["hot"]
+		for i := range n {
+			uid := prefix + strconv.Itoa(i)
+			if _, err := rt.Bind(ctx, runtimetest.Request(uid, image)); err != nil {
+				t.Fatalf("bind %s of %s: %v", uid, image, err)
+			}
+			if err := rt.Release(ctx, uid, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return int(bindsByPath(t, rt)["hot"] - was)
+	}
+
+	// Nothing is hot before the first bind: no image is pinned.
+	if hot, err := hotByImage(ctx, rt); err != nil || len(hot) != 0 {
+		t.Fatalf("hot before any bind: %v (%v)", hot, err)
+	}
+	bindRelease(a, 6, "a-")
+	framework.Eventually(t, time.Minute, fmt.Sprintf("%d hot sandboxes of A", budget), func(ctx context.Context) (bool, error) {
+		hot, err := hotByImage(ctx, rt)
+		return err == nil && hot[a] == budget, err
+	})
+	// The mix moves to B: A's hot sandboxes cool down, B's heat up. The
+	// first binds of B find none of B's (each takes a warm slot).
+	bindRelease(b, 6, "b-")
+	framework.Eventually(t, time.Minute, fmt.Sprintf("A cooled down and %d hot sandboxes of B", budget), func(ctx context.Context) (bool, error) {
+		hot, err := hotByImage(ctx, rt)
+		return err == nil && hot[a] == 0 && hot[b] == budget, err
+	})
+	select {
+	case <-cooled:
+	default:
+		t.Fatal("no slot of A's hot sandboxes went back to warm")
+	}
+	// B's pool serves B's binds now.
+	if hot := bindRelease(b, 3, "b2-"); hot != 3 {
+		t.Errorf("%d of 3 binds of B found a hot sandbox of B", hot)
+	}
+	inv, err := rt.Inventory(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := inv.Count(); c[runtime.StateBroken] != 0 {
+		t.Fatalf("broken slots after the cool-downs: %v", c)
+	}
+}
+
+// TestRootHotTakeover: on a node whose every slot is bound or hot, a bind
+// of another image takes over the idle hot slot instead of failing, and
+// the pinned image is hot again once a slot frees.
+func TestRootHotTakeover(t *testing.T) {
+	s := framework.Get(t)
+	rt := newContainerdRuntime(t, s, 2, 1, func(c *rtcontainerd.Config) {
+		c.HotSlots, c.HotImages = 1, []string{s.BusyboxImage}
+	})
+	ctx := t.Context()
+	framework.Eventually(t, time.Minute, "one hot slot of the pinned image", func(ctx context.Context) (bool, error) {
+		hot, err := hotByImage(ctx, rt)
+		return err == nil && hot[s.BusyboxImage] == 1, err
+	})
+	framework.Eventually(t, time.Minute, "every slot made (one warm, one hot)", func(ctx context.Context) (bool, error) {
+		inv, err := rt.Inventory(ctx)
+		return err == nil && inv.Count()[runtime.StateWarm] == 1, err
+	})
+	if _, err := rt.Bind(ctx, runtimetest.Request("take-1", s.NoShellImage)); err != nil {
+		t.Fatal(err)
+	}
+	// Both slots are taken now: one bound, one hot for another image.
+	slot, err := rt.Bind(ctx, runtimetest.Request("take-2", s.NoShellImage))
+	if err != nil {
+		t.Fatalf("a bind on a node whose only free slot is hot for another image: %v", err)
+	}
+	if slot.State != runtime.StateBound || slot.Image != s.NoShellImage {
+		t.Fatalf("slot %+v", slot)
+	}
+	if n := bindsByPath(t, rt)["generic"]; n != 2 {
+		t.Errorf("%v generic binds, want 2", n)
+	}
+	for _, uid := range []string{"take-1", "take-2"} {
+		if err := rt.Release(ctx, uid, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	framework.Eventually(t, time.Minute, "the pinned image hot again", func(ctx context.Context) (bool, error) {
+		hot, err := hotByImage(ctx, rt)
+		return err == nil && hot[s.BusyboxImage] == 1, err
+	})
+}
