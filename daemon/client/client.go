@@ -192,6 +192,10 @@ func (c *Client) call(ctx context.Context, req request, out any) error {
 	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
 		return fmt.Errorf("decode %s %s answer: %w", req.method, req.path, err)
 	}
+	// The decoder stops at the end of the value, before the newline the
+	// server ends it with; a body closed unread costs the connection (the
+	// next call would dial again).
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
 	return nil
 }
 

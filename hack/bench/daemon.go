@@ -85,6 +85,14 @@ func benchDaemon(cfg config) ([]row, error) {
 	rows = append(rows, row{name: "daemon exec `true` round trip (loopback)", n: cfg.n, p50: ms(execTrue.p50()), p99: ms(execTrue.p99()),
 		baseline: "fork+exec `true`", ratio: ratio(execTrue.p50(), fork.p50()), note: "target p50 ≤ 2 ms"})
 
+	// The HTTP round trip alone (what an exec pays beyond its fork+exec).
+	health, err := timeN(cfg.n, func() error { _, err := c.Health(ctx); return err })
+	if err != nil {
+		return nil, err
+	}
+	rows = append(rows, row{name: "daemon health round trip (HTTP alone)", n: cfg.n, p50: ms(health.p50()), p99: ms(health.p99()),
+		baseline: "daemon exec `true`", ratio: ratio(health.p50(), execTrue.p50())})
+
 	sess, err := c.CreateSession(ctx, api.SessionRequest{})
 	if err != nil {
 		return nil, err
