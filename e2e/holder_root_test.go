@@ -36,12 +36,16 @@ func holderConfig(t *testing.T, s *framework.Stack) rtcontainerd.Config {
 	node := "hold-" + rand.String(6)
 	stateDir := filepath.Join(framework.StateDir(), "test-runtimes", node)
 	t.Cleanup(func() { _ = os.RemoveAll(stateDir) })
+	logLevel := slog.LevelWarn
+	if os.Getenv("SANDMAN_TEST_DEBUG") != "" {
+		logLevel = slog.LevelDebug
+	}
 	return rtcontainerd.Config{
 		Client: s.Containerd(t, runtimeNamespace), Namespace: runtimeNamespace, Node: node, Slots: 6, WarmSlots: 6,
 		ShimGroupSize: 3, StateDir: stateDir, DaemonPath: buildDaemon(t, s.Root),
 		CNIConfDir: s.CNIConfDir, CNIBinDir: s.CNIBinDir, PidsLimit: 256,
 		Resources: runtime.Resources{MilliCPU: 64000, MemoryBytes: 64 << 30},
-		Logger:    slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Logger:    slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel})),
 	}
 }
 
