@@ -130,7 +130,7 @@ type Config struct {
 	HotMixWindow   int
 	HotMixHalfLife time.Duration
 	// ShimGroupSize is how many slots share one runc shim (the
-	// io.containerd.runc.v2.group annotation; default 8): fewer shims and
+	// io.containerd.runc.v2.group annotation; default 16): fewer shims and
 	// less host memory per idle sandbox, but a shim failure takes its group
 	// down. Each group has a holder container that keeps its shim running
 	// while the group has slots (holder_linux.go). 1 gives every bind its
@@ -179,7 +179,7 @@ type Config struct {
 }
 
 // DefaultShimGroupSize is Config.ShimGroupSize's default.
-const DefaultShimGroupSize = 8
+const DefaultShimGroupSize = 16
 
 // UserNamespaces is the node's user namespace policy (Config.UserNamespaces).
 type UserNamespaces string
