@@ -187,7 +187,8 @@ func waitSlots(t *testing.T, rt runtime.Runtime, state runtime.SlotState, n int)
 // TestRootShimGroupHolder: with shim groups, each group has one holder
 // from the moment it has a slot, and the group's shim stays the same
 // process across binds and releases of all its slots; the inventory never
-// shows a holder; Destroy removes the holders and their shims exit.
+// shows a holder; a drain, then Destroy, remove the holders and their shims
+// exit.
 func TestRootShimGroupHolder(t *testing.T) {
 	s := framework.Get(t)
 	cfg := holderConfig(t, s)
@@ -248,6 +249,33 @@ func TestRootShimGroupHolder(t *testing.T) {
 		if len(now) != len(first) {
 			t.Fatalf("round %d: holders %v, want %v", round, now, first)
 		}
+	}
+	// A drain sheds the idle slots: their groups and holders go; an
+	// undrain brings both back.
+	if err := rt.Drain(t.Context(), "holder test"); err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, time.Minute, "the drained node's slots and holders to go", func(ctx context.Context) (bool, error) {
+		inv, err := rt.Inventory(ctx)
+		return err == nil && len(inv.Slots) == 0 && len(holders(t, cc, cfg.Node)) == 0, err
+	})
+	rt.Undrain()
+	waitSlots(t, rt, runtime.StateWarm, 6)
+	again := holders(t, cc, cfg.Node)
+	if len(again) != 2 {
+		t.Fatalf("%d holders after an undrain, want 2: %v", len(again), again)
+	}
+	framework.Eventually(t, 30*time.Second, "the drained groups' shims to exit", func(context.Context) (bool, error) {
+		for pid := range shims {
+			if isShim(pid) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	shims = map[int]string{}
+	for g, h := range again {
+		shims[h.shim] = g
 	}
 	rt.stop(t, true)
 	destroyed = true
