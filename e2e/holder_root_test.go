@@ -109,6 +109,18 @@ func holders(t *testing.T, cc *ctrd.Client, node string) map[string]holderInfo {
 	return out
 }
 
+// holderCount counts node's holder containers (some may be on their way
+// out: no task asked).
+func holderCount(t *testing.T, cc *ctrd.Client, node string) int {
+	t.Helper()
+	ctx := namespaces.WithNamespace(t.Context(), runtimeNamespace)
+	cs, err := cc.Containers(ctx, fmt.Sprintf(`labels."%s"==%s,labels."%s"==true`, rtcontainerd.LabelNode, node, rtcontainerd.LabelHolder))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(cs)
+}
+
 // shimOf is the PID of the shim container id's task runs under (its
 // init's parent).
 func shimOf(t *testing.T, cc *ctrd.Client, id string) int {
@@ -257,7 +269,7 @@ func TestRootShimGroupHolder(t *testing.T) {
 	}
 	framework.Eventually(t, time.Minute, "the drained node's slots and holders to go", func(ctx context.Context) (bool, error) {
 		inv, err := rt.Inventory(ctx)
-		return err == nil && len(inv.Slots) == 0 && len(holders(t, cc, cfg.Node)) == 0, err
+		return err == nil && len(inv.Slots) == 0 && holderCount(t, cc, cfg.Node) == 0, err
 	})
 	rt.Undrain()
 	waitSlots(t, rt, runtime.StateWarm, 6)
