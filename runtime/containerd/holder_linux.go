@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	ctrd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/contrib/seccomp"
@@ -212,13 +213,23 @@ func (r *Runtime) startHolder(ctx context.Context, group string) (id string, ret
 }
 
 // watchHolder starts another holder when a group's holder exits while the
-// group has slots (killed, OOM). A wait broken by containerd going away or
-// by the runtime closing is not an exit: the next agent's recovery checks
-// the holder.
+// group has slots (killed, OOM). A wait broken by containerd going away is
+// not an exit: it is re-established. Once the runtime closes, the next
+// agent's recovery checks the holder.
 func (r *Runtime) watchHolder(group, id string, exit <-chan ctrd.ExitStatus) {
-	st, ok := <-exit
-	if !ok || st.Error() != nil || r.life.Err() != nil {
-		return
+	code := uint32(255)
+	for {
+		st, ok := <-exit
+		if !ok || r.life.Err() != nil {
+			return
+		}
+		if st.Error() == nil {
+			code = st.ExitCode()
+			break
+		}
+		if exit = r.rewaitHolder(group, id); exit == nil {
+			break // gone with its task
+		}
 	}
 	r.mu.Lock()
 	g := r.groups[group]
@@ -227,15 +238,48 @@ func (r *Runtime) watchHolder(group, id string, exit <-chan ctrd.ExitStatus) {
 		g.holder = ""
 	}
 	r.mu.Unlock()
-	if !mine {
+	if !mine || r.life.Err() != nil {
 		return // removed on purpose
 	}
-	r.log.Warn("shim group holder exited; starting another", "group", group, "holder", id, "code", st.ExitCode())
+	r.log.Warn("shim group holder exited; starting another", "group", group, "holder", id, "code", code)
 	if err := r.removeHolder(r.life, id); err != nil {
 		r.log.Error("remove an exited holder", "group", group, "holder", id, "err", err)
 	}
 	if err := r.ensureHolder(r.life, group); err != nil && r.life.Err() == nil {
 		r.log.Error("start a shim group holder (the group's next bind tries again)", "group", group, "err", err)
+	}
+}
+
+// rewaitHolder waits on holder id's task again after its wait broke
+// (containerd restarting), with backoff; nil when the holder or its task is
+// gone, or no longer its group's (or the runtime closed: watchHolder checks).
+func (r *Runtime) rewaitHolder(group, id string) <-chan ctrd.ExitStatus {
+	ctx := r.life
+	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
+		r.mu.Lock()
+		g := r.groups[group]
+		held := g != nil && g.holder == id
+		r.mu.Unlock()
+		if !held || !r.sleep(ctx, backoff) {
+			return nil
+		}
+		container, err := r.client.LoadContainer(ctx, id)
+		if errdefs.IsNotFound(err) {
+			return nil
+		}
+		var task ctrd.Task
+		if err == nil {
+			if task, err = container.Task(ctx, nil); errdefs.IsNotFound(err) {
+				return nil
+			}
+		}
+		if err == nil {
+			var exit <-chan ctrd.ExitStatus
+			if exit, err = task.Wait(ctx); err == nil {
+				return exit
+			}
+		}
+		r.log.Debug("holder exit watch: containerd not back yet", "holder", id, "err", err)
 	}
 }
 
