@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -121,9 +122,28 @@ func holderCount(t *testing.T, cc *ctrd.Client, node string) int {
 	return len(cs)
 }
 
-// shimOf is the PID of the shim container id's task runs under (its
-// init's parent).
-func shimOf(t *testing.T, cc *ctrd.Client, id string) int {
+// runningHolder is the holder of node's group whose task runs, if one does.
+func runningHolder(t *testing.T, cc *ctrd.Client, node, group string) (string, bool) {
+	t.Helper()
+	ctx := namespaces.WithNamespace(t.Context(), runtimeNamespace)
+	cs, err := cc.Containers(ctx, fmt.Sprintf(`labels."%s"==%s,labels."%s"==%s`, rtcontainerd.LabelNode, node, rtcontainerd.LabelShimGroup, group))
+	if err != nil {
+		return "", false
+	}
+	for _, c := range cs {
+		task, err := c.Task(ctx, nil)
+		if err != nil {
+			continue
+		}
+		if st, err := task.Status(ctx); err == nil && st.Status == ctrd.Running {
+			return c.ID(), true
+		}
+	}
+	return "", false
+}
+
+// holderPID is the PID of container id's task (a holder's or a sandbox's).
+func holderPID(t *testing.T, cc *ctrd.Client, id string) int {
 	t.Helper()
 	ctx := namespaces.WithNamespace(t.Context(), runtimeNamespace)
 	c, err := cc.LoadContainer(ctx, id)
@@ -134,7 +154,14 @@ func shimOf(t *testing.T, cc *ctrd.Client, id string) int {
 	if err != nil {
 		t.Fatalf("task of %s: %v", id, err)
 	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", task.Pid()))
+	return int(task.Pid())
+}
+
+// shimOf is the PID of the shim container id's task runs under (its
+// init's parent).
+func shimOf(t *testing.T, cc *ctrd.Client, id string) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", holderPID(t, cc, id)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,8 +226,8 @@ func waitSlots(t *testing.T, rt runtime.Runtime, state runtime.SlotState, n int)
 // TestRootShimGroupHolder: with shim groups, each group has one holder
 // from the moment it has a slot, and the group's shim stays the same
 // process across binds and releases of all its slots; the inventory never
-// shows a holder; a drain, then Destroy, remove the holders and their shims
-// exit.
+// shows a holder; a killed holder is replaced; a drain, then Destroy,
+// remove the holders and their shims exit.
 func TestRootShimGroupHolder(t *testing.T) {
 	s := framework.Get(t)
 	cfg := holderConfig(t, s)
@@ -262,6 +289,18 @@ func TestRootShimGroupHolder(t *testing.T) {
 			t.Fatalf("round %d: holders %v, want %v", round, now, first)
 		}
 	}
+	// A holder killed from outside is replaced in its group.
+	var victim holderInfo
+	for _, h := range first {
+		victim = h
+	}
+	if err := syscall.Kill(holderPID(t, cc, victim.id), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, 30*time.Second, "a new holder in the killed one's group", func(context.Context) (bool, error) {
+		id, ok := runningHolder(t, cc, cfg.Node, victim.group)
+		return ok && id != victim.id && holderCount(t, cc, cfg.Node) == 2, nil
+	})
 	// A drain sheds the idle slots: their groups and holders go; an
 	// undrain brings both back.
 	if err := rt.Drain(t.Context(), "holder test"); err != nil {
