@@ -282,7 +282,8 @@ func TestOutageContainerdDuringBurst(t *testing.T) {
 	}
 }
 
-// shimsOf lists the pids of containerd shims serving namespace ns.
+// shimsOf lists the pids of containerd shims serving namespace ns, but
+// those a shim group's holder started (they serve the warm slots' groups).
 func shimsOf(t *testing.T, ns string) []int {
 	t.Helper()
 	var out []int
@@ -294,6 +295,9 @@ func shimsOf(t *testing.T, ns string) []int {
 		}
 		args := strings.Split(string(b), "\x00")
 		if !strings.HasPrefix(filepath.Base(args[0]), "containerd-shim") || !slices.Contains(args, ns) {
+			continue
+		}
+		if i := slices.Index(args, "-id"); i >= 0 && i+1 < len(args) && strings.HasPrefix(args[i+1], "holder-") {
 			continue
 		}
 		if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(f))); err == nil {

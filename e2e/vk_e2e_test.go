@@ -392,7 +392,8 @@ func TestVKPodsBecomeSandboxes(t *testing.T) {
 }
 
 // expectNoContainersBut checks that the agents' containerd namespaces hold
-// only the containers of bound pods (n in all) — warm slots have none.
+// only the containers of bound pods (n in all) — warm slots have none, and
+// shim groups' holders are no pod's.
 func (p *vpool) expectNoContainersBut(n int) {
 	p.t.Helper()
 	framework.Eventually(p.t, time.Minute, fmt.Sprintf("%d sandbox containers left", n), func(ctx context.Context) (bool, error) {
@@ -405,7 +406,7 @@ func (p *vpool) expectNoContainersBut(n int) {
 			}
 			for _, c := range cs {
 				l, _ := c.Labels(ctx)
-				if l[rtcontainerd.LabelHot] == "" {
+				if l[rtcontainerd.LabelHot] == "" && l[rtcontainerd.LabelHolder] == "" {
 					total++
 				}
 			}

@@ -9,7 +9,7 @@
 # BENCH_SUITE=snapshot; and the hot suite, issue 16's mixed burst per hot
 # budget, ~10 minutes: BENCH_SUITE=hot, sized by BENCH_HOT_* — see
 # hack/bench/hot.go),
-# BENCH_N the iterations,
+# BENCH_N the iterations, BENCH_NODE_MEMORY_ONLY=1 only the node suite's memory rows,
 # BENCH_OUT where the markdown table is also written. Suites that need the
 # local stack get one: a running stack is reused, one started here is
 # stopped at the end. The figures belong in docs/benchmarks.md with this

@@ -51,6 +51,7 @@ type options struct {
 	subreaper    bool
 	logLevel     string
 	printVersion bool
+	hold         bool
 }
 
 func main() {
@@ -80,6 +81,7 @@ func run(args []string) (int, error) {
 	fs.BoolVar(&o.subreaper, "subreaper", false, "reap orphans as a child subreaper when not PID 1")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&o.printVersion, "version", false, "print the version and exit")
+	fs.BoolVar(&o.hold, "hold", false, "serve nothing: wait for SIGTERM or SIGINT, reaping children (the node agent's holder of a shim group)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: sandman-daemon [flags] [--] [command [args...]]\n\n"+
 			"Serves the sandbox API (docs/daemon-api.md). A command after the flags runs as the\n"+
@@ -92,6 +94,9 @@ func run(args []string) (int, error) {
 	if o.printVersion {
 		fmt.Println(version)
 		return 0, nil
+	}
+	if o.hold {
+		return hold(), nil
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
@@ -167,6 +172,30 @@ func run(args []string) (int, error) {
 	log.Info("serving", "listen", o.listen, "socket", o.socket, "pid", os.Getpid(), "version", version,
 		"tokens", len(cfg.TokenHashes), "unauthenticated", o.allowUnauth)
 	return srv.Supervise(context.Background(), listeners, fs.Args(), o.grace)
+}
+
+// hold keeps a shim group's runc shim alive for the node agent: a container
+// whose only process waits for SIGTERM or SIGINT (and reaps, as PID 1
+// must), so the shim always has a task while its group has slots.
+func hold() int {
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, unix.SIGTERM, unix.SIGINT)
+	chld := make(chan os.Signal, 1)
+	signal.Notify(chld, unix.SIGCHLD)
+	fmt.Println("holding")
+	for {
+		select {
+		case <-stop:
+			return 0
+		case <-chld:
+			for {
+				var ws unix.WaitStatus
+				if pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil); pid <= 0 || err != nil {
+					break
+				}
+			}
+		}
+	}
 }
 
 // hardenPID1 keeps sandbox code, which runs as the same user, from reading

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -239,5 +240,38 @@ func TestHashesNotOnTheCommandLine(t *testing.T) {
 	cmdline := strings.ReplaceAll(string(b), "\x00", " ")
 	if strings.Contains(cmdline, h) || strings.Contains(cmdline, assign) || !strings.Contains(cmdline, "--token-sha256") {
 		t.Fatalf("cmdline %q: want the flags without their hashes", cmdline)
+	}
+}
+
+// TestHold: --hold serves nothing and exits 0 on SIGTERM (the node agent's
+// shim-group holder).
+func TestHold(t *testing.T) {
+	bin := build(t)
+	cmd := exec.Command(bin, "--hold")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	// It says so once it handles TERM (signalled earlier, it would die of it).
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil || line != "holding\n" {
+		t.Fatalf("first line %q (%v), want holding", line, err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }() // after the reads, as StdoutPipe asks
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("holder exit: %v, want 0", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the holder did not stop on SIGTERM")
 	}
 }

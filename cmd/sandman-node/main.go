@@ -53,6 +53,7 @@ type options struct {
 	prePull                                     []string
 	prePullConcurrency                          int
 	pidsLimit                                   int64
+	shimGroupSize                               int
 	seccompRoot                                 string
 	egress, egressAllow, egressDeny             string
 	noFirewall, networkPolicies                 bool
@@ -114,6 +115,7 @@ func run(args []string) error {
 	fs.StringVar(&o.cpu, "cpu", "", "CPU sandboxes may request in total, e.g. 8 (default: all cores)")
 	fs.StringVar(&o.memory, "memory", "", "memory sandboxes may request in total, e.g. 16Gi (default: all memory)")
 	fs.Int64Var(&o.pidsLimit, "pids-limit", 1024, "processes per sandbox container (a pod's lower limit from its pool applies instead)")
+	fs.IntVar(&o.shimGroupSize, "shim-group-size", rtcontainerd.DefaultShimGroupSize, "slots sharing one runc shim, each group kept alive by a holder container (1: a shim per sandbox, no holders; more isolation, more memory)")
 	fs.StringVar(&o.seccompRoot, "seccomp-profile-root", "/var/lib/kubelet/seccomp", "directory of the seccomp profiles pods name with seccompProfile Localhost, as the kubelet's (in a pod: under --host-root)")
 	fs.StringVar(&o.imageCache, "image-cache-bytes", "", "disk budget for images, e.g. 50Gi; least recently used images no slot uses are removed above it (default: no budget)")
 	fs.StringVar(&o.snapshotRegistry, "snapshot-registry", "", "registry (host[:port][/path-prefix]) that snapshots of sandboxes are pushed to; a snapshot named repository:tag goes under it, a full name must be in it (empty: the node takes no snapshots)")
@@ -488,6 +490,7 @@ func connect(ctx context.Context, o options, res runtime.Resources, cacheBytes i
 		Resources: res, StateDir: o.stateDir, DaemonPath: o.daemonPath,
 		CNIConfDir: o.cniConfDir, CNIBinDir: cniBinDir, PidsLimit: o.pidsLimit, Logger: log,
 		SeccompProfileRoot: o.seccompRoot,
+		ShimGroupSize:      o.shimGroupSize,
 		RuncPath:           o.runc, RunscPath: o.runsc, RunscPlatform: o.runscPlatform, UserNamespaces: rtcontainerd.UserNamespaces(o.userNS), UserNamespaceBase: uint32(o.userNSBase),
 		RegistryHostsDir: o.hostsDir, ImageCacheBytes: cacheBytes, PrePull: o.prePull, PrePullConcurrency: o.prePullConcurrency,
 		SnapshotRegistry: o.snapshotRegistry, SnapshotPushConfig: o.snapshotPushConfig, SnapshotScratchDir: o.snapshotScratchDir,

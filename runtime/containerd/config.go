@@ -130,11 +130,11 @@ type Config struct {
 	HotMixWindow   int
 	HotMixHalfLife time.Duration
 	// ShimGroupSize is how many slots share one runc shim (the
-	// io.containerd.runc.v2.group annotation): fewer shims and less host
-	// memory per idle sandbox, but a shim failure takes its group down and
-	// a bind can meet the group's shim exiting (it is retried). 1 (the
-	// default) gives every bind its own shim, shared by the pod's
-	// containers.
+	// io.containerd.runc.v2.group annotation; default 16): fewer shims and
+	// less host memory per idle sandbox, but a shim failure takes its group
+	// down. Each group has a holder container that keeps its shim running
+	// while the group has slots (holder_linux.go). 1 gives every bind its
+	// own shim, shared by the pod's containers, and no holders.
 	ShimGroupSize int
 	// ReservedCPUs stay in the shared pool and are never given to a pod
 	// exclusively (default "0").
@@ -177,6 +177,9 @@ type Config struct {
 	// disk-check tickers (default clock.RealClock).
 	Clock clock.WithTicker
 }
+
+// DefaultShimGroupSize is Config.ShimGroupSize's default.
+const DefaultShimGroupSize = 16
 
 // UserNamespaces is the node's user namespace policy (Config.UserNamespaces).
 type UserNamespaces string
@@ -289,7 +292,7 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("hot slots %d: want 0 (none) or more", c.HotSlots)
 	}
 	if c.ShimGroupSize <= 0 {
-		c.ShimGroupSize = 1
+		c.ShimGroupSize = DefaultShimGroupSize
 	}
 	if c.ReservedCPUs == "" {
 		c.ReservedCPUs = "0"

@@ -103,7 +103,8 @@ func (r *Runtime) shedIdle(ctx context.Context, wg *sync.WaitGroup) {
 			delete(r.slots, id)
 			r.hub.Publish(runtime.Event{Type: runtime.EventSlot, Time: r.cfg.Clock.Now(), Slot: s.Slot.Clone()})
 			wg.Go(func() {
-				err := errors.Join(r.removeContainers(ctx, s, 0), r.destroySlot(ctx, s.ID, s.netns.GetPath(), s.dir))
+				err := errors.Join(r.removeContainers(ctx, s, 0), r.destroySlot(ctx, s.ID, s.netns.GetPath(), s.dir),
+					r.leaveGroup(ctx, s.group))
 				if err != nil {
 					r.log.Error("drain: tear down an idle slot", "slot", s.ID, "err", err)
 				}

@@ -32,10 +32,15 @@ func (r *Runtime) recover(ctx context.Context) error {
 		return fmt.Errorf("list containers: %w", err)
 	}
 	bySlot := map[string][]ctrd.Container{}
+	var holders []ctrd.Container
 	for _, c := range containers {
 		labels, err := c.Labels(ctx)
 		if err != nil {
 			return err
+		}
+		if labels[LabelHolder] == "true" {
+			holders = append(holders, c) // no sandbox: see recoverHolders
+			continue
 		}
 		bySlot[labels[LabelSlot]] = append(bySlot[labels[LabelSlot]], c)
 	}
@@ -44,6 +49,9 @@ func (r *Runtime) recover(ctx context.Context) error {
 		dir := filepath.Join(r.slotsDir(), id)
 		s, err := r.adopt(ctx, id, dir, cs)
 		if err == nil {
+			r.mu.Lock()
+			s.group = r.rejoinGroupLocked(s.group)
+			r.mu.Unlock()
 			r.slots[id] = s
 			r.byPod[s.Pod.UID] = s
 			r.log.Info("re-adopted a running sandbox", "slot", id, "pod", s.Pod.Namespace+"/"+s.Pod.Name)
@@ -72,9 +80,12 @@ func (r *Runtime) recover(ctx context.Context) error {
 		// A warm slot of an older agent gets today's firewall.
 		if err == nil && meta.ID == id && meta.IP != "" && netnsMounted(meta.NetNS) && len(r.slots) < r.cfg.Slots &&
 			firewallOK(r.firewall(meta.NetNS, nil, false)) && allowLowPorts(meta.NetNS) == nil {
+			r.mu.Lock()
+			group := r.joinGroupLocked()
+			r.mu.Unlock()
 			r.slots[id] = &slot{
 				Slot:  runtime.Slot{ID: id, State: runtime.StateWarm, IP: meta.IP, Since: r.cfg.Clock.Now()},
-				netns: netns.LoadNetNS(meta.NetNS), dir: dir, group: r.nextGroup(), fwClean: true,
+				netns: netns.LoadNetNS(meta.NetNS), dir: dir, group: group, fwClean: true,
 			}
 			continue
 		}
@@ -96,7 +107,69 @@ func (r *Runtime) recover(ctx context.Context) error {
 			}
 		}
 	}
+	errs = append(errs, r.recoverHolders(ctx, holders))
 	return errors.Join(errs...)
+}
+
+// recoverHolders keeps one running holder per shim group that has slots,
+// removes the others and starts the holders groups lack.
+func (r *Runtime) recoverHolders(ctx context.Context, holders []ctrd.Container) error {
+	var errs []error
+	for _, c := range holders {
+		labels, err := c.Labels(ctx)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		group := labels[LabelShimGroup]
+		r.mu.Lock()
+		g := r.groups[group]
+		wanted := g != nil && g.holder == ""
+		r.mu.Unlock()
+		if wanted {
+			if exit, err := runningTaskWait(ctx, c, r.life); err == nil {
+				r.mu.Lock()
+				g.holder = c.ID()
+				r.mu.Unlock()
+				r.goOwned(func() { r.watchHolder(group, c.ID(), exit) })
+				r.log.Info("re-adopted a shim group holder", "group", group, "holder", c.ID())
+				continue
+			}
+		}
+		r.log.Info("removing a shim group holder no group needs", "group", group, "holder", c.ID())
+		errs = append(errs, r.removeHolder(ctx, c.ID()))
+	}
+	r.mu.Lock()
+	var lacking []string
+	for name, g := range r.groups {
+		if g.holder == "" {
+			lacking = append(lacking, name)
+		}
+	}
+	r.mu.Unlock()
+	for _, name := range lacking {
+		if err := r.ensureHolder(ctx, name); err != nil {
+			// Not fatal: the group's next bind tries again.
+			r.log.Warn("start a shim group holder", "group", name, "err", err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// runningTaskWait is the exit of c's task (waited on with life) if it runs.
+func runningTaskWait(ctx context.Context, c ctrd.Container, life context.Context) (<-chan ctrd.ExitStatus, error) {
+	task, err := c.Task(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	st, err := task.Status(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if st.Status != ctrd.Running {
+		return nil, fmt.Errorf("holder %s is %s", c.ID(), st.Status)
+	}
+	return task.Wait(life)
 }
 
 // adopt re-adopts a slot whose containers all have running tasks.
@@ -116,6 +189,7 @@ func (r *Runtime) adopt(ctx context.Context, id, dir string, cs []ctrd.Container
 	}
 	var members []member
 	var labels map[string]string
+	group := "" // the shim group the sandbox runs in
 	for _, c := range cs {
 		l, err := c.Labels(ctx)
 		if err != nil {
@@ -138,6 +212,9 @@ func (r *Runtime) adopt(ctx context.Context, id, dir string, cs []ctrd.Container
 		members = append(members, member{idx, c, l[LabelContainer], task})
 		if idx == 0 {
 			labels = l
+			if spec, err := c.Spec(ctx); err == nil {
+				group = spec.Annotations[groupAnnotation]
+			}
 		}
 	}
 	if labels == nil || labels[LabelPodUID] == "" {
@@ -150,7 +227,7 @@ func (r *Runtime) adopt(ctx context.Context, id, dir string, cs []ctrd.Container
 			Pod:       &runtime.PodRef{UID: labels[LabelPodUID], Namespace: labels[LabelPodNamespace], Name: labels[LabelPodName]},
 			Resources: parseRequests(labels[LabelRequests]),
 		},
-		netns: netns.LoadNetNS(meta.NetNS), dir: dir, group: r.nextGroup(),
+		netns: netns.LoadNetNS(meta.NetNS), dir: dir, group: group,
 	}
 	if base, err := strconv.ParseUint(labels[LabelUserNS], 10, 32); err == nil {
 		s.idBase = uint32(base) // no other sandbox takes the range while this one runs

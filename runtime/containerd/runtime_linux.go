@@ -15,7 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -49,8 +48,6 @@ type Runtime struct {
 	self, deny []netip.Prefix
 	// cpus hands out exclusive cores (guarded by mu).
 	cpus *cpuSets
-	// groupSeq numbers slots for shim groups.
-	groupSeq atomic.Int64
 	// kick wakes the refiller.
 	kick chan struct{}
 
@@ -69,11 +66,14 @@ type Runtime struct {
 	// them finish (within its context) rather than leave one half done.
 	releases sync.WaitGroup
 
-	// mu guards slots, byPod and creating; events are published under it.
+	// mu guards slots, byPod, creating and groups; events are published
+	// under it.
 	mu       sync.Mutex
 	slots    map[string]*slot
 	byPod    map[string]*slot
 	creating int
+	// groups are the shim groups by name (Config.ShimGroupSize > 1).
+	groups map[string]*shimGroup
 	// heating counts hot sandboxes being started; mix is the recent binds
 	// that decide which images are kept hot, hotPlan the targets last
 	// planned from it (for the metrics).
@@ -103,7 +103,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		log:    cfg.Logger.With("node", cfg.Node),
 		health: &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}},
 		kick:   make(chan struct{}, 1), metrics: newMetrics(cfg.Node),
-		slots: map[string]*slot{}, byPod: map[string]*slot{},
+		slots: map[string]*slot{}, byPod: map[string]*slot{}, groups: map[string]*shimGroup{},
 		self: nodeAddrs(),
 		mix:  hotMix{window: cfg.HotMixWindow, halfLife: cfg.HotMixHalfLife},
 	}
@@ -130,6 +130,9 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
 		}
+	}
+	if err := r.makeHolderRoot(); err != nil {
+		return nil, fmt.Errorf("containerd runtime: %w", err)
 	}
 	if err := r.prepareCpuset(); err != nil {
 		return nil, fmt.Errorf("containerd runtime: gVisor: %w", err)
@@ -647,21 +650,18 @@ func (r *Runtime) start(ctx context.Context, s *slot, req runtime.BindRequest) e
 
 // startTask starts a container's task and watches for its exit.
 func (r *Runtime) startTask(ctx context.Context, s *slot, container ctrd.Container, name string) error {
-	var task ctrd.Task
-	var err error
-	for attempt := range 4 {
-		task, err = container.NewTask(ctx, nullIO)
-		if err == nil || !shimGone(err) {
-			break
-		}
-		// The group's shim was exiting as this task asked for it (its last
-		// container had just gone): the next attempt starts a new one.
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-r.cfg.Clock.After(time.Duration(attempt+1) * 20 * time.Millisecond):
+	if r.grouped() {
+		r.mu.Lock()
+		group := s.group
+		r.mu.Unlock()
+		// Usually running since the slot was made; one that exited is
+		// started again. Without it the task still starts (newTask retries
+		// a shim on its way out).
+		if err := r.ensureHolder(ctx, group); err != nil {
+			r.log.Warn("shim group without its holder", "slot", s.ID, "group", group, "err", err)
 		}
 	}
+	task, err := r.newTask(ctx, container)
 	if err != nil {
 		return err
 	}
@@ -1049,6 +1049,8 @@ func (r *Runtime) Close(ctx context.Context) error {
 			errs = append(errs, r.removeLeftover(ctx, id))
 		}
 		errs = append(errs, r.destroySlot(ctx, s.ID, s.netns.GetPath(), s.dir))
+		// A group with bound sandboxes keeps its holder for the next agent.
+		errs = append(errs, r.leaveGroup(ctx, s.group))
 	}
 	r.hub.Close()
 	return errors.Join(errs...)
@@ -1077,9 +1079,34 @@ func (r *Runtime) Destroy(ctx context.Context) error {
 	for _, s := range all {
 		errs = append(errs, r.removeContainers(ctx, s, 0))
 		errs = append(errs, r.destroySlot(ctx, s.ID, s.netns.GetPath(), s.dir))
+		errs = append(errs, r.leaveGroup(ctx, s.group))
 	}
+	// Every group is empty now; holders whose removal failed or that no
+	// group knew are looked up by their labels.
+	errs = append(errs, r.removeHolders(ctx, nil))
 	r.hub.Close()
 	return errors.Join(errs...)
+}
+
+// newTask creates container's task, again when it met its group's shim on
+// its way out.
+func (r *Runtime) newTask(ctx context.Context, container ctrd.Container) (ctrd.Task, error) {
+	var task ctrd.Task
+	var err error
+	for attempt := range 4 {
+		task, err = container.NewTask(ctx, nullIO)
+		if err == nil || !shimGone(err) {
+			break
+		}
+		// The group's shim was exiting as this task asked for it (its last
+		// container had just gone): the next attempt starts a new one.
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-r.cfg.Clock.After(time.Duration(attempt+1) * 20 * time.Millisecond):
+		}
+	}
+	return task, err
 }
 
 // shimGone reports a task creation that met a shim on its way out.

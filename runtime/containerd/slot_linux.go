@@ -76,16 +76,34 @@ type slotMeta struct {
 func (r *Runtime) slotsDir() string { return filepath.Join(r.cfg.StateDir, "slots") }
 func (r *Runtime) netnsDir() string { return filepath.Join(r.cfg.StateDir, "netns") }
 
-func newSlotID() string {
-	var b [5]byte
-	_, _ = rand.Read(b[:])
-	return "slot-" + hex.EncodeToString(b[:])
+func newSlotID() string { return "slot-" + randHex(5) }
+
+// randHex is n random bytes in hex.
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
 }
 
 // makeSlot creates a warm slot: a network namespace set up by CNI and a
 // state directory. On error nothing of it is left.
 func (r *Runtime) makeSlot(ctx context.Context) (s *slot, retErr error) {
 	id := newSlotID()
+	r.mu.Lock()
+	group := r.joinGroupLocked()
+	r.mu.Unlock()
+	defer func() {
+		if retErr != nil {
+			_ = r.leaveGroup(context.WithoutCancel(ctx), group)
+		}
+	}()
+	if r.grouped() {
+		// The group's shim runs before the slot is warm: its first bind
+		// does not start it.
+		if err := r.ensureHolder(ctx, group); err != nil {
+			return nil, fmt.Errorf("slot %s: %w", id, err)
+		}
+	}
 	dir := filepath.Join(r.slotsDir(), id)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
@@ -131,7 +149,7 @@ func (r *Runtime) makeSlot(ctx context.Context) (s *slot, retErr error) {
 		Slot:  runtime.Slot{ID: id, State: runtime.StateWarm, IP: ip, Since: r.cfg.Clock.Now()},
 		netns: ns,
 		dir:   dir,
-		group: r.nextGroup(), fwClean: true,
+		group: group, fwClean: true,
 	}, nil
 }
 
@@ -192,18 +210,12 @@ func readMeta(dir string) (slotMeta, error) {
 	return m, json.Unmarshal(b, &m)
 }
 
-// nextGroup assigns slots to shim groups of ShimGroupSize, in creation
-// order. With groups of one, every call gives a fresh group, so a bind never
+// bindGroupLocked is the shim group for the next pod in s: its slot's
+// group (Config.ShimGroupSize > 1), or a fresh one per bind, so a bind never
 // meets the shim of its slot's previous pod on its way out.
-func (r *Runtime) nextGroup() string {
-	n := r.groupSeq.Add(1) - 1
-	return fmt.Sprintf("%s-shim-%d", r.cfg.Node, n/int64(r.cfg.ShimGroupSize))
-}
-
-// bindGroup is the shim group for the next pod in s.
 func (r *Runtime) bindGroupLocked(s *slot) string {
-	if r.cfg.ShimGroupSize == 1 {
-		s.group = r.nextGroup()
+	if !r.grouped() {
+		s.group = newGroupName(r.cfg.Node)
 	}
 	return s.group
 }
