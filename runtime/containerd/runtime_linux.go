@@ -648,8 +648,22 @@ func (r *Runtime) start(ctx context.Context, s *slot, req runtime.BindRequest) e
 	return nil
 }
 
+// taskOpTimeout bounds a task's creation and start, which a bind's caller
+// cannot cut short (startTask).
+const taskOpTimeout = 2 * time.Minute
+
 // startTask starts a container's task and watches for its exit.
-func (r *Runtime) startTask(ctx context.Context, s *slot, container ctrd.Container, name string) error {
+//
+// The caller's context does not cut the task's creation or start short:
+// containerd finishes creating a task whose client stopped waiting, after
+// the failed bind's cleanup looked for it and found none, and that orphan
+// (its daemon listening on the slot's port, in the slot's network
+// namespace) would keep every later pod of the slot from becoming Ready
+// (seen when sandman-vk failed over mid-burst). The bind fails after the
+// start instead, if its context ended, and its cleanup finds the task.
+func (r *Runtime) startTask(reqCtx context.Context, s *slot, container ctrd.Container, name string) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(reqCtx), taskOpTimeout)
+	defer cancel()
 	if r.grouped() {
 		r.mu.Lock()
 		group := s.group
@@ -678,7 +692,9 @@ func (r *Runtime) startTask(ctx context.Context, s *slot, container ctrd.Contain
 		return err
 	}
 	r.goOwned(func() { r.watchExit(s, container.ID(), name, exit) })
-	return nil
+	// The container is recorded in the slot (s.containers): a bind that
+	// fails now removes its task with it.
+	return reqCtx.Err()
 }
 
 // watchExit reports a container's exit while its pod is bound (or cools a
