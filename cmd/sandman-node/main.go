@@ -131,7 +131,7 @@ func run(args []string) error {
 		return nil
 	})
 	fs.IntVar(&o.prePullConcurrency, "prepull-concurrency", 1, "pre-pulls in flight at once (binds never wait behind them)")
-	fs.StringVar(&o.hotSlots, "hot-slots", "auto", "slots that may hold a started sandbox of an image binds use, its daemon waiting for a pod (a bind takes ~4 ms instead of ~90-250 ms; ~10 MB of host memory each): a count, 0 for none, or auto (as many as --warm-slots). Images get them in proportion to the recent binds (--hot-mix-window); those no longer bound are cooled down")
+	fs.StringVar(&o.hotSlots, "hot-slots", "0", "slots that may hold a started sandbox of an image binds use, its daemon waiting for a pod (a bind takes ~4 ms instead of ~90-250 ms; ~10 MB of host memory each): a count, 0 for none, or auto (as many as --warm-slots). Images get them in proportion to the recent binds (--hot-mix-window); those no longer bound are cooled down")
 	fs.Func("hot-images", "image kept hot whatever the binds (repeatable, or comma-separated): one hot slot each, and what the bind mix leaves of --hot-slots", func(v string) error {
 		for ref := range strings.SplitSeq(v, ",") {
 			if ref = strings.TrimSpace(ref); ref != "" {
