@@ -188,3 +188,68 @@ func TestRootHotTakeover(t *testing.T) {
 		return err == nil && hot[s.BusyboxImage] == 1, err
 	})
 }
+
+// TestRootCancelledBinds: a bind cut short anywhere (its caller gone: the
+// virtual node failing over mid-burst) leaves its slot as good as before.
+// One slot, kept hot for busybox: each round a bind of another image takes
+// the hot slot over and is cancelled after a growing delay (before the
+// images, amid the container's creation, its task's start, or after), then
+// the slot, hot again, must serve a busybox pod that becomes Ready and
+// answers its own token. Once with a shim per sandbox, once with a shim
+// group kept alive by its holder.
+func TestRootCancelledBinds(t *testing.T) {
+	s := framework.Get(t)
+	for _, group := range []int{1, 16} {
+		t.Run(fmt.Sprintf("shim-group-size-%d", group), func(t *testing.T) {
+			rt := newContainerdRuntime(t, s, 1, 1, func(c *rtcontainerd.Config) {
+				c.HotSlots, c.HotImages, c.ShimGroupSize = 1, []string{s.BusyboxImage}, group
+			})
+			ctx := t.Context()
+			_, events, err := rt.Watch(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			hot := func(what string) {
+				t.Helper()
+				framework.Eventually(t, time.Minute, what, func(ctx context.Context) (bool, error) {
+					hot, err := hotByImage(ctx, rt)
+					return err == nil && hot[s.BusyboxImage] == 1, err
+				})
+			}
+			hot("the slot hot")
+			cancelled := 0
+			for i, delay := 0, time.Duration(0); delay <= 400*time.Millisecond; i, delay = i+1, delay+16*time.Millisecond {
+				uid := fmt.Sprintf("cut-%d", i)
+				bctx, cancel := context.WithTimeout(ctx, delay)
+				_, err := rt.Bind(bctx, runtimetest.Request(uid, s.NoShellImage))
+				cancel()
+				if err == nil {
+					if err := rt.Release(ctx, uid, 0); err != nil {
+						t.Fatalf("release %s: %v", uid, err)
+					}
+				} else {
+					cancelled++
+				}
+				hot(fmt.Sprintf("the slot hot again after a bind cut short after %v (%v)", delay, err))
+				check := fmt.Sprintf("check-%d", i)
+				slot, err := rt.Bind(ctx, runtimetest.Request(check, s.BusyboxImage, "sleep", "1000"))
+				if err != nil {
+					t.Fatalf("bind after a bind cut short after %v: %v", delay, err)
+				}
+				runtimetest.WaitEvent(t, events, 30*time.Second, "Ready of "+check+" after a bind cut short after "+delay.String(), func(ev runtime.Event) bool {
+					return ev.Type == runtime.EventReady && ev.Slot.Pod != nil && ev.Slot.Pod.UID == check
+				})
+				if out, err := sandboxExec(ctx, slot, runtimetest.Token, "echo", "ok"); err != nil || out != "ok\n" {
+					t.Fatalf("exec in %s: %q %v", check, out, err)
+				}
+				if err := rt.Release(ctx, check, 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if cancelled == 0 {
+				t.Fatal("no bind was cut short: the delays are too long to test anything")
+			}
+			t.Logf("%d binds cut short", cancelled)
+		})
+	}
+}

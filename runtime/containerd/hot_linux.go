@@ -314,7 +314,7 @@ func (r *Runtime) assignHot(ctx context.Context, s *slot, req runtime.BindReques
 			r.log.Warn("label assigned hot sandbox", "slot", s.ID, "err", err)
 		}
 	})
-	r.watchReady(s, req.Pod.UID)
+	r.watchReady(s, req.Pod.UID, nil)
 	return nil
 }
 

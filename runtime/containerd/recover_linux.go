@@ -241,7 +241,7 @@ func (r *Runtime) adopt(ctx context.Context, id, dir string, cs []ctrd.Container
 		s.containers = append(s.containers, m.c.ID())
 		r.goOwned(func() { r.watchExit(s, m.c.ID(), m.name, exit) })
 	}
-	r.watchReady(s, s.Pod.UID)
+	r.watchReady(s, s.Pod.UID, loadAssignment(dir))
 	return s, nil
 }
 

@@ -394,6 +394,10 @@ func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Sl
 		r.mu.Lock()
 		r.hub.Publish(runtime.Event{Type: runtime.EventBindFailed, Time: r.cfg.Clock.Now(), Slot: s.Slot.Clone(), Reason: reason, Message: err.Error()})
 		delete(r.byPod, req.Pod.UID)
+		// The assignment this bind kept for its daemons: left behind, the
+		// slot's next pod would be handed this one's tokens (a hot sandbox
+		// refuses them, and that pod never becomes Ready).
+		_ = os.Remove(filepath.Join(s.dir, assignmentFile))
 		s.Pod, s.Image, s.Resources, s.Ready, s.containers, s.assignToken = nil, "", runtime.Resources{}, false, nil, ""
 		s.diskLimits, s.evicted, s.earlyExits = nil, "", nil
 		if cleanupErr != nil {
@@ -644,7 +648,7 @@ func (r *Runtime) start(ctx context.Context, s *slot, req runtime.BindRequest) e
 		}
 		r.metrics.observePhase("start", t)
 	}
-	r.watchReady(s, req.Pod.UID)
+	r.watchReady(s, req.Pod.UID, a)
 	return nil
 }
 
@@ -804,9 +808,10 @@ func (r *Runtime) oomKilled(id string) bool {
 	})
 }
 
-// watchReady polls the daemon of the pod's first container until it
-// answers, then marks the slot ready.
-func (r *Runtime) watchReady(s *slot, uid string) {
+// watchReady marks the slot ready once every daemon took the pod's
+// assignment a, or, with none (a hot sandbox, assigned by its bind, or one
+// assigned before an agent restart), once the first daemon answers.
+func (r *Runtime) watchReady(s *slot, uid string, a *assignment) {
 	ctx, cancel := context.WithTimeout(r.life, r.cfg.ReadyTimeout)
 	r.mu.Lock()
 	s.stopReady = cancel
@@ -817,9 +822,6 @@ func (r *Runtime) watchReady(s *slot, uid string) {
 		key = s.Pod.Namespace + "/" + s.Pod.Name
 	}
 	r.mu.Unlock()
-	// Ready is when every daemon took the pod's tokens (or, for a sandbox
-	// assigned before an agent restart, when its daemon answers).
-	a := loadAssignment(dir)
 	started := r.goOwned(func() {
 		defer cancel()
 		for {
