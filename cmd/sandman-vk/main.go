@@ -163,7 +163,7 @@ func run(args []string) (retErr error) {
 	fs.StringVar(&o.leaderElectNamespace, "leader-elect-namespace", "", "namespace of the leader Lease (default: the pod's, from POD_NAMESPACE or the service account)")
 	fs.DurationVar(&o.leaseDuration, "leader-elect-lease-duration", 10*time.Second, "how long standbys wait after the leader's last renewal before taking the Lease")
 	fs.DurationVar(&o.renewDeadline, "leader-elect-renew-deadline", 7*time.Second, "how long the leader keeps trying to renew before it stops placing and exits (less than the lease duration)")
-	fs.DurationVar(&o.retryPeriod, "leader-elect-retry-period", 2*time.Second, "how often the Lease is tried (to take it, or to renew it)")
+	fs.DurationVar(&o.retryPeriod, "leader-elect-retry-period", time.Second, "how often the Lease is tried (to take it, or to renew it), plus up to 1.2 times as much jitter; a standby leads at most lease duration + 2 jittered retry periods (14.4 s) after the leader's last renewal")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
