@@ -115,7 +115,7 @@ func run(args []string) error {
 	fs.StringVar(&o.cpu, "cpu", "", "CPU sandboxes may request in total, e.g. 8 (default: all cores)")
 	fs.StringVar(&o.memory, "memory", "", "memory sandboxes may request in total, e.g. 16Gi (default: all memory)")
 	fs.Int64Var(&o.pidsLimit, "pids-limit", 1024, "processes per sandbox container (a pod's lower limit from its pool applies instead)")
-	fs.IntVar(&o.shimGroupSize, "shim-group-size", rtcontainerd.DefaultShimGroupSize, "slots sharing one runc shim, each group kept alive by a holder container (1, the default: a shim per sandbox, no holders; 16: ~2.7 MB per idle sandbox instead of ~6.4 MB, shared fate, and see docs/architecture.md \"Shims\" for a known failure after cancelled binds)")
+	fs.IntVar(&o.shimGroupSize, "shim-group-size", rtcontainerd.DefaultShimGroupSize, "slots sharing one runc shim, each group kept alive by a holder container (16: ~2.7 MB of host memory per idle sandbox; 1: a shim per sandbox, no holders, ~6.4 MB, no shared fate)")
 	fs.StringVar(&o.seccompRoot, "seccomp-profile-root", "/var/lib/kubelet/seccomp", "directory of the seccomp profiles pods name with seccompProfile Localhost, as the kubelet's (in a pod: under --host-root)")
 	fs.StringVar(&o.imageCache, "image-cache-bytes", "", "disk budget for images, e.g. 50Gi; least recently used images no slot uses are removed above it (default: no budget)")
 	fs.StringVar(&o.snapshotRegistry, "snapshot-registry", "", "registry (host[:port][/path-prefix]) that snapshots of sandboxes are pushed to; a snapshot named repository:tag goes under it, a full name must be in it (empty: the node takes no snapshots)")
@@ -131,7 +131,7 @@ func run(args []string) error {
 		return nil
 	})
 	fs.IntVar(&o.prePullConcurrency, "prepull-concurrency", 1, "pre-pulls in flight at once (binds never wait behind them)")
-	fs.StringVar(&o.hotSlots, "hot-slots", "0", "slots that may hold a started sandbox of an image binds use, its daemon waiting for a pod (a bind takes ~4 ms instead of ~90-250 ms; ~10 MB of host memory each): a count, 0 for none, or auto (as many as --warm-slots). Images get them in proportion to the recent binds (--hot-mix-window); those no longer bound are cooled down")
+	fs.StringVar(&o.hotSlots, "hot-slots", "auto", "slots that may hold a started sandbox of an image binds use, its daemon waiting for a pod (a bind takes ~4 ms instead of ~90-250 ms; ~10 MB of host memory each): a count, 0 for none, or auto (as many as --warm-slots). Images get them in proportion to the recent binds (--hot-mix-window); those no longer bound are cooled down")
 	fs.Func("hot-images", "image kept hot whatever the binds (repeatable, or comma-separated): one hot slot each, and what the bind mix leaves of --hot-slots", func(v string) error {
 		for ref := range strings.SplitSeq(v, ",") {
 			if ref = strings.TrimSpace(ref); ref != "" {

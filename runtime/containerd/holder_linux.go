@@ -157,7 +157,10 @@ func (r *Runtime) ensureHolder(ctx context.Context, name string) error {
 		r.mu.Lock()
 		g = r.groups[name]
 	}
-	if g == nil || g.holder != "" {
+	if g == nil || g.holder != "" || r.life.Err() != nil {
+		// No holder once the runtime closes: Close removes those of groups
+		// without slots, and the next agent's recovery starts what groups
+		// of bound sandboxes lack.
 		r.mu.Unlock()
 		return nil
 	}

@@ -1070,6 +1070,18 @@ func (r *Runtime) Close(ctx context.Context) error {
 		// A group with bound sandboxes keeps its holder for the next agent.
 		errs = append(errs, r.leaveGroup(ctx, s.group))
 	}
+	if r.grouped() {
+		// And only those: a holder that a bind or a hot start finishing as
+		// the agent stops started for a group whose slots are gone would
+		// be left to the next agent's recovery.
+		r.mu.Lock()
+		keep := map[string]bool{}
+		for _, g := range r.groups {
+			keep[g.holder] = g.holder != ""
+		}
+		r.mu.Unlock()
+		errs = append(errs, r.removeHolders(ctx, keep))
+	}
 	r.hub.Close()
 	return errors.Join(errs...)
 }
