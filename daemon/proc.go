@@ -9,10 +9,12 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/sandman-dev/sandman/daemon/api"
+	"golang.org/x/sys/unix"
 )
 
 const (
@@ -178,11 +180,11 @@ func (s *Server) spawn(cmd *exec.Cmd, withStdin bool) (p *proc, retErr error) {
 			f.Close()
 		}
 	}()
-	outR, outW, err := os.Pipe()
+	outR, outW, err := childPipe(false)
 	if err != nil {
 		return nil, err
 	}
-	errR, errW, err := os.Pipe()
+	errR, errW, err := childPipe(false)
 	if err != nil {
 		outR.Close()
 		outW.Close()
@@ -197,15 +199,14 @@ func (s *Server) spawn(cmd *exec.Cmd, withStdin bool) (p *proc, retErr error) {
 	}()
 	var inW *os.File
 	if withStdin {
-		inR, w, err := os.Pipe()
+		w, inR, err := childPipe(true)
 		if err != nil {
 			return nil, err
 		}
 		toClose = append(toClose, inR)
 		cmd.Stdin, inW = inR, w
-	} else if null, err := os.Open(os.DevNull); err == nil {
-		toClose = append(toClose, null)
-		cmd.Stdin = null
+	} else if null, err := devNull(); err == nil {
+		cmd.Stdin = null // shared, never closed
 	} else {
 		// No /dev/null in this image: an empty, closed pipe reads as EOF too.
 		inR, w, err := os.Pipe()
@@ -227,6 +228,32 @@ func (s *Server) spawn(cmd *exec.Cmd, withStdin bool) (p *proc, retErr error) {
 	s.addGroup(pid)
 	return &proc{pid: pid, exit: exit, stdout: outR, stderr: errR, stdin: inW, start: time.Now()}, nil
 }
+
+// childPipe returns a pipe between the daemon and a child: the daemon's end
+// non-blocking, in Go's netpoller, the child's end blocking, as os.Pipe and
+// exec would leave them but in half the system calls (os.Pipe makes both
+// ends non-blocking and exec makes the child's blocking again). The child
+// reads from it when toChild, else writes to it.
+func childPipe(toChild bool) (ours, theirs *os.File, err error) {
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+		return nil, nil, os.NewSyscallError("pipe2", err)
+	}
+	o, t := p[0], p[1]
+	if toChild {
+		o, t = t, o // ours is the write end
+	}
+	// O_NONBLOCK is the only status flag a pipe end has: clear it on theirs.
+	if _, err := unix.FcntlInt(uintptr(t), unix.F_SETFL, 0); err != nil {
+		unix.Close(o)
+		unix.Close(t)
+		return nil, nil, os.NewSyscallError("fcntl", err)
+	}
+	return os.NewFile(uintptr(o), "|ours"), os.NewFile(uintptr(t), "|theirs"), nil
+}
+
+// devNull is /dev/null opened once, every child's stdin when it has none.
+var devNull = sync.OnceValues(func() (*os.File, error) { return os.Open(os.DevNull) })
 
 func classifyStart(cmd *exec.Cmd, err error) error {
 	ae := classify(err)
