@@ -218,7 +218,7 @@ func TestRootCancelledBinds(t *testing.T) {
 			}
 			hot("the slot hot")
 			cancelled := 0
-			for i, delay := 0, time.Duration(0); delay <= 400*time.Millisecond; i, delay = i+1, delay+16*time.Millisecond {
+			for i, delay := 0, time.Duration(0); delay <= 400*time.Millisecond; i, delay = i+1, delay+25*time.Millisecond {
 				uid := fmt.Sprintf("cut-%d", i)
 				bctx, cancel := context.WithTimeout(ctx, delay)
 				_, err := rt.Bind(bctx, runtimetest.Request(uid, s.NoShellImage))

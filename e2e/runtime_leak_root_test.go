@@ -19,6 +19,7 @@ import (
 
 	"github.com/sandman-dev/sandman/e2e/framework"
 	"github.com/sandman-dev/sandman/runtime"
+	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
 	"github.com/sandman-dev/sandman/runtime/runtimetest"
 )
 
@@ -81,7 +82,12 @@ func TestRootBindReleaseLeavesNothing(t *testing.T) {
 		cycles, _ = strconv.Atoi(v)
 	}
 	const workers = 4
-	rt := newContainerdRuntime(t, s, workers, workers)
+	rt := newContainerdRuntime(t, s, workers, workers, func(c *rtcontainerd.Config) {
+		// Slots per shim group (default the runtime's), to compare.
+		if v := os.Getenv("SANDMAN_LEAK_SHIM_GROUP"); v != "" {
+			c.ShimGroupSize, _ = strconv.Atoi(v)
+		}
+	})
 	ctx := t.Context()
 	waitAllWarm := func() {
 		framework.Eventually(t, time.Minute, "every slot warm", func(ctx context.Context) (bool, error) {
