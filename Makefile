@@ -34,7 +34,7 @@ test-unit: ## unit tests, no root needed
 
 .PHONY: test-root
 test-root: deps tools images ## root tier: tests against the local stack's containerd, runc and CNI
-	$(GOTEST) -p 1 -tags root -run '^TestRoot' ./...
+	$(GOTEST) -p 1 -tags root -timeout 25m -run '^TestRoot' ./...
 
 .PHONY: e2e
 e2e: deps tools images ## end-to-end tests against the real control plane
