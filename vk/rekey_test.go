@@ -142,6 +142,17 @@ func (d *daemons) dial(ctx context.Context, _, addr string) (net.Conn, error) {
 	return nd.DialContext(ctx, "tcp", ts.Listener.Addr().String())
 }
 
+// waitUp waits until a daemon is at addr: the fake runtime may report a
+// pod ready before Bind above has started the pod's daemons.
+func (d *daemons) waitUp(t *testing.T, addr string) {
+	t.Helper()
+	poll(t, "a daemon at "+addr, func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return d.byAddr[addr] != nil
+	})
+}
+
 func (d *daemons) setRefused(addr string, refused bool) {
 	d.mu.Lock()
 	d.refuse[addr] = refused
@@ -221,6 +232,9 @@ func TestRekeyRunningSandboxes(t *testing.T) {
 	}
 	for _, pod := range pods {
 		ips[pod.Name] = h.wait(t, pod.UID, pod.Name+" Ready", isReady).Status.PodIP
+		for i := range pod.Spec.Containers {
+			d.waitUp(t, ips[pod.Name]+":"+strconv.Itoa(daemonapi.Port+i))
+		}
 		if err := control(ctx, h.p, pod.Name, ""); err != nil {
 			t.Fatalf("control call to %s: %v", pod.Name, err)
 		}
@@ -298,6 +312,7 @@ func TestRekeyRunningSandboxes(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := h.wait(t, pod.UID, "d Ready", isReady).Status.PodIP + ":" + strconv.Itoa(daemonapi.Port)
+	d.waitUp(t, addr)
 	if !d.takes(t, addr, ControlToken([]byte("k2"), string(pod.UID))) || d.takes(t, addr, ControlToken([]byte("k1"), string(pod.UID))) {
 		t.Fatal("a sandbox made after the rotation: want the new key's token only")
 	}
@@ -321,6 +336,7 @@ func TestRekeyRetriesAndDoneAlready(t *testing.T) {
 			t.Fatal(err)
 		}
 		addrs[name] = h.wait(t, pod.UID, name+" Ready", isReady).Status.PodIP + ":" + strconv.Itoa(daemonapi.Port)
+		d.waitUp(t, addrs[name])
 		uids[name] = pod.UID
 	}
 	tok := func(key, name string) string { return ControlToken([]byte(key), string(uids[name])) }
