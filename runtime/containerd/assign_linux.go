@@ -90,6 +90,12 @@ func (r *Runtime) assign(ctx context.Context, ip, dir string, a *assignment) err
 			return fmt.Errorf("daemon %d answered the assignment with %s", i, resp.Status)
 		}
 	}
-	_ = os.Remove(filepath.Join(dir, assignmentFile))
+	clearAssignment(dir)
 	return nil
+}
+
+// clearAssignment removes a slot's pending assignment: every daemon took
+// it, or its pod is gone (released, or its bind failed).
+func clearAssignment(dir string) {
+	_ = os.Remove(filepath.Join(dir, assignmentFile))
 }

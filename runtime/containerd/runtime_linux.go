@@ -397,7 +397,7 @@ func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Sl
 		// The assignment this bind kept for its daemons: left behind, the
 		// slot's next pod would be handed this one's tokens (a hot sandbox
 		// refuses them, and that pod never becomes Ready).
-		_ = os.Remove(filepath.Join(s.dir, assignmentFile))
+		clearAssignment(s.dir)
 		s.Pod, s.Image, s.Resources, s.Ready, s.containers, s.assignToken = nil, "", runtime.Resources{}, false, nil, ""
 		s.diskLimits, s.evicted, s.earlyExits = nil, "", nil
 		if cleanupErr != nil {
@@ -908,7 +908,7 @@ func (r *Runtime) Release(ctx context.Context, uid string, grace time.Duration) 
 	delete(r.byPod, uid)
 	s.Pod, s.Image, s.Resources, s.containers, s.assignToken = nil, "", runtime.Resources{}, nil, ""
 	s.diskLimits, s.evicted, s.fwReq = nil, "", nil
-	_ = os.Remove(filepath.Join(s.dir, assignmentFile))
+	clearAssignment(s.dir)
 	if err != nil {
 		s.Reason, s.leftovers = err.Error(), ids
 		r.setLocked(s, runtime.StateBroken)
