@@ -271,21 +271,30 @@ func TestOutageContainerdDuringBurst(t *testing.T) {
 	// containerd starts a shim before it records it; killed in between,
 	// it finds the bundle without bootstrap.json on restart, removes the
 	// bundle and leaves the shim running ("failed to load shim" in its
-	// log). Such shims serve nothing: with every sandbox released, any
-	// shim left in the test's namespaces is one. Removed here, and named,
-	// so the tier's census stays strict for everything else.
+	// log). Such a shim serves nothing: it was started by the containerd
+	// that was killed and has no process under it. The shims of live
+	// containers have theirs (the runc shim is their subreaper), whoever
+	// started them: a group's shim is named after its first container,
+	// which may be a hot sandbox or a task as well as a holder. The
+	// orphans are removed here, and named, so the tier's census stays
+	// strict for everything else.
 	for _, a := range p.agents {
-		for _, pid := range shimsOf(t, a.namespace) {
+		for _, pid := range orphanShims(t, a.namespace, ctrd.Pid()) {
 			t.Logf("containerd left shim pid %d of namespace %s after its restart; killing it", pid, a.namespace)
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
 }
 
-// shimsOf lists the pids of containerd shims serving namespace ns, but
-// those a shim group's holder started (they serve the warm slots' groups).
-func shimsOf(t *testing.T, ns string) []int {
+// orphanShims lists the pids of containerd shims of namespace ns that
+// started before process ctrd (the restarted containerd) and have no child
+// process.
+func orphanShims(t *testing.T, ns string, ctrd int) []int {
 	t.Helper()
+	restarted, ok := procStart(ctrd)
+	if !ok {
+		t.Fatalf("containerd (pid %d) is not running", ctrd)
+	}
 	var out []int
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, f := range procs {
@@ -297,14 +306,43 @@ func shimsOf(t *testing.T, ns string) []int {
 		if !strings.HasPrefix(filepath.Base(args[0]), "containerd-shim") || !slices.Contains(args, ns) {
 			continue
 		}
-		if i := slices.Index(args, "-id"); i >= 0 && i+1 < len(args) && strings.HasPrefix(args[i+1], "holder-") {
+		pid, err := strconv.Atoi(filepath.Base(filepath.Dir(f)))
+		if err != nil {
 			continue
 		}
-		if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(f))); err == nil {
+		if started, ok := procStart(pid); !ok || started >= restarted {
+			continue
+		}
+		children, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+		busy := false
+		for _, c := range children {
+			if b, err := os.ReadFile(c); err != nil || len(strings.TrimSpace(string(b))) > 0 {
+				busy = true // unreadable counts as busy: never kill a live shim
+			}
+		}
+		if !busy {
 			out = append(out, pid)
 		}
 	}
 	return out
+}
+
+// procStart is when process pid started, in clock ticks since boot
+// (/proc/pid/stat's starttime); false if it is gone.
+func procStart(pid int) (uint64, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, false
+	}
+	// pid (comm) state ppid ...: comm may hold spaces; starttime is the
+	// 22nd field, the 20th after the last ')'.
+	s := string(b)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(fields) < 20 {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(fields[19], 10, 64)
+	return v, err == nil
 }
 
 // TestOutageSlowAgent: a node agent that is slow rather than dead —
