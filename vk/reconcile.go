@@ -211,9 +211,10 @@ func (p *Provider) reconcile(ctx context.Context) {
 				continue
 			}
 			if err == nil && string(pod.UID) == uid && sb.readyOverwritten(pod, now) {
-				want := sb.podWithStatus(p.cfg.NodeIP)
-				want.ResourceVersion = pod.ResourceVersion
-				overwritten = append(overwritten, want)
+				// The pod as the API has it with the sandbox's status: a
+				// status write replaces labels and annotations too
+				// (statuswrite.go).
+				overwritten = append(overwritten, withStatus(pod, sb.podWithStatus(p.cfg.NodeIP)))
 			}
 		}
 		if !sb.submitted && !sb.awaiting && !sb.terminal() && !sb.deleting && sb.pullFailures == 0 && sb.failures == 0 {

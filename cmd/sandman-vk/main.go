@@ -455,6 +455,8 @@ func run(args []string) (retErr error) {
 			if err := c.PodInformer.Informer().SetTransform(vk.TrimPod); err != nil {
 				return err
 			}
+			// Status writes change only the status (vk/statuswrite.go).
+			c.PodClient = vk.StatusOnlyPods(c.PodClient, c.PodInformer.Lister())
 			informers = []cache.SharedIndexInformer{c.PodInformer.Informer(), c.SecretInformer.Informer(),
 				c.ConfigMapInformer.Informer(), c.ServiceInformer.Informer()}
 			// Bursts: no token-bucket throttling, per-item back-off only;
