@@ -79,6 +79,8 @@ type oversubResult struct {
 	idleSched, idleNode, idleNone float64
 	// busy is the share of the machine's CPU time in use over the run.
 	busy float64
+	// turnover says where a slot's turnover went (virtual node modes).
+	turnover string
 }
 
 // point is one sample of a time series.
@@ -134,7 +136,7 @@ func (r oversubResult) row() row {
 			len(r.readyB), oversubBDelay, ms(r.readyB.p50()), ms(r.readyB.p99()), r.makespan.Seconds(),
 			r.idleSched, r.idleNode, r.idleNone, 100*r.busy,
 			r.schedCPU.Seconds()*1000/float64(n), attempts/float64(n), strings.Join(parts, ", "),
-			r.apiCPU.Seconds()*1000/float64(n), r.apiRequests/float64(n), r.failed, r.slots, r.pods),
+			r.apiCPU.Seconds()*1000/float64(n), r.apiRequests/float64(n), r.failed, r.slots, r.pods) + turnoverNote(r.turnover),
 	}
 }
 
@@ -142,7 +144,11 @@ func (r oversubResult) row() row {
 func (b *vkBench) oversubRun(ctx context.Context, image string, m oversubMode) (oversubResult, error) {
 	res := oversubResult{mode: m, attempts: map[string]float64{}}
 	var podFor func(name, job string) *corev1.Pod
+	var tr *turnover
 	if m.nodes == 0 {
+		tr = newTurnover()
+		tctx, stopTrace := context.WithCancel(ctx)
+		defer stopTrace()
 		agents := map[string]runtime.Runtime{}
 		perAgent := 100
 		for i := range max(1, oversubSlots/perAgent) {
@@ -154,6 +160,9 @@ func (b *vkBench) oversubRun(ctx context.Context, image string, m oversubMode) (
 			}
 			defer f.Close()
 			agents[name] = f
+			if err := tr.watch(tctx, name, f); err != nil {
+				return res, err
+			}
 		}
 		list, stopAgents, err := serveAgents(ctx, agents)
 		if err != nil {
@@ -211,6 +220,9 @@ func (b *vkBench) oversubRun(ctx context.Context, image string, m oversubMode) (
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	del := func(name string) {
+		if tr != nil {
+			tr.deleting(name, time.Now())
+		}
 		err := b.kube.CoreV1().Pods(b.ns).Delete(wctx, name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
 		if err != nil && !apierrors.IsNotFound(err) && wctx.Err() == nil {
 			fmt.Fprintf(os.Stderr, "oversub: delete %s: %v\n", name, err)
@@ -376,6 +388,9 @@ func (b *vkBench) oversubRun(ctx context.Context, image string, m oversubMode) (
 		}
 	}
 	res.failed = len(failed)
+	if tr != nil {
+		res.turnover = tr.summary(ready)
+	}
 	res.schedCPU, res.apiCPU = cpuTime(schedPID)-sched0, cpuTime(apiPID)-api0
 	if busy1, total1 := machineCPU(); total1 > total0 {
 		res.busy = float64(busy1-busy0) / float64(total1-total0)
@@ -468,4 +483,11 @@ func sumValues(m map[string]float64) float64 {
 		t += v
 	}
 	return t
+}
+
+func turnoverNote(s string) string {
+	if s == "" {
+		return ""
+	}
+	return "; " + s
 }
