@@ -35,7 +35,8 @@ type Config struct {
 	// it held are reported lost (default 2 minutes).
 	LostAfter time.Duration
 	// OnUpdate receives every change of a pod's placement. It is called from
-	// the pool's goroutines, one update at a time, and must not block.
+	// the pool's goroutines, one update at a time, never under the pool's
+	// lock (so it may call the pool), and must not block.
 	OnUpdate func(Update)
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
@@ -325,7 +326,6 @@ func (p *Pool) Run(ctx context.Context) error {
 // dispatch starts binds for queued pods while some node can take them.
 func (p *Pool) dispatch(ctx context.Context) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	now := p.cfg.Clock.Now()
 	p.queue.each(func(req Request) bool {
 		n, how := p.placeLocked(req)
@@ -350,6 +350,10 @@ func (p *Pool) dispatch(ctx context.Context) {
 		queued = append(queued, Update{Kind: Queued, UID: req.Bind.Pod.UID, Time: p.cfg.Clock.Now(),
 			Reason: "WaitingForSlot", Message: p.noFitMessageLocked(req)})
 	}
+	// Told without the pool's lock, as every update is: the receiver takes
+	// its own lock, under which it calls the pool (the provider's
+	// reconciler asks Unsynced while holding it).
+	p.mu.Unlock()
 	for _, u := range queued {
 		p.cfg.OnUpdate(u)
 	}

@@ -160,6 +160,54 @@ func TestNoCapacityWaitsThenBinds(t *testing.T) {
 	eventually(t, "p2 bound after a release", func() bool { _, ok := rec.last("p2", Bound); return ok })
 }
 
+// TestUpdatesMayCallThePool: updates are told without the pool's lock, so
+// their receiver may call the pool, as sandman-vk's provider does (its
+// reconciler asks Unsynced under the lock its OnUpdate takes). dispatch
+// told a pod it waits under the pool's lock: the provider and the pool
+// deadlocked in an oversubscribed burst.
+func TestUpdatesMayCallThePool(t *testing.T) {
+	a := fakeNode(t, "a", 1)
+	rec := &recorder{}
+	var p *Pool
+	var err error
+	p, err = New(Config{Name: "t", OnUpdate: func(u Update) {
+		_ = p.Unsynced()
+		_ = p.QueueLen()
+		_, _ = p.Queued(u.UID)
+		rec.add(u)
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { _ = p.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	p.AddNode(ctx, "a", a)
+	wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
+	defer wcancel()
+	if err := p.WaitSynced(wctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if err := p.Submit(request(fmt.Sprint("p", i), "j", "img", 0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "one bound, two told they wait", func() bool {
+		_, q1 := rec.last("p1", Queued)
+		_, q2 := rec.last("p2", Queued)
+		return len(rec.order(Bound)) == 1 && q1 && q2
+	})
+	for i := range 2 {
+		uid := rec.order(Bound)[i]
+		if err := p.Release(t.Context(), uid, 0); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the next bound after a release", func() bool { return len(rec.order(Bound)) == i+2 })
+	}
+}
+
 func TestResourcesMustFit(t *testing.T) {
 	a := fakeNode(t, "a", 4, func(c *fake.Config) { c.Resources = runtime.Resources{MilliCPU: 1000, MemoryBytes: 1 << 30} })
 	p, rec := newPool(t, Config{Name: "t"}, a)

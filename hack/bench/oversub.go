@@ -145,6 +145,7 @@ func (b *vkBench) oversubRun(ctx context.Context, image string, m oversubMode) (
 	res := oversubResult{mode: m, attempts: map[string]float64{}}
 	var podFor func(name, job string) *corev1.Pod
 	var tr *turnover
+	vkMetrics := ""
 	if m.nodes == 0 {
 		tr = newTurnover()
 		tctx, stopTrace := context.WithCancel(ctx)
@@ -175,6 +176,7 @@ func (b *vkBench) oversubRun(ctx context.Context, image string, m oversubMode) (
 			return res, err
 		}
 		defer vk.stop(b.kube)
+		vkMetrics = vk.metrics
 		n, err := b.kube.CoreV1().Nodes().Get(ctx, vk.node, metav1.GetOptions{})
 		if err != nil {
 			return res, err
@@ -389,7 +391,7 @@ func (b *vkBench) oversubRun(ctx context.Context, image string, m oversubMode) (
 	}
 	res.failed = len(failed)
 	if tr != nil {
-		res.turnover = tr.summary(ready)
+		res.turnover = tr.summary(ready) + stageMeans(ctx, vkMetrics)
 	}
 	res.schedCPU, res.apiCPU = cpuTime(schedPID)-sched0, cpuTime(apiPID)-api0
 	if busy1, total1 := machineCPU(); total1 > total0 {
@@ -490,4 +492,30 @@ func turnoverNote(s string) string {
 		return ""
 	}
 	return "; " + s
+}
+
+// stageMeans is sandman-vk's mean time per stage of a pod's way to Ready
+// (sandman_vk_pod_stage_seconds), from its /metrics at addr.
+func stageMeans(ctx context.Context, addr string) string {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return ""
+	}
+	sums, counts := parseFamily(body, "sandman_vk_pod_stage_seconds_sum"), parseFamily(body, "sandman_vk_pod_stage_seconds_count")
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(sums)) {
+		if c := counts[k]; c > 0 {
+			parts = append(parts, fmt.Sprintf("%s %.0f ms", labelValue(k, "stage"), 1000*sums[k]/c))
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return "; sandman-vk's stages, mean: " + strings.Join(parts, ", ")
 }
