@@ -42,6 +42,11 @@ var (
 		Name: "sandman_vk_releases_total",
 		Help: "Sandboxes released, by cause (deleted: the pod was deleted; ended: its containers exited; orphan: its pod was gone).",
 	}, []string{"cause"})
+	metricReleaseSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "sandman_vk_release_seconds",
+		Help:    "From DeletePod to the node agent's answer that the sandbox is released (its grace period included).",
+		Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
+	})
 )
 
 var metricReclaims = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -64,7 +69,7 @@ var (
 // cmd.
 func Collectors() []prometheus.Collector {
 	return []prometheus.Collector{metricPodsCreated, metricCreateToBound, metricCreateToReady, metricStage, metricBindFailures,
-		metricReleases, metricReclaims, metricStatusUpdates, metricAPIRequests}
+		metricReleases, metricReleaseSeconds, metricReclaims, metricStatusUpdates, metricAPIRequests}
 }
 
 // InstrumentRESTConfig counts every apiserver request made through cfg in

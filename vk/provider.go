@@ -510,6 +510,7 @@ func (p *Provider) DeletePod(ctx context.Context, pod *corev1.Pod) error {
 // for a deleted pod, finishes the deletion in the API. Close cuts it short.
 func (p *Provider) release(key, uid string, grace time.Duration, deleted bool) {
 	ctx := p.ctx
+	start := p.cfg.Now()
 	backoff := 200 * time.Millisecond
 	for attempt := 0; ; attempt++ {
 		err := p.cfg.Pool.Release(ctx, uid, grace)
@@ -530,6 +531,9 @@ func (p *Provider) release(key, uid string, grace time.Duration, deleted bool) {
 		backoff *= 2
 	}
 	metricReleases.WithLabelValues(map[bool]string{true: "deleted", false: "ended"}[deleted]).Inc()
+	if deleted {
+		metricReleaseSeconds.Observe(p.cfg.Now().Sub(start).Seconds())
+	}
 	if !deleted {
 		return
 	}

@@ -222,10 +222,11 @@ func (b *vkBench) oversubRun(ctx context.Context, image string, m oversubMode) (
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	del := func(name string) {
-		if tr != nil {
-			tr.deleting(name, time.Now())
-		}
+		start := time.Now()
 		err := b.kube.CoreV1().Pods(b.ns).Delete(wctx, name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+		if tr != nil {
+			tr.deleting(name, start, time.Now())
+		}
 		if err != nil && !apierrors.IsNotFound(err) && wctx.Err() == nil {
 			fmt.Fprintf(os.Stderr, "oversub: delete %s: %v\n", name, err)
 		}
@@ -262,6 +263,9 @@ func (b *vkBench) oversubRun(ctx context.Context, image string, m oversubMode) (
 				mu.Lock()
 				gone[pod.Name] = true
 				mu.Unlock()
+				if tr != nil {
+					tr.gone(pod.Name, time.Now())
+				}
 			}
 		}}); err != nil {
 		return res, err
@@ -513,6 +517,9 @@ func stageMeans(ctx context.Context, addr string) string {
 		if c := counts[k]; c > 0 {
 			parts = append(parts, fmt.Sprintf("%s %.0f ms", labelValue(k, "stage"), 1000*sums[k]/c))
 		}
+	}
+	if rs, rc := sumValues(parseFamily(body, "sandman_vk_release_seconds_sum")), sumValues(parseFamily(body, "sandman_vk_release_seconds_count")); rc > 0 {
+		parts = append(parts, fmt.Sprintf("DeletePod → released %.0f ms", 1000*rs/rc))
 	}
 	if len(parts) == 0 {
 		return ""

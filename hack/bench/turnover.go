@@ -21,6 +21,8 @@ import (
 type turnover struct {
 	mu         sync.Mutex
 	deleted    map[string]time.Time // pod name → the trainer's delete call
+	deleteDone map[string]time.Time // pod name → that call returned
+	goneSeen   map[string]time.Time // pod name → the trainer's informer saw it gone
 	released   map[string]time.Time // pod name → its slot began releasing
 	agentReady map[string]time.Time // pod name → the agent's ready event
 	warmAt     map[string]time.Time // node/slot → warm again after a release
@@ -30,7 +32,7 @@ type turnover struct {
 }
 
 func newTurnover() *turnover {
-	return &turnover{deleted: map[string]time.Time{}, released: map[string]time.Time{}, agentReady: map[string]time.Time{},
+	return &turnover{deleted: map[string]time.Time{}, deleteDone: map[string]time.Time{}, goneSeen: map[string]time.Time{}, released: map[string]time.Time{}, agentReady: map[string]time.Time{},
 		warmAt: map[string]time.Time{}, recycled: map[string]bool{}}
 }
 
@@ -75,9 +77,15 @@ func (t *turnover) event(node string, ev runtime.Event) {
 	}
 }
 
-func (t *turnover) deleting(name string, at time.Time) {
+func (t *turnover) deleting(name string, at, done time.Time) {
 	t.mu.Lock()
-	t.deleted[name] = at
+	t.deleted[name], t.deleteDone[name] = at, done
+	t.mu.Unlock()
+}
+
+func (t *turnover) gone(name string, at time.Time) {
+	t.mu.Lock()
+	t.goneSeen[name] = at
 	t.mu.Unlock()
 }
 
@@ -86,7 +94,13 @@ func (t *turnover) deleting(name string, at time.Time) {
 func (t *turnover) summary(seenReady map[string]time.Time) string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	var delToRelease, readyToSeen durations
+	var delToRelease, readyToSeen, delCall, goneLag durations
+	for name, at := range t.deleteDone {
+		delCall = append(delCall, at.Sub(t.deleted[name]))
+		if g, ok := t.goneSeen[name]; ok {
+			goneLag = append(goneLag, g.Sub(at))
+		}
+	}
 	for name, at := range t.deleted {
 		if r, ok := t.released[name]; ok {
 			delToRelease = append(delToRelease, r.Sub(at))
@@ -97,8 +111,10 @@ func (t *turnover) summary(seenReady map[string]time.Time) string {
 			readyToSeen = append(readyToSeen, at.Sub(r))
 		}
 	}
-	return fmt.Sprintf("turnover: delete → release at the agent p50 %s p99 %s (%d); slot warm → next bind p50 %s p99 %s (%d); "+
+	return fmt.Sprintf("turnover: the delete call p50 %s p99 %s, its return → the trainer's informer sees the pod gone p50 %s p99 %s; "+
+		"delete → release at the agent p50 %s p99 %s (%d); slot warm → next bind p50 %s p99 %s (%d); "+
 		"agent ready → trainer sees Ready p50 %s p99 %s (%d); %d watch streams ended early",
+		ms(delCall.p50()), ms(delCall.p99()), ms(goneLag.p50()), ms(goneLag.p99()),
 		ms(delToRelease.p50()), ms(delToRelease.p99()), len(delToRelease),
 		ms(t.warmToBind.p50()), ms(t.warmToBind.p99()), len(t.warmToBind),
 		ms(readyToSeen.p50()), ms(readyToSeen.p99()), len(readyToSeen), t.lost)
