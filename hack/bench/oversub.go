@@ -171,7 +171,7 @@ func (b *vkBench) oversubRun(ctx context.Context, image string, m oversubMode) (
 		}
 		defer stopAgents()
 		pool := "oversub-" + rand.String(4)
-		vk, err := b.startVK(ctx, pool, list, "--queue-room", m.queueRoom)
+		vk, err := b.startVK(ctx, pool, list, append([]string{"--queue-room", m.queueRoom}, strings.Fields(os.Getenv("BENCH_OVERSUB_VK_ARGS"))...)...)
 		if err != nil {
 			return res, err
 		}
