@@ -541,10 +541,19 @@ func (d *deployed) rollingUpdate(t *testing.T, box *corev1.Pod) {
 		out, _, code := kubectl(t, d.s, "", "-n", d.ns, "exec", "idle", "--", "echo", "still here")
 		return code == 0 && out == "still here\n", nil
 	})
-	c, err := d.capacity(t.Context())
-	if err != nil || len(c.Nodes) != 1 || c.Nodes[0].Slots[runtime.StateBound] != 2 {
-		t.Fatalf("after the roll the pool holds %+v (%v), want 2 bound", c, err)
-	}
+	// The pool watches the new agent again on its reconnect back-off (up
+	// to 10 s while the agent answered "starting"), which kubectl exec
+	// does not wait for: it reaches the sandbox's daemon directly.
+	framework.Eventually(t, time.Minute, "the pool to hold both sandboxes bound on the new agent", func(ctx context.Context) (bool, error) {
+		c, err := d.capacity(ctx)
+		if err != nil {
+			return false, nil
+		}
+		if len(c.Nodes) != 1 {
+			return false, fmt.Errorf("after the roll the pool has %d nodes, want 1: %+v", len(c.Nodes), c.Nodes)
+		}
+		return c.Nodes[0].Healthy && c.Nodes[0].Slots[runtime.StateBound] == 2, nil
+	})
 }
 
 // unreachableContainerd: an agent given a wrong containerd socket is not
