@@ -66,7 +66,11 @@ func eventually(t *testing.T, what string, cond func() bool) {
 func newPool(t *testing.T, cfg Config, nodes ...*fake.Runtime) (*Pool, *recorder) {
 	t.Helper()
 	rec := &recorder{}
-	cfg.OnUpdate = rec.add
+	if inner := cfg.OnUpdate; inner != nil {
+		cfg.OnUpdate = func(u Update) { inner(u); rec.add(u) }
+	} else {
+		cfg.OnUpdate = rec.add
+	}
 	p, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -167,28 +171,12 @@ func TestNoCapacityWaitsThenBinds(t *testing.T) {
 // deadlocked in an oversubscribed burst.
 func TestUpdatesMayCallThePool(t *testing.T) {
 	a := fakeNode(t, "a", 1)
-	rec := &recorder{}
 	var p *Pool
-	var err error
-	p, err = New(Config{Name: "t", OnUpdate: func(u Update) {
+	p, rec := newPool(t, Config{Name: "t", OnUpdate: func(u Update) {
 		_ = p.Unsynced()
 		_ = p.QueueLen()
 		_, _ = p.Queued(u.UID)
-		rec.add(u)
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan struct{})
-	go func() { _ = p.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	p.AddNode(ctx, "a", a)
-	wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
-	defer wcancel()
-	if err := p.WaitSynced(wctx); err != nil {
-		t.Fatal(err)
-	}
+	}}, a)
 	for i := range 3 {
 		if err := p.Submit(request(fmt.Sprint("p", i), "j", "img", 0)); err != nil {
 			t.Fatal(err)
