@@ -61,6 +61,7 @@ type agent struct {
 	cmd  *exec.Cmd
 	out  *bytes.Buffer
 	done chan struct{}
+	err  error // how the process ended, once done is closed
 }
 
 func startAgent(t *testing.T, bin string, args []string) *agent {
@@ -80,21 +81,32 @@ func launchAgent(t *testing.T, bin string, args []string) *agent {
 	if err := a.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go func() { _ = a.cmd.Wait(); close(a.done) }()
+	go func() { a.err = a.cmd.Wait(); close(a.done) }()
 	return a
 }
 
 // stop sends SIGTERM (a stopping agent tears its warm slots down), kills
-// the process if it has not stopped in 30 s, and prints its output if the
-// test failed.
+// the process if it has not stopped in 30 s, fails the test if it ended
+// with an error (a teardown that failed leaves things behind), and prints
+// its output if the test failed. A process that had ended before (a test
+// killed it) is only waited for.
 func (a *agent) stop(t *testing.T) {
+	running := true
+	select {
+	case <-a.done:
+		running = false
+	default:
+	}
 	_ = a.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-a.done:
+		if running && a.err != nil {
+			t.Errorf("%s ended with %v on SIGTERM", filepath.Base(a.cmd.Path), a.err)
+		}
 	case <-time.After(30 * time.Second):
 		_ = a.cmd.Process.Kill()
 		<-a.done
-		t.Errorf("agent did not stop on SIGTERM")
+		t.Errorf("%s did not stop on SIGTERM", filepath.Base(a.cmd.Path))
 	}
 	if t.Failed() {
 		t.Logf("%s output:\n%s", filepath.Base(a.cmd.Path), a.out.String())

@@ -36,15 +36,6 @@ func censusAgentOf(a *vagent) censusAgent {
 	return censusAgent{name: a.name, namespace: a.namespace, stateDir: argValue(a.args, "--state-dir"), client: a.client}
 }
 
-func argValue(args []string, flag string) string {
-	for i := 0; i+1 < len(args); i++ {
-		if args[i] == flag {
-			return args[i+1]
-		}
-	}
-	return ""
-}
-
 // cniIPAMDir is where host-local keeps the addresses of the stack's
 // "sandman" network (hack/local-up.sh: dataDir $SANDMAN_STATE/cni/ipam).
 func cniIPAMDir() string { return filepath.Join(framework.StateDir(), "cni", "ipam", "sandman") }

@@ -77,6 +77,45 @@ func (a *vagent) restart(t *testing.T) {
 	a.proc = launchAgent(t, a.bin, a.args)
 }
 
+// expectAgentsLeftNothing fails the test if the stopped agents left
+// anything in their containerd namespaces or state dirs (the pods were
+// gone first, so a clean stop removes every slot), naming it with their
+// output. The tier's census would find it too, but not say whose it is.
+func (p *vpool) expectAgentsLeftNothing() {
+	t := p.t
+	var left []string
+	// The shims of the last containers end just after them.
+	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		c, err := framework.TakeCensus(ctx, p.s.ContainerdAddress)
+		if err != nil {
+			left = []string{"census: " + err.Error()}
+			return false, nil
+		}
+		left = left[:0]
+		for _, a := range p.agents {
+			left = append(left, c.Holding(a.namespace, argValue(a.args, "--state-dir"))...)
+		}
+		return len(left) == 0, nil
+	})
+	if err == nil {
+		return
+	}
+	t.Errorf("the stopped agents left %d things behind:\n  %s", len(left), strings.Join(left, "\n  "))
+	for _, a := range p.agents {
+		t.Logf("agent %s output:\n%s", a.name, a.proc.out.String())
+	}
+}
+
+// argValue is the value given for flag in args, or "".
+func argValue(args []string, flag string) string {
+	for i := 0; i+1 < len(args); i++ {
+		if args[i] == flag {
+			return args[i+1]
+		}
+	}
+	return ""
+}
+
 // startPool starts n node agents with slots each and a virtual node over
 // them, in a namespace of its own. agentArgs are more flags for every agent.
 func startPool(t *testing.T, s *framework.Stack, n, slots int, agentArgs ...string) *vpool {
@@ -94,6 +133,7 @@ func startPool(t *testing.T, s *framework.Stack, n, slots int, agentArgs ...stri
 		for _, a := range p.agents {
 			a.proc.stop(t)
 		}
+		p.expectAgentsLeftNothing()
 	})
 	for i := range n {
 		name := fmt.Sprintf("w%d-%s", i, id)

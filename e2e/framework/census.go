@@ -111,6 +111,38 @@ func (c *Census) Leaks(after *Census) []string {
 	return out
 }
 
+// Holding lists what c holds of containerd namespace ns (containers,
+// tasks, shims, task root filesystems) and the mounts under any of dirs:
+// what a node agent of that namespace left when it stopped.
+func (c *Census) Holding(ns string, dirs ...string) []string {
+	var out []string
+	for _, ct := range c.Containers {
+		if strings.HasPrefix(ct, ns+"/") {
+			out = append(out, "container "+ct)
+		}
+	}
+	for _, t := range c.Tasks {
+		if strings.HasPrefix(t, ns+"/") {
+			out = append(out, "task "+t)
+		}
+	}
+	for _, m := range c.Mounts {
+		in := strings.Contains(m, "/io.containerd.runtime.v2.task/"+ns+"/")
+		for _, d := range dirs {
+			in = in || strings.HasPrefix(m, strings.TrimSuffix(d, "/")+"/")
+		}
+		if in {
+			out = append(out, "mount "+m)
+		}
+	}
+	for _, s := range c.Shims {
+		if _, nsid, _ := strings.Cut(s, " "); strings.HasPrefix(nsid, ns+"/") {
+			out = append(out, "shim "+s)
+		}
+	}
+	return out
+}
+
 // ours: a mount point sandboxes or kubelet pods make.
 func (c *Census) ours(m string, after *Census) bool {
 	for _, mark := range []string{"/e2e-nodes/", "/var/lib/sandman-node/", "/kubelet/pods/", "/run/netns/cni-"} {

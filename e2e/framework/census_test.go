@@ -45,3 +45,28 @@ func TestCensusLeaks(t *testing.T) {
 		t.Errorf("a census leaks against itself: %q", l)
 	}
 }
+
+func TestCensusHolding(t *testing.T) {
+	c := &Census{
+		Containers: []string{"sandman-e2e-w1-a/slot-1", "sandman-e2e-w1-ab/slot-2", "sandman-local/slot-3"},
+		Tasks:      []string{"sandman-e2e-w1-a/slot-1", "sandman-e2e-w1-ab/slot-2"},
+		Mounts: []string{"/", "/state/e2e-nodes/w1-a/netns/x", "/state/e2e-nodes/w1-ab/netns/y",
+			"/run/containerd/io.containerd.runtime.v2.task/sandman-e2e-w1-a/slot-1/rootfs",
+			"/run/containerd/io.containerd.runtime.v2.task/sandman-e2e-w1-ab/slot-2/rootfs"},
+		Shims: []string{"7 sandman-e2e-w1-a/holder-1", "8 sandman-e2e-w1-ab/holder-2"},
+	}
+	got := c.Holding("sandman-e2e-w1-a", "/state/e2e-nodes/w1-a/")
+	want := []string{
+		"container sandman-e2e-w1-a/slot-1",
+		"task sandman-e2e-w1-a/slot-1",
+		"mount /state/e2e-nodes/w1-a/netns/x",
+		"mount /run/containerd/io.containerd.runtime.v2.task/sandman-e2e-w1-a/slot-1/rootfs",
+		"shim 7 sandman-e2e-w1-a/holder-1",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("holding:\n got %q\nwant %q", got, want)
+	}
+	if h := c.Holding("sandman-e2e-w9-none", "/state/e2e-nodes/w9-none"); len(h) != 0 {
+		t.Errorf("holding of an unknown namespace: %q", h)
+	}
+}
