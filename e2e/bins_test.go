@@ -98,8 +98,12 @@ func (a *agent) stop(t *testing.T) {
 	default:
 	}
 	_ = a.cmd.Process.Signal(syscall.SIGTERM)
+	asked := time.Now()
 	select {
 	case <-a.done:
+		if running && time.Since(asked) > 5*time.Second {
+			t.Logf("%s took %v to stop", filepath.Base(a.cmd.Path), time.Since(asked).Round(time.Millisecond))
+		}
 		if running && a.err != nil {
 			t.Errorf("%s ended with %v on SIGTERM", filepath.Base(a.cmd.Path), a.err)
 		}

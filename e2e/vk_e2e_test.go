@@ -85,7 +85,11 @@ func (p *vpool) expectAgentsLeftNothing() {
 	t := p.t
 	var left []string
 	// The shims of the last containers end just after them.
-	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		// Each census gets its own time: one cut off by the poll's
+		// deadline would hide what was left.
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
 		c, err := framework.TakeCensus(ctx, p.s.ContainerdAddress)
 		if err != nil {
 			left = []string{"census: " + err.Error()}

@@ -22,6 +22,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	gocni "github.com/containerd/go-cni"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/sandman-dev/sandman/daemon/api"
 	"github.com/sandman-dev/sandman/nodeimage"
@@ -1060,16 +1061,7 @@ func (r *Runtime) Close(ctx context.Context) error {
 		}
 	}
 	r.mu.Unlock()
-	var errs []error
-	for _, s := range warm {
-		errs = append(errs, r.removeContainers(ctx, s, 0))
-		for _, id := range s.leftovers {
-			errs = append(errs, r.removeLeftover(ctx, id))
-		}
-		errs = append(errs, r.destroySlot(ctx, s.ID, s.netns.GetPath(), s.dir))
-		// A group with bound sandboxes keeps its holder for the next agent.
-		errs = append(errs, r.leaveGroup(ctx, s.group))
-	}
+	errs := []error{r.tearDown(ctx, warm)}
 	if r.grouped() {
 		// And only those: a holder that a bind or a hot start finishing as
 		// the agent stops started for a group whose slots are gone would
@@ -1086,6 +1078,35 @@ func (r *Runtime) Close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// teardownWorkers is how many slots Close and Destroy release or tear
+// down at once:
+// one at a time, a node of a hundred warm slots (each a CNI delete, an
+// unmount and a netns removal) outlasts the grace period a stopping pod
+// gets, and what is not removed by then is left behind.
+const teardownWorkers = 8
+
+// tearDown removes slots that are no longer in r.slots: their containers
+// and what earlier failed removals left, their network and
+// directory, and their place in their shim group. A group with bound
+// sandboxes keeps its holder for the next agent.
+func (r *Runtime) tearDown(ctx context.Context, slots []*slot) error {
+	errs := make([][]error, len(slots))
+	var g errgroup.Group
+	g.SetLimit(teardownWorkers)
+	for i, s := range slots {
+		g.Go(func() error {
+			errs[i] = append(errs[i], r.removeContainers(ctx, s, 0))
+			for _, id := range s.leftovers {
+				errs[i] = append(errs[i], r.removeLeftover(ctx, id))
+			}
+			errs[i] = append(errs[i], r.destroySlot(ctx, s.ID, s.netns.GetPath(), s.dir), r.leaveGroup(ctx, s.group))
+			return nil
+		})
+	}
+	_ = g.Wait()
+	return errors.Join(slices.Concat(errs...)...)
+}
+
 // Destroy stops Run and the runtime's watches and waits for them, releases
 // every bound pod and tears down every slot: nothing of this runtime is
 // left on the node.
@@ -1094,10 +1115,13 @@ func (r *Runtime) Destroy(ctx context.Context) error {
 	r.mu.Lock()
 	uids := slices.Collect(maps.Keys(r.byPod))
 	r.mu.Unlock()
-	var errs []error
-	for _, uid := range uids {
-		errs = append(errs, r.Release(ctx, uid, 0))
+	errs := make([]error, len(uids))
+	var g errgroup.Group
+	g.SetLimit(teardownWorkers)
+	for i, uid := range uids {
+		g.Go(func() error { errs[i] = r.Release(ctx, uid, 0); return nil })
 	}
+	_ = g.Wait()
 	ctx = r.nsCtx(ctx)
 	r.mu.Lock()
 	all := slices.Collect(maps.Values(r.slots))
@@ -1106,11 +1130,7 @@ func (r *Runtime) Destroy(ctx context.Context) error {
 		s.State = runtime.StateReleasing // hot sandboxes: no cool-down
 	}
 	r.mu.Unlock()
-	for _, s := range all {
-		errs = append(errs, r.removeContainers(ctx, s, 0))
-		errs = append(errs, r.destroySlot(ctx, s.ID, s.netns.GetPath(), s.dir))
-		errs = append(errs, r.leaveGroup(ctx, s.group))
-	}
+	errs = append(errs, r.tearDown(ctx, all))
 	// Every group is empty now; holders whose removal failed or that no
 	// group knew are looked up by their labels.
 	errs = append(errs, r.removeHolders(ctx, nil))
