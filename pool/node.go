@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -257,7 +258,16 @@ func (p *Pool) follow(ctx context.Context, n *node) {
 			p.mu.Lock()
 			n.markUnhealthyLocked(p.cfg.Clock.Now(), err)
 			p.mu.Unlock()
-			p.log.Warn("node agent unreachable", "node", n.name, "err", err)
+			limit := 10 * time.Second
+			if errors.Is(err, runtime.ErrNotServing) {
+				// It answers: it is starting (a rolling update) and serves
+				// in a moment; 10 s more would leave its slots unused.
+				limit = time.Second
+				p.log.Info("node agent not serving yet", "node", n.name, "err", err)
+			} else {
+				p.log.Warn("node agent unreachable", "node", n.name, "err", err)
+			}
+			backoff = min(backoff, limit)
 			t := p.cfg.Clock.NewTimer(backoff)
 			select {
 			case <-ctx.Done():
@@ -265,7 +275,7 @@ func (p *Pool) follow(ctx context.Context, n *node) {
 				return
 			case <-t.C():
 			}
-			backoff = min(2*backoff, 10*time.Second)
+			backoff = min(2*backoff, limit)
 			continue
 		}
 		backoff = 100 * time.Millisecond

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/sandman-dev/sandman/runtime"
@@ -457,5 +458,84 @@ func TestWaitBindsSettled(t *testing.T) {
 	}
 	if slots := p.Slots(); len(slots) != 1 || slots[0].Slot.Pod.UID != "old" || slots[0].Slot.State != runtime.StateBound {
 		t.Fatalf("slots after settling: %+v, want the old leader's pod bound", slots)
+	}
+}
+
+// backoffClock is a fake clock that keeps the durations of the timers the
+// pool asks for: only the reconnect back-off uses one.
+type backoffClock struct {
+	*clocktesting.FakeClock
+	mu    sync.Mutex
+	asked []time.Duration
+}
+
+func (c *backoffClock) NewTimer(d time.Duration) clock.Timer {
+	c.mu.Lock()
+	c.asked = append(c.asked, d)
+	c.mu.Unlock()
+	return c.FakeClock.NewTimer(d)
+}
+
+func (c *backoffClock) timers() []time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.asked)
+}
+
+// flakyAgent is a fake agent whose watch fails with err while err is set.
+type flakyAgent struct {
+	*fake.Runtime
+	err atomic.Pointer[error]
+}
+
+func (a *flakyAgent) Watch(ctx context.Context) (runtime.Inventory, <-chan runtime.Event, error) {
+	if err := a.err.Load(); err != nil {
+		return runtime.Inventory{}, nil, *err
+	}
+	return a.Runtime.Watch(ctx)
+}
+
+// TestReconnectBackoff: the pool asks an agent that answers "not serving"
+// (starting after a rolling update) again within a second however often
+// it answered so, and watches it as soon as it serves; an agent it cannot
+// reach is asked less and less often, up to every 10 s.
+func TestReconnectBackoff(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		err     error
+		longest time.Duration
+	}{
+		{"not serving", fmt.Errorf("node agent a not serving: starting: %w", runtime.ErrNotServing), time.Second},
+		{"unreachable", fmt.Errorf("dial tcp: connection refused: %w", errdefs.ErrUnavailable), 10 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := &backoffClock{FakeClock: clocktesting.NewFakeClock(time.Now())}
+			p, _ := newPool(t, Config{Name: "t", Clock: clk})
+			a := &flakyAgent{Runtime: fakeNode(t, "a", 2)}
+			a.err.Store(&tc.err)
+			p.AddNode(t.Context(), "a", a)
+			// Each timer fires once the pool has asked for it: 12 failed
+			// watches take a doubling back-off past 10 s.
+			for i := 1; i <= 12; i++ {
+				eventually(t, fmt.Sprintf("back-off timer %d", i), func() bool { return len(clk.timers()) >= i })
+				if i < 12 {
+					clk.Step(clk.timers()[i-1])
+				}
+			}
+			asked := clk.timers()
+			if got := slices.Max(asked); got != tc.longest {
+				t.Errorf("longest back-off %v, want %v (timers %v)", got, tc.longest, asked)
+			}
+			a.err.Store(nil)
+			clk.Step(asked[len(asked)-1])
+			eventually(t, "agent a watched and healthy", func() bool {
+				for _, n := range p.Nodes() {
+					if n.Name == "a" {
+						return n.Healthy
+					}
+				}
+				return false
+			})
+		})
 	}
 }

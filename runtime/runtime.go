@@ -14,6 +14,12 @@ import (
 // ImagePullBackOff, and retries with backoff.
 var ErrImagePull = errors.New("image pull failed")
 
+// ErrNotServing marks the answer of a node agent that runs but does not
+// serve yet (starting, or waiting for containerd): unlike one that cannot
+// be reached, it is about to serve, and the pool asks again within a
+// second rather than backing off further. It is also ErrUnavailable.
+var ErrNotServing = errors.New("node agent not serving yet")
+
 // Runtime is a node's set of sandbox slots. Slots move
 // warm → binding → bound → releasing → warm, or to broken when a slot cannot
 // be recycled. Implementations: runtime/containerd (real) and runtime/fake.

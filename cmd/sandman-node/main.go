@@ -6,7 +6,6 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -298,12 +297,7 @@ func run(args []string) error {
 		}
 	}
 	setStatus("starting")
-	waiting := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		msg := fmt.Sprintf("node agent %s not serving: %s", o.node, notReady.Load())
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusServiceUnavailable)
-		_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"code": "unavailable", "message": msg}})
-	}))
+	waiting := nodeapi.NotServing(func() string { return fmt.Sprintf("node agent %s not serving: %s", o.node, notReady.Load()) })
 	handler.Store(&waiting)
 	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*handler.Load()).ServeHTTP(w, r) }), ReadHeaderTimeout: 10 * time.Second}
 	go func() {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/sandman-dev/sandman/runtime"
 	"github.com/sandman-dev/sandman/runtime/nodeapi"
 )
 
@@ -118,5 +119,34 @@ func TestTransportErrors(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestNotServing: an agent that runs but does not serve yet answers every
+// call with its reason; the client's error is ErrNotServing (the pool asks
+// again soon) and still unavailable, with the agent's message. An agent
+// that cannot be reached is unavailable but not ErrNotServing.
+func TestNotServing(t *testing.T) {
+	reason := "starting"
+	ts := httptest.NewServer(nodeapi.NotServing(func() string { return "node agent w0 not serving: " + reason }))
+	t.Cleanup(ts.Close)
+	c := nodeapi.NewClient(ts.URL, "x", nil)
+	for name, call := range map[string]func() error{
+		"inventory": func() error { _, err := c.Inventory(t.Context()); return err },
+		"watch":     func() error { _, _, err := c.Watch(t.Context()); return err },
+		"bind":      func() error { _, err := c.Bind(t.Context(), runtime.BindRequest{}); return err },
+	} {
+		reason = "waiting for containerd (" + name + ")"
+		err := call()
+		if !errors.Is(err, runtime.ErrNotServing) || !errdefs.IsUnavailable(err) {
+			t.Errorf("%s: %v: want ErrNotServing and unavailable", name, err)
+		}
+		if err == nil || err.Error() != "node agent w0 not serving: "+reason {
+			t.Errorf("%s: message %q, want the agent's", name, err)
+		}
+	}
+	_, err := nodeapi.NewClient(refusedAddr(t), "x", nil).Inventory(t.Context())
+	if !errdefs.IsUnavailable(err) || errors.Is(err, runtime.ErrNotServing) {
+		t.Errorf("unreachable agent: %v: want unavailable, not ErrNotServing", err)
 	}
 }

@@ -61,6 +61,7 @@ var codes = []struct {
 	// a stale leader that of a conflict.
 	{func(err error) bool { return errors.Is(err, ErrStaleLeader) }, "stale_leader", http.StatusConflict, ErrStaleLeader},
 	{func(err error) bool { return errors.Is(err, runtime.ErrImagePull) }, "image_pull", http.StatusBadGateway, runtime.ErrImagePull},
+	{func(err error) bool { return errors.Is(err, runtime.ErrNotServing) }, "not_serving", http.StatusServiceUnavailable, runtime.ErrNotServing},
 	{errdefs.IsInvalidArgument, "invalid_argument", http.StatusBadRequest, errdefs.ErrInvalidArgument},
 	{errdefs.IsNotFound, "not_found", http.StatusNotFound, errdefs.ErrNotFound},
 	{errdefs.IsAlreadyExists, "already_exists", http.StatusConflict, errdefs.ErrAlreadyExists},
@@ -217,6 +218,22 @@ func (s *Server) auth(h http.HandlerFunc) http.Handler {
 		}
 		h(w, r)
 	})
+}
+
+// NotServing answers every request with runtime.ErrNotServing (and
+// unavailable) and the message msg gives: what an agent serves until its
+// runtime is up.
+func NotServing(msg func() string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeErr(w, notServingError(msg()))
+	})
+}
+
+type notServingError string
+
+func (e notServingError) Error() string { return string(e) }
+func (e notServingError) Unwrap() []error {
+	return []error{runtime.ErrNotServing, errdefs.ErrUnavailable}
 }
 
 func writeJSON(w http.ResponseWriter, v any) {
