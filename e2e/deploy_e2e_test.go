@@ -29,6 +29,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
 	"github.com/sandman-dev/sandman/daemon/api"
@@ -646,10 +647,44 @@ func (d *deployed) unreachableContainerd(t *testing.T, box *corev1.Pod) {
 	})
 }
 
+// followAgentLog follows the worker's agent's log until its container
+// ends, and prints it if the test fails: its uninstall is what the test
+// checks, and its pod's log is gone with the namespace.
+func (d *deployed) followAgentLog(t *testing.T) {
+	pod, err := d.agentPod(t.Context())
+	if err != nil || pod == nil {
+		t.Fatalf("the worker's agent pod: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	cmd := exec.CommandContext(ctx, d.s.Env["KUBECTL"], "logs", "-f", "-n", deployNS, pod.Name)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+d.s.Env["KUBECONFIG"])
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			cancel()
+			<-done
+		}
+		cancel()
+		if t.Failed() {
+			t.Logf("agent %s log:\n%s", pod.Name, out.String())
+		}
+	})
+}
+
 // uninstall: `kubectl delete -k` with sandboxes still bound leaves nothing
 // of sandman's on the worker.
 func (d *deployed) uninstall(t *testing.T) {
 	ctx := t.Context()
+	d.followAgentLog(t)
 	d.kubectl(t, "delete", "-k", d.overlay(), "--wait", "--timeout=3m")
 	if _, err := d.s.Kube.CoreV1().Namespaces().Get(ctx, deployNS, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Fatalf("namespace %s still there: %v", deployNS, err)
@@ -681,19 +716,30 @@ func (d *deployed) uninstall(t *testing.T) {
 		}
 	}
 	// Addresses: host-local holds only those of the kubelet's own pods.
-	held, _ := filepath.Glob("/var/lib/cni/networks/sandman-worker/[0-9]*")
-	pods, err := d.s.Kube.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + d.worker})
-	if err != nil {
-		t.Fatal(err)
-	}
-	live := map[string]bool{}
-	for _, p := range pods.Items {
-		live[p.Status.PodIP] = true
-	}
-	for _, h := range held {
-		if ip := filepath.Base(h); !live[ip] {
-			t.Errorf("address %s still held in host-local", ip)
+	// The agent released its slots' before it exited; the kubelet tears
+	// the sandboxes of the deleted sandman-vk pods down after their API
+	// objects are gone, so their addresses may take a moment.
+	var stale []string
+	err = wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		held, _ := filepath.Glob("/var/lib/cni/networks/sandman-worker/[0-9]*")
+		pods, err := d.s.Kube.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + d.worker})
+		if err != nil {
+			return false, nil
 		}
+		live := map[string]bool{}
+		for _, p := range pods.Items {
+			live[p.Status.PodIP] = true
+		}
+		stale = stale[:0]
+		for _, h := range held {
+			if ip := filepath.Base(h); !live[ip] {
+				stale = append(stale, ip)
+			}
+		}
+		return len(stale) == 0, nil
+	})
+	if err != nil {
+		t.Errorf("addresses still held in host-local after 1m, of no pod on the worker: %v", stale)
 	}
 	for _, ctl := range []string{"memory", "cpu", "pids"} {
 		if ents, err := os.ReadDir(filepath.Join("/sys/fs/cgroup", ctl, deployCtrdNS)); err == nil && len(ents) > 0 {

@@ -122,15 +122,23 @@ func (r *Runtime) makeSlot(ctx context.Context) (s *slot, retErr error) {
 			_ = ns.Remove()
 		}
 	}()
-	res, err := r.cni.Setup(ctx, id, ns.GetPath())
-	if err != nil {
-		return nil, fmt.Errorf("slot %s: CNI setup: %w", id, err)
+	// Recorded before CNI runs: an agent killed during the setup leaves
+	// its successor's recovery the namespace to delete, with the address.
+	if err := writeMeta(dir, slotMeta{ID: id, NetNS: ns.GetPath()}); err != nil {
+		return nil, err
 	}
+	// Deleted on any failure, the setup's own included: a plugin that
+	// fails (or is cut off) after the IPAM plugin gave an address would
+	// otherwise keep it (the CNI spec has the runtime call DEL then).
 	defer func() {
 		if retErr != nil {
 			_ = r.cni.Remove(context.WithoutCancel(ctx), id, ns.GetPath())
 		}
 	}()
+	res, err := r.cni.Setup(ctx, id, ns.GetPath())
+	if err != nil {
+		return nil, fmt.Errorf("slot %s: CNI setup: %w", id, err)
+	}
 	ip := resultIP(res)
 	if ip == "" {
 		return nil, fmt.Errorf("slot %s: CNI gave no address", id)
@@ -141,8 +149,7 @@ func (r *Runtime) makeSlot(ctx context.Context) (s *slot, retErr error) {
 	if err := allowLowPorts(ns.GetPath()); err != nil {
 		return nil, fmt.Errorf("slot %s: %w", id, err)
 	}
-	meta, _ := json.Marshal(slotMeta{ID: id, NetNS: ns.GetPath(), IP: ip})
-	if err := os.WriteFile(filepath.Join(dir, "slot.json"), meta, 0o600); err != nil {
+	if err := writeMeta(dir, slotMeta{ID: id, NetNS: ns.GetPath(), IP: ip}); err != nil {
 		return nil, err
 	}
 	return &slot{
@@ -199,6 +206,11 @@ func netnsMounted(path string) bool {
 		return false
 	}
 	return st.Type == unix.NSFS_MAGIC
+}
+
+func writeMeta(dir string, m slotMeta) error {
+	b, _ := json.Marshal(m)
+	return os.WriteFile(filepath.Join(dir, "slot.json"), b, 0o600)
 }
 
 func readMeta(dir string) (slotMeta, error) {
