@@ -47,6 +47,10 @@ var (
 		Help:    "From DeletePod to the node agent's answer that the sandbox is released (its grace period included).",
 		Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
 	})
+	metricDeletesSeen = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sandman_vk_deletions_seen_total",
+		Help: "Pod deletions whose release started from the provider's own watch of the pod informer, before virtual-kubelet's pod controller asked.",
+	})
 )
 
 var metricReclaims = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -69,7 +73,7 @@ var (
 // cmd.
 func Collectors() []prometheus.Collector {
 	return []prometheus.Collector{metricPodsCreated, metricCreateToBound, metricCreateToReady, metricStage, metricBindFailures,
-		metricReleases, metricReleaseSeconds, metricReclaims, metricStatusUpdates, metricAPIRequests}
+		metricReleases, metricReleaseSeconds, metricDeletesSeen, metricReclaims, metricStatusUpdates, metricAPIRequests}
 }
 
 // InstrumentRESTConfig counts every apiserver request made through cfg in

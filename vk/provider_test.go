@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	kfake "k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/cache"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 
@@ -520,4 +521,46 @@ func TestExpiresAtReclaimsAndMoves(t *testing.T) {
 	if !strings.Contains(got.Status.Message, AnnotationExpiresAt) {
 		t.Fatalf("message %q does not name the annotation", got.Status.Message)
 	}
+}
+
+// The informer's view of a deletion releases the slot on its own, without
+// virtual-kubelet's DeletePod; updates of pods not being deleted do not.
+func TestDeletionHandlerReleasesWhatTheInformerSeesDeleted(t *testing.T) {
+	h := newHarness(t, 1)
+	handler := h.p.DeletionHandler()
+	a, b, c := testPod("a", "img"), testPod("b", "img"), testPod("c", "img")
+	for _, pod := range []*corev1.Pod{a, b, c} {
+		if err := h.p.CreatePod(t.Context(), pod); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.wait(t, a.UID, "a Ready", isReady)
+	// An update of a running pod and the deletion of a pod the provider
+	// never had change nothing.
+	handler.OnUpdate(a, a.DeepCopy())
+	handler.OnDelete(testPod("stranger", "img"))
+	h.p.mu.Lock()
+	deleting := h.p.byUID[string(a.UID)].deleting
+	h.p.mu.Unlock()
+	if deleting {
+		t.Fatal("an update without a deletion timestamp started a release")
+	}
+
+	// a is marked for deletion (graceful): its release starts, b gets the slot.
+	marked := a.DeepCopy()
+	marked.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+	marked.DeletionGracePeriodSeconds = ptr.To(int64(0))
+	handler.OnUpdate(a, marked)
+	h.wait(t, b.UID, "b Ready after a's deletion was seen", isReady)
+	if marked.DeletionGracePeriodSeconds == nil || *marked.DeletionGracePeriodSeconds != 0 {
+		t.Fatal("the informer's object was changed")
+	}
+	// virtual-kubelet's own DeletePod, later, finds the release under way.
+	if err := h.p.DeletePod(t.Context(), marked); err != nil && !vkerrdefs.IsNotFound(err) {
+		t.Fatalf("DeletePod after the handler: %v", err)
+	}
+
+	// b is deleted at once and the watch missed it (a tombstone).
+	handler.OnDelete(cache.DeletedFinalStateUnknown{Key: "ns/b", Obj: b.DeepCopy()})
+	h.wait(t, c.UID, "c Ready after b's deletion was seen", isReady)
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/virtual-kubelet/virtual-kubelet/node/nodeutil"
 	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
+	kruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	kubeinformers "k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -73,6 +74,7 @@ type options struct {
 	queueRoom                              int
 	resync, reconcile, orphanGrace, lost   time.Duration
 	metricsListen, logLevel                string
+	podWatch                               string
 	defaultLimits, maxLimits               resourceList
 	pidsLimit                              int64
 	leaderElect                            bool
@@ -142,6 +144,7 @@ func run(args []string) (retErr error) {
 	fs.Float64Var(&o.qps, "kube-api-qps", 500, "apiserver requests per second (client-go's default of 5 throttles bursts)")
 	fs.IntVar(&o.burst, "kube-api-burst", 1000, "apiserver request burst")
 	fs.IntVar(&o.workers, "workers", 32, "pod controller workers per queue")
+	fs.StringVar(&o.podWatch, "pod-watch", "assigned", "how the node's pods are watched: assigned (all pods bound to any node, the other nodes' dropped here: the apiserver buffers such a watch 342–1,000 events deep) or node (spec.nodeName=<node>, as a kubelet: a 10-event buffer, which the apiserver closes whenever a burst of this node's pods outruns it)")
 	fs.IntVar(&o.bindsPerNode, "binds-per-node", 16, "binds in flight per node agent")
 	fs.IntVar(&o.snapshotsPerNode, "snapshots-per-node", 2, "snapshots taken at once per node agent (more wait their turn)")
 	fs.IntVar(&o.maxQueued, "max-queued", 100000, "admission queue bound")
@@ -211,6 +214,9 @@ func run(args []string) (retErr error) {
 	case o.queueRoom < 0 || o.queueRoom > o.maxQueued:
 		return fmt.Errorf("--queue-room %d: want 0 to --max-queued (%d), or -1 for --max-queued: more room than the queue holds would fail pods kube-scheduler bound", o.queueRoom, o.maxQueued)
 	}
+	if o.podWatch != "assigned" && o.podWatch != "node" {
+		return fmt.Errorf("--pod-watch %q: want assigned or node", o.podWatch)
+	}
 	if n := countSet(o.poolSecretName != "", o.tokenFile != "" || os.Getenv("SANDMAN_POOL_TOKEN") != ""); n > 1 || n == 0 && o.nodeAPICASecret == "" {
 		return errors.New("give one of --pool-secret-name, --token-file or SANDMAN_POOL_TOKEN, or --node-api-ca-secret (mutual TLS; the pool secret then only derives sandbox control tokens)")
 	}
@@ -221,6 +227,13 @@ func run(args []string) (retErr error) {
 	}
 	restCfg.QPS, restCfg.Burst = float32(o.qps), o.burst
 	restCfg.UserAgent = "sandman-vk/" + o.nodeName
+	// Protobuf, as the kubelet and kube-scheduler speak: a pod costs the
+	// apiserver and sandman-vk a fraction of JSON's to encode and decode,
+	// and the node's pod watch must keep up with every pod on the node
+	// (the apiserver gives a watch by node name a buffer of 10 events and
+	// closes it when it falls behind).
+	restCfg.ContentType = kruntime.ContentTypeProtobuf
+	restCfg.AcceptContentTypes = kruntime.ContentTypeProtobuf + "," + kruntime.ContentTypeJSON
 	vk.InstrumentRESTConfig(restCfg)
 	// Informers notice a returning apiserver within a second, not after
 	// client-go's back-off of up to a minute.
@@ -437,8 +450,13 @@ func run(args []string) (retErr error) {
 	// (below) so a standby holds them synced; the virtual node's own start
 	// of them when it leads finds them running.
 	var informers []cache.SharedIndexInformer
+	var podInformer cache.SharedIndexInformer
+	nodeClient := kubernetes.Interface(client)
+	if o.podWatch == "assigned" {
+		nodeClient = vk.WidePodWatch(client, o.nodeName)
+	}
 	opts := []nodeutil.NodeOpt{
-		nodeutil.WithClient(client),
+		nodeutil.WithClient(nodeClient),
 		func(c *nodeutil.NodeConfig) error {
 			c.NodeSpec = spec
 			c.InformerResyncPeriod = o.resync
@@ -457,7 +475,8 @@ func run(args []string) (retErr error) {
 			}
 			// Status writes change only the status (vk/statuswrite.go).
 			c.PodClient = vk.StatusOnlyPods(c.PodClient, c.PodInformer.Lister())
-			informers = []cache.SharedIndexInformer{c.PodInformer.Informer(), c.SecretInformer.Informer(),
+			podInformer = c.PodInformer.Informer()
+			informers = []cache.SharedIndexInformer{podInformer, c.SecretInformer.Informer(),
 				c.ConfigMapInformer.Informer(), c.ServiceInformer.Informer()}
 			// Bursts: no token-bucket throttling, per-item back-off only;
 			// pods that wait for capacity wait in the pool, not here.
@@ -502,6 +521,11 @@ func run(args []string) (retErr error) {
 	}
 	// sandman's own routes (images, pre-pull) beside the kubelet API.
 	provider.AttachAPI(mux)
+	// A deleted pod's slot is released when the informer sees the
+	// deletion, not when virtual-kubelet's sync queue gets to it.
+	if _, err := podInformer.AddEventHandler(provider.DeletionHandler()); err != nil {
+		return err
+	}
 	if err := syncInformers(ctx, append(informers, runtimeClasses.Informer())); err != nil {
 		return err
 	}

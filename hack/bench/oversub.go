@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -68,6 +69,8 @@ type oversubResult struct {
 	schedCPU, apiCPU    time.Duration
 	attempts            map[string]float64
 	apiRequests         float64
+	requestMix          map[string]float64
+	terminatedWatches   float64 // watches the apiserver closed for falling behind
 	failed, slots, pods int
 	// pending is kube-scheduler's pending pods (all queues) over time.
 	pending []point
@@ -132,11 +135,11 @@ func (r oversubResult) row() row {
 		note: fmt.Sprintf("job B (%d pods, %s later) create → Ready p50 %s, p99 %s; makespan %.0f s; "+
 			"idle slot-seconds before the last Ready: %.0f with pods in kube-scheduler, %.0f with pods bound and not Ready, %.0f with no pod waiting; "+
 			"machine CPU %.0f %% busy; kube-scheduler %.3f ms CPU/pod, %.2f attempts/pod (%s); "+
-			"apiserver %.2f ms CPU/pod, %.1f requests/pod; %d pods Failed; %d slots, pods capacity %d",
+			"apiserver %.2f ms CPU/pod, %.1f requests/pod (%s), %.0f watches closed for falling behind; %d pods Failed; %d slots, pods capacity %d",
 			len(r.readyB), oversubBDelay, ms(r.readyB.p50()), ms(r.readyB.p99()), r.makespan.Seconds(),
 			r.idleSched, r.idleNode, r.idleNone, 100*r.busy,
 			r.schedCPU.Seconds()*1000/float64(n), attempts/float64(n), strings.Join(parts, ", "),
-			r.apiCPU.Seconds()*1000/float64(n), r.apiRequests/float64(n), r.failed, r.slots, r.pods) + turnoverNote(r.turnover),
+			r.apiCPU.Seconds()*1000/float64(n), r.apiRequests/float64(n), perPod(r.requestMix, n), r.terminatedWatches, r.failed, r.slots, r.pods) + turnoverNote(r.turnover),
 	}
 }
 
@@ -279,7 +282,8 @@ func (b *vkBench) oversubRun(ctx context.Context, image string, m oversubMode) (
 	sched0, api0 := cpuTime(schedPID), cpuTime(apiPID)
 	busy0, total0 := machineCPU()
 	attempts0 := b.schedulerMetric(ctx, "scheduler_schedule_attempts_total")
-	requests0 := sumValues(b.apiserverMetric(ctx, "apiserver_request_total"))
+	requests0 := b.apiserverMetric(ctx, "apiserver_request_total")
+	terminated0 := sumValues(b.apiserverMetric(ctx, "apiserver_terminated_watchers_total"))
 	begin := time.Now()
 
 	// kube-scheduler's pending pods, every second.
@@ -404,7 +408,10 @@ func (b *vkBench) oversubRun(ctx context.Context, image string, m oversubMode) (
 	for k, v := range b.schedulerMetric(ctx, "scheduler_schedule_attempts_total") {
 		res.attempts[labelValue(k, "result")] += v - attempts0[k]
 	}
-	res.apiRequests = sumValues(b.apiserverMetric(ctx, "apiserver_request_total")) - requests0
+	requests1 := b.apiserverMetric(ctx, "apiserver_request_total")
+	res.apiRequests = sumValues(requests1) - sumValues(requests0)
+	res.requestMix = requestMix(requests0, requests1)
+	res.terminatedWatches = sumValues(b.apiserverMetric(ctx, "apiserver_terminated_watchers_total")) - terminated0
 	return res, nil
 }
 
@@ -483,6 +490,34 @@ func labelValue(labels, key string) string {
 	return ""
 }
 
+// requestMix counts the apiserver's requests between two readings of
+// apiserver_request_total by verb, resource and subresource.
+func requestMix(before, after map[string]float64) map[string]float64 {
+	out := map[string]float64{}
+	for k, v := range after {
+		name := labelValue(k, "verb") + " " + labelValue(k, "resource")
+		if sub := labelValue(k, "subresource"); sub != "" {
+			name += "/" + sub
+		}
+		out[name] += v - before[k]
+	}
+	return out
+}
+
+// perPod names the requests of a mix per pod, the most frequent first
+// (those under 0.05 per pod left out).
+func perPod(mix map[string]float64, pods int) string {
+	names := slices.Collect(maps.Keys(mix))
+	sort.Slice(names, func(i, j int) bool { return mix[names[i]] > mix[names[j]] })
+	var parts []string
+	for _, name := range names {
+		if v := mix[name] / float64(pods); v >= 0.05 {
+			parts = append(parts, fmt.Sprintf("%s %.2f", name, v))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
 func sumValues(m map[string]float64) float64 {
 	t := 0.0
 	for _, v := range m {
@@ -524,5 +559,15 @@ func stageMeans(ctx context.Context, addr string) string {
 	if len(parts) == 0 {
 		return ""
 	}
-	return "; sandman-vk's stages, mean: " + strings.Join(parts, ", ")
+	out := "; sandman-vk's stages, mean: " + strings.Join(parts, ", ")
+	// Its own requests, by verb, resource and answer.
+	reqs := map[string]float64{}
+	for k, v := range parseFamily(body, "sandman_vk_apiserver_requests_total") {
+		reqs[labelValue(k, "verb")+" "+labelValue(k, "resource")+" "+labelValue(k, "code")] += v
+	}
+	var mix []string
+	for _, k := range slices.Sorted(maps.Keys(reqs)) {
+		mix = append(mix, fmt.Sprintf("%s %.0f", k, reqs[k]))
+	}
+	return out + "; sandman-vk's requests: " + strings.Join(mix, ", ")
 }
