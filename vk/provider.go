@@ -600,6 +600,13 @@ func (p *Provider) release(key, uid string, grace time.Duration, deleted bool) {
 	// A pod deleted at once (grace 0, or forced) is gone from the API
 	// already: its deletion needs no finishing, and asking again costs the
 	// apiserver a read of etcd for a 404 (one per turnover in a burst).
+	// The informer may still hold it: the apiserver writes the deletion
+	// timestamp (grace 0) and removes the pod in the same request, and the
+	// release starts on the first of the two events.
+	if g := pod.DeletionGracePeriodSeconds; g != nil && *g == 0 && pod.DeletionTimestamp != nil {
+		p.forget(uid)
+		return
+	}
 	if p.cfg.Pods != nil {
 		if cur, err := p.cfg.Pods.Pods(pod.Namespace).Get(pod.Name); apierrors.IsNotFound(err) || err == nil && cur.UID != pod.UID {
 			p.forget(uid)

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,6 +20,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	kfake "k8s.io/client-go/kubernetes/fake"
+	corev1listers "k8s.io/client-go/listers/core/v1"
+	ktesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
@@ -526,9 +529,17 @@ func TestExpiresAtReclaimsAndMoves(t *testing.T) {
 // The informer's view of a deletion releases the slot on its own, without
 // virtual-kubelet's DeletePod; updates of pods not being deleted do not.
 func TestDeletionHandlerReleasesWhatTheInformerSeesDeleted(t *testing.T) {
-	h := newHarness(t, 1)
-	handler := h.p.DeletionHandler()
+	// The informer's cache, as the provider reads it: it still holds a
+	// (its grace-0 deletion is seen as an update first) and c; b is gone.
 	a, b, c := testPod("a", "img"), testPod("b", "img"), testPod("c", "img")
+	informed := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	for _, pod := range []*corev1.Pod{a, c} {
+		if err := informed.Add(pod); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := newHarness(t, 1, func(c *Config) { c.Pods = corev1listers.NewPodLister(informed) })
+	handler := h.p.DeletionHandler()
 	for _, pod := range []*corev1.Pod{a, b, c} {
 		if err := h.p.CreatePod(t.Context(), pod); err != nil {
 			t.Fatal(err)
@@ -560,7 +571,34 @@ func TestDeletionHandlerReleasesWhatTheInformerSeesDeleted(t *testing.T) {
 		t.Fatalf("DeletePod after the handler: %v", err)
 	}
 
+	// The apiserver removes a pod deleted with grace 0 itself: no DELETE
+	// of a's follows.
+	poll(t, "a forgotten", func() bool {
+		_, err := h.p.GetPod(t.Context(), "ns", "a")
+		return vkerrdefs.IsNotFound(err)
+	})
+
 	// b is deleted at once and the watch missed it (a tombstone).
 	handler.OnDelete(cache.DeletedFinalStateUnknown{Key: "ns/b", Obj: b.DeepCopy()})
 	h.wait(t, c.UID, "c Ready after b's deletion was seen", isReady)
+
+	// c is deleted gracefully: once its sandbox is gone the provider
+	// finishes the deletion, as a kubelet does.
+	graceful := c.DeepCopy()
+	graceful.DeletionTimestamp = &metav1.Time{Time: time.Now().Add(5 * time.Second)}
+	graceful.DeletionGracePeriodSeconds = ptr.To(int64(5))
+	handler.OnUpdate(c, graceful)
+	poll(t, "c's deletion finished", func() bool {
+		_, err := h.p.GetPod(t.Context(), "ns", "c")
+		return vkerrdefs.IsNotFound(err)
+	})
+	var deleted []string
+	for _, a := range h.client.Actions() {
+		if d, ok := a.(ktesting.DeleteAction); ok && d.GetResource().Resource == "pods" {
+			deleted = append(deleted, d.GetName())
+		}
+	}
+	if !slices.Equal(deleted, []string{"c"}) {
+		t.Fatalf("pods deleted in the API: %v, want only the gracefully deleted c", deleted)
+	}
 }

@@ -298,6 +298,10 @@ func (p *vkProc) stop(kube kubernetes.Interface) {
 		<-done
 	}
 	_ = kube.CoreV1().Nodes().Delete(context.Background(), p.node, metav1.DeleteOptions{})
+	if dir := os.Getenv("BENCH_VK_LOG_DIR"); dir != "" {
+		// sandman-vk's output, kept for reading after the run.
+		_ = os.WriteFile(filepath.Join(dir, p.node+".log"), p.out.Bytes(), 0o644)
+	}
 }
 
 func (b *vkBench) pod(name, pool, image, nodeName string) *corev1.Pod {
