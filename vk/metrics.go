@@ -47,6 +47,10 @@ var (
 		Help:    "From DeletePod to the node agent's answer that the sandbox is released (its grace period included).",
 		Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
 	})
+	metricWaitingUntold = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sandman_vk_waiting_statuses_dropped_total",
+		Help: "Pods queued for a slot that had one (or were gone) before the paced waiting lane wrote their WaitingForSlot status and event.",
+	})
 	metricDeletesSeen = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "sandman_vk_deletions_seen_total",
 		Help: "Pod deletions whose release started from the provider's own watch of the pod informer, before virtual-kubelet's pod controller asked.",
@@ -73,7 +77,7 @@ var (
 // cmd.
 func Collectors() []prometheus.Collector {
 	return []prometheus.Collector{metricPodsCreated, metricCreateToBound, metricCreateToReady, metricStage, metricBindFailures,
-		metricReleases, metricReleaseSeconds, metricDeletesSeen, metricReclaims, metricStatusUpdates, metricAPIRequests}
+		metricReleases, metricReleaseSeconds, metricDeletesSeen, metricWaitingUntold, metricReclaims, metricStatusUpdates, metricAPIRequests}
 }
 
 // InstrumentRESTConfig counts every apiserver request made through cfg in

@@ -16,6 +16,7 @@ import (
 	"github.com/containerd/errdefs"
 	vkerrdefs "github.com/virtual-kubelet/virtual-kubelet/errdefs"
 	"github.com/virtual-kubelet/virtual-kubelet/node"
+	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -89,7 +90,13 @@ type Config struct {
 	ReconcileInterval, OrphanGrace time.Duration
 	// StatusWorkers turn changes into pod statuses (default 16).
 	StatusWorkers int
-	Logger        *slog.Logger
+	// WaitingStatusQPS paces the statuses and events that only say a pod
+	// waits for a slot (default 20 a second, bursts of 4× that): they
+	// queue apart from the others, so a burst's Ready statuses do not wait
+	// behind thousands of them, and are dropped when the pod stopped
+	// waiting first. Negative: no pacing.
+	WaitingStatusQPS float64
+	Logger           *slog.Logger
 	// Clock tells the time and runs the provider's timers and tickers:
 	// deadlines, retries, the reconciler, delayed status pushes (default
 	// clock.RealClock). Tests pass a fake clock and move it.
@@ -124,6 +131,8 @@ type Provider struct {
 	cfg    Config
 	log    *slog.Logger
 	status workqueue.TypedRateLimitingInterface[string]
+	// waiting: pods to tell they wait for a slot (WaitingStatusQPS).
+	waiting workqueue.TypedRateLimitingInterface[string]
 	// daemonHTTP carries every call to sandbox daemons (idle checks,
 	// kubectl exec and logs): one connection pool rather than one per call,
 	// whose idle connections would each linger until their timeout.
@@ -206,8 +215,18 @@ func New(cfg Config) (*Provider, error) {
 	if cfg.DialDaemon == nil {
 		cfg.DialDaemon = (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext
 	}
+	waitLimit := workqueue.TypedRateLimiter[string](&workqueue.TypedBucketRateLimiter[string]{Limiter: rate.NewLimiter(rate.Inf, 1)})
+	switch {
+	case cfg.WaitingStatusQPS == 0:
+		cfg.WaitingStatusQPS = 20
+		fallthrough
+	case cfg.WaitingStatusQPS > 0:
+		waitLimit = &workqueue.TypedBucketRateLimiter[string]{Limiter: rate.NewLimiter(rate.Limit(cfg.WaitingStatusQPS), max(1, int(4*cfg.WaitingStatusQPS)))}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Provider{
+		waiting: workqueue.NewTypedRateLimitingQueueWithConfig(waitLimit,
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "sandman-pod-waiting", Clock: cfg.Clock}),
 		cfg: cfg, log: cfg.Logger.With("vnode", cfg.NodeName),
 		// Status pushes are deduplicated per pod and never throttled.
 		status: workqueue.NewTypedRateLimitingQueueWithConfig(
@@ -242,6 +261,7 @@ func (p *Provider) Close() {
 	p.mu.Unlock()
 	p.cancel()
 	p.status.ShutDown()
+	p.waiting.ShutDown()
 	p.wg.Wait()
 	p.daemonHTTP.CloseIdleConnections()
 }
@@ -306,6 +326,8 @@ func (p *Provider) NotifyPods(ctx context.Context, cb func(*corev1.Pod)) {
 	}
 	// Close shuts the queue down too, whichever comes first.
 	context.AfterFunc(ctx, p.status.ShutDown)
+	context.AfterFunc(ctx, p.waiting.ShutDown)
+	p.goOwned(p.waitingWorker)
 }
 
 func (p *Provider) statusWorker(ctx context.Context) {
@@ -343,6 +365,33 @@ func (p *Provider) statusWorker(ctx context.Context) {
 }
 
 func (p *Provider) push(uid string) { p.status.Add(uid) }
+
+// waitingWorker tells pods they wait for a slot (status and event), at
+// the pace of the waiting lane, unless they no longer wait.
+func (p *Provider) waitingWorker() {
+	for {
+		uid, quit := p.waiting.Get()
+		if quit {
+			return
+		}
+		p.mu.Lock()
+		sb := p.byUID[uid]
+		still := sb != nil && !sb.started() && sb.node == "" && !sb.terminal() && !sb.deleting
+		var pod *corev1.Pod
+		var reason, message string
+		if still {
+			pod, reason, message = sb.pod, sb.reason, sb.message
+		}
+		p.mu.Unlock()
+		if still {
+			p.push(uid)
+			p.cfg.Recorder.Event(pod, corev1.EventTypeNormal, reason, message)
+		} else {
+			metricWaitingUntold.Inc()
+		}
+		p.waiting.Done(uid)
+	}
+}
 
 // boundPushDelay holds back the Running-but-not-ready status of a sandbox
 // that was just bound: its daemon usually answers within it, and one
@@ -603,7 +652,7 @@ func (p *Provider) release(key, uid string, grace time.Duration, deleted bool) {
 	// The informer may still hold it: the apiserver writes the deletion
 	// timestamp (grace 0) and removes the pod in the same request, and the
 	// release starts on the first of the two events.
-	if g := pod.DeletionGracePeriodSeconds; g != nil && *g == 0 && pod.DeletionTimestamp != nil {
+	if removedAtOnce(pod) {
 		p.forget(uid)
 		return
 	}
@@ -686,9 +735,13 @@ func (p *Provider) OnUpdate(u pool.Update) {
 	key := podKey(sb.pod.Namespace, sb.pod.Name)
 	switch u.Kind {
 	case pool.Queued:
+		// Said when the waiting lane gets to it, if the pod still waits:
+		// in a burst most of these would only delay the Ready statuses
+		// of the pods that got slots.
 		sb.wait(u.Reason, u.Message)
-		pod := sb.pod
-		event = func() { p.cfg.Recorder.Event(pod, corev1.EventTypeNormal, u.Reason, u.Message) }
+		p.mu.Unlock()
+		p.waiting.AddRateLimited(u.UID)
+		return
 	case pool.Placing:
 		sb.placing(u.Node)
 		sb.trace.placed = u.Time

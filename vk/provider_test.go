@@ -41,6 +41,8 @@ type harness struct {
 
 	mu       sync.Mutex
 	statuses map[types.UID]*corev1.Pod
+	// reasons: every waiting reason pushed per pod, in order.
+	reasons map[types.UID][]string
 }
 
 func newHarness(t *testing.T, slots int, mutate ...func(*Config)) *harness {
@@ -51,7 +53,7 @@ func newHarness(t *testing.T, slots int, mutate ...func(*Config)) *harness {
 // newHarnessWith is newHarness with the fake node agent seen through wrap.
 func newHarnessWith(t *testing.T, slots int, wrap func(*fake.Runtime) runtime.Runtime, mutate ...func(*Config)) *harness {
 	t.Helper()
-	h := &harness{client: kfake.NewClientset(), statuses: map[types.UID]*corev1.Pod{}}
+	h := &harness{client: kfake.NewClientset(), statuses: map[types.UID]*corev1.Pod{}, reasons: map[types.UID][]string{}}
 	var err error
 	h.node, err = fake.New(fake.Config{Node: "w1", Slots: slots, Images: []string{"img"}, IPBase: "10.9.0"})
 	if err != nil {
@@ -80,6 +82,11 @@ func newHarnessWith(t *testing.T, slots int, wrap func(*fake.Runtime) runtime.Ru
 	h.p.NotifyPods(ctx, func(pod *corev1.Pod) {
 		h.mu.Lock()
 		h.statuses[pod.UID] = pod
+		for _, cs := range pod.Status.ContainerStatuses {
+			if w := cs.State.Waiting; w != nil {
+				h.reasons[pod.UID] = append(h.reasons[pod.UID], w.Reason)
+			}
+		}
 		h.mu.Unlock()
 	})
 	go func() { _ = h.pool.Run(ctx); close(poolDone) }()
@@ -600,5 +607,37 @@ func TestDeletionHandlerReleasesWhatTheInformerSeesDeleted(t *testing.T) {
 	}
 	if !slices.Equal(deleted, []string{"c"}) {
 		t.Fatalf("pods deleted in the API: %v, want only the gracefully deleted c", deleted)
+	}
+}
+
+// Statuses that only say a pod waits for a slot are paced apart from the
+// others, and dropped for a pod that got its slot first.
+func TestWaitingStatusesArePacedAndDroppedOnceStale(t *testing.T) {
+	h := newHarness(t, 1, func(c *Config) { c.WaitingStatusQPS = 0.001 }) // a burst of 1, then one per 1,000 s
+	a, x, b := testPod("a", "img"), testPod("x", "img"), testPod("b", "img")
+	for _, pod := range []*corev1.Pod{a, x, b} {
+		if err := h.p.CreatePod(t.Context(), pod); err != nil {
+			t.Fatal(err)
+		}
+		if pod == a {
+			h.wait(t, a.UID, "a Ready", isReady)
+		}
+	}
+	// x took the lane's burst: it is told it waits.
+	h.wait(t, x.UID, "x waiting for a slot", func(p *corev1.Pod) bool {
+		w := p.Status.ContainerStatuses[0].State.Waiting
+		return w != nil && w.Reason == "WaitingForSlot"
+	})
+	// a and then x are deleted; b gets the slot before the lane reaches it.
+	for _, pod := range []*corev1.Pod{a, x} {
+		if err := h.p.DeletePod(t.Context(), pod); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.wait(t, b.UID, "b Ready", isReady)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if slices.Contains(h.reasons[b.UID], "WaitingForSlot") {
+		t.Fatalf("b was told it waits for a slot after the lane's burst was spent: %v", h.reasons[b.UID])
 	}
 }

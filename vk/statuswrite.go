@@ -61,6 +61,26 @@ func (c statusOnlyPodInterface) UpdateStatus(ctx context.Context, pod *corev1.Po
 	return c.PodInterface.UpdateStatus(ctx, withStatus(cur, pod), opts)
 }
 
+// Delete skips the request for a pod the informer holds marked for
+// deletion with grace 0: the apiserver removed it in the request that
+// marked it (the informer sees the mark first, then the removal), so
+// asking again only costs a read of etcd for a 404. virtual-kubelet's pod
+// controller deletes every such pod again once its provider let it go.
+func (c statusOnlyPodInterface) Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error {
+	if cur, err := c.lister.Get(name); err == nil && removedAtOnce(cur) &&
+		(opts.Preconditions == nil || opts.Preconditions.UID == nil || *opts.Preconditions.UID == cur.UID) {
+		return nil
+	}
+	return c.PodInterface.Delete(ctx, name, opts)
+}
+
+// removedAtOnce: pod was deleted with grace 0, so the apiserver removed
+// it (or holds it only for its finalizers) in the same request.
+func removedAtOnce(pod *corev1.Pod) bool {
+	g := pod.DeletionGracePeriodSeconds
+	return pod.DeletionTimestamp != nil && g != nil && *g == 0
+}
+
 // withStatus is cur, as the API has it, with the status of pod.
 func withStatus(cur, pod *corev1.Pod) *corev1.Pod {
 	out := cur.DeepCopy()

@@ -1,14 +1,19 @@
 package vk
 
 import (
+	"slices"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	corev1listers "k8s.io/client-go/listers/core/v1"
+	ktesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/ptr"
 )
 
 // TestStatusOnlyPods: the status virtual-kubelet writes with the provider's
@@ -72,5 +77,38 @@ func TestStatusOnlyPods(t *testing.T) {
 	other.UID, other.ResourceVersion = "u2", "7"
 	if _, err := pods.Pods("ns").UpdateStatus(ctx, other, metav1.UpdateOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("write for another pod of the name: got %v, want not found", err)
+	}
+}
+
+// A pod the informer holds deleted with grace 0 is not deleted again;
+// any other is.
+func TestStatusOnlyPodsSkipsDeletingWhatIsGone(t *testing.T) {
+	marked := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "gone", UID: "u1",
+		DeletionTimestamp: &metav1.Time{Time: time.Now()}, DeletionGracePeriodSeconds: ptr.To(int64(0))}}
+	graceful := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "graceful", UID: "u2",
+		DeletionTimestamp: &metav1.Time{Time: time.Now()}, DeletionGracePeriodSeconds: ptr.To(int64(30))}}
+	client := fake.NewClientset(graceful.DeepCopy())
+	idx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	for _, pod := range []*corev1.Pod{marked, graceful} {
+		if err := idx.Add(pod); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pods := StatusOnlyPods(client.CoreV1(), corev1listers.NewPodLister(idx)).Pods("ns")
+	uid := types.UID("u1")
+	if err := pods.Delete(t.Context(), "gone", metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}); err != nil {
+		t.Fatalf("deleting a pod removed at once: %v", err)
+	}
+	if err := pods.Delete(t.Context(), "graceful", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var deleted []string
+	for _, a := range client.Actions() {
+		if d, ok := a.(ktesting.DeleteAction); ok {
+			deleted = append(deleted, d.GetName())
+		}
+	}
+	if !slices.Equal(deleted, []string{"graceful"}) {
+		t.Fatalf("DELETE requests for %v, want only graceful", deleted)
 	}
 }
