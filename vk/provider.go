@@ -215,17 +215,16 @@ func New(cfg Config) (*Provider, error) {
 	if cfg.DialDaemon == nil {
 		cfg.DialDaemon = (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext
 	}
-	waitLimit := workqueue.TypedRateLimiter[string](&workqueue.TypedBucketRateLimiter[string]{Limiter: rate.NewLimiter(rate.Inf, 1)})
-	switch {
-	case cfg.WaitingStatusQPS == 0:
+	if cfg.WaitingStatusQPS == 0 {
 		cfg.WaitingStatusQPS = 20
-		fallthrough
-	case cfg.WaitingStatusQPS > 0:
-		waitLimit = &workqueue.TypedBucketRateLimiter[string]{Limiter: rate.NewLimiter(rate.Limit(cfg.WaitingStatusQPS), max(1, int(4*cfg.WaitingStatusQPS)))}
+	}
+	waitPace := rate.NewLimiter(rate.Inf, 1)
+	if qps := cfg.WaitingStatusQPS; qps > 0 {
+		waitPace = rate.NewLimiter(rate.Limit(qps), max(1, int(4*qps)))
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Provider{
-		waiting: workqueue.NewTypedRateLimitingQueueWithConfig(waitLimit,
+		waiting: workqueue.NewTypedRateLimitingQueueWithConfig[string](&workqueue.TypedBucketRateLimiter[string]{Limiter: waitPace},
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "sandman-pod-waiting", Clock: cfg.Clock}),
 		cfg: cfg, log: cfg.Logger.With("vnode", cfg.NodeName),
 		// Status pushes are deduplicated per pod and never throttled.

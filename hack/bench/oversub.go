@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -10,7 +11,6 @@ import (
 	"net/http"
 	"os"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -512,7 +512,7 @@ func requestMix(before, after map[string]float64) map[string]float64 {
 // (those under 0.05 per pod left out).
 func perPod(mix map[string]float64, pods int) string {
 	names := slices.Collect(maps.Keys(mix))
-	sort.Slice(names, func(i, j int) bool { return mix[names[i]] > mix[names[j]] })
+	slices.SortFunc(names, func(a, b string) int { return cmp.Compare(mix[b], mix[a]) })
 	var parts []string
 	for _, name := range names {
 		if v := mix[name] / float64(pods); v >= 0.05 {
