@@ -216,7 +216,11 @@ func startPool(t *testing.T, s *framework.Stack, n, slots int, agentArgs ...stri
 		// A pod's object can be gone before its slot is: one deleted while
 		// its bind was in flight (it waited in the pool's queue, say) is
 		// released once the bind ends, or by the reconciler's orphan
-		// sweep. sandman-vk must see that through before it stops.
+		// sweep; one deleted at once (grace 0) is gone from the API as its
+		// release starts. sandman-vk must see that through before it
+		// stops, and the agents must have finished the releases: an agent
+		// stopped with a hundred under way spends its stop budget on them
+		// and leaves its warm slots behind.
 		var held []string
 		err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 			held = held[:0]
@@ -226,7 +230,7 @@ func startPool(t *testing.T, s *framework.Stack, n, slots int, agentArgs ...stri
 					continue // a dead agent releases nothing; the census reports what it holds
 				}
 				for _, sl := range inv.Slots {
-					if sl.Pod != nil && (sl.State == runtime.StateBound || sl.State == runtime.StateBinding) {
+					if sl.Pod != nil { // binding, bound or releasing
 						held = append(held, fmt.Sprintf("%s on %s (%s)", sl.Pod.Name, a.name, sl.State))
 					}
 				}
@@ -234,7 +238,7 @@ func startPool(t *testing.T, s *framework.Stack, n, slots int, agentArgs ...stri
 			return len(held) == 0, nil
 		})
 		if err != nil {
-			t.Errorf("waiting 1m for sandman-vk to release every slot of the test's pods: %v; still held: %v", err, held)
+			t.Errorf("waiting 1m for every slot of the test's pods to be released: %v; still held: %v", err, held)
 		}
 	})
 	framework.Eventually(t, time.Minute, "virtual node "+p.node+" Ready", func(ctx context.Context) (bool, error) {

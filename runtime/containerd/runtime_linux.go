@@ -1061,6 +1061,7 @@ func (r *Runtime) Close(ctx context.Context) error {
 		}
 	}
 	r.mu.Unlock()
+	start := time.Now()
 	errs := []error{r.tearDown(ctx, warm)}
 	if r.grouped() {
 		// And only those: a holder that a bind or a hot start finishing as
@@ -1074,6 +1075,9 @@ func (r *Runtime) Close(ctx context.Context) error {
 		r.mu.Unlock()
 		errs = append(errs, r.removeHolders(ctx, keep))
 	}
+	// How long a stop takes with a node's worth of slots: the agent's pod
+	// has its termination grace period for all of it.
+	r.log.Info("slots torn down", "slots", len(warm), "seconds", time.Since(start).Seconds())
 	r.hub.Close()
 	return errors.Join(errs...)
 }
