@@ -156,6 +156,34 @@ func timeN(n int, f func() error) (durations, error) {
 	return out, nil
 }
 
+// timeInterleaved times a and b n times each, one of each in turn (after a
+// short warm-up of both), so that a machine whose speed drifts within a run
+// (a shared VM's fork+exec moved between 2.4 and 3.4 ms minutes apart)
+// slows the measured operation and its baseline alike.
+func timeInterleaved(n int, a, b func() error) (durations, durations, error) {
+	for range min(n/10+1, 20) {
+		if err := a(); err != nil {
+			return nil, nil, err
+		}
+		if err := b(); err != nil {
+			return nil, nil, err
+		}
+	}
+	da, db := make(durations, 0, n), make(durations, 0, n)
+	for range n {
+		start := time.Now()
+		if err := a(); err != nil {
+			return nil, nil, err
+		}
+		mid := time.Now()
+		if err := b(); err != nil {
+			return nil, nil, err
+		}
+		da, db = append(da, mid.Sub(start)), append(db, time.Since(mid))
+	}
+	return da, db, nil
+}
+
 // sampleN runs f n times (after a short warm-up) and keeps the durations f
 // reports, for benchmarks that time only part of each iteration.
 func sampleN(n int, f func() (time.Duration, error)) (durations, error) {
