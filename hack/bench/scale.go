@@ -494,19 +494,23 @@ func (b *vkBench) fakeKubelets(ctx context.Context, label string, count, perNode
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		l, err := b.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: label + "=true"})
+		tainted, listed, keys := 0, 0, map[string]int{}
 		if err == nil {
-			tainted := 0
+			listed = len(l.Items)
 			for _, n := range l.Items {
 				if len(n.Spec.Taints) > 0 {
 					tainted++
 				}
+				for _, t := range n.Spec.Taints {
+					keys[t.Key+":"+string(t.Effect)]++
+				}
 			}
-			if tainted == 0 && len(l.Items) == count {
+			if tainted == 0 && listed == count {
 				break
 			}
 		}
 		if time.Now().After(deadline) {
-			return fail(fmt.Errorf("ordinary nodes still tainted not-ready"))
+			return fail(fmt.Errorf("ordinary nodes not ready for pods after 2m: %d of %d listed, %d tainted (%v), last list error %v", listed, count, tainted, keys, err))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

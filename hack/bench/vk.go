@@ -55,6 +55,9 @@ type vkBench struct {
 	ns     string
 	client *ctrd.Client
 	be     benchEnv
+
+	schedOnce sync.Once
+	sched     *http.Client // kube-scheduler's /metrics, see schedulerMetric
 }
 
 // benchVK measures create→Ready through the whole path.
