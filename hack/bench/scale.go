@@ -430,36 +430,14 @@ func (b *vkBench) fakeKubelets(ctx context.Context, label string, count, perNode
 		return nil, nil, err
 	}
 	for i := range count {
-		name := fmt.Sprintf("%s-%03d", label, i)
-		names = append(names, name)
-		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{label: "true", "kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}}}
-		if _, err := b.kube.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
-			return fail(err)
-		}
-		capa := corev1.ResourceList{corev1.ResourcePods: *resource.NewQuantity(int64(perNode), resource.DecimalSI),
-			corev1.ResourceCPU: resource.MustParse("64"), corev1.ResourceMemory: resource.MustParse("256Gi")}
-		// The node lifecycle controller edits new nodes too: retry on conflict.
-		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-			cur, err := b.kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-			if err != nil {
-				return err
-			}
-			now := metav1.Now()
-			cur.Status = corev1.NodeStatus{Capacity: capa, Allocatable: capa,
-				Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: now, LastTransitionTime: now}},
-				Addresses:  []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: fmt.Sprintf("10.254.%d.%d", i/250, i%250+1)}}}
-			_, err = b.kube.CoreV1().Nodes().UpdateStatus(ctx, cur, metav1.UpdateOptions{})
-			return err
-		})
-		if err != nil {
-			return fail(err)
-		}
-		lease := &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "kube-node-lease"},
-			Spec: coordv1.LeaseSpec{HolderIdentity: ptr.To(name), LeaseDurationSeconds: ptr.To[int32](40), RenewTime: &metav1.MicroTime{Time: time.Now()}}}
-		if _, err := b.kube.CoordinationV1().Leases("kube-node-lease").Create(ctx, lease, metav1.CreateOptions{}); err != nil {
-			return fail(err)
-		}
+		names = append(names, fmt.Sprintf("%s-%03d", label, i))
 	}
+	// The leases are renewed from the start: created one after another on a
+	// loaded machine, the last of 1,000 nodes came more than 40 s after the
+	// first, whose lease had lapsed by then; the node lifecycle controller
+	// marked those nodes' Ready condition Unknown and tainted them, and only a
+	// kubelet's status write takes that back (the mode failed with its nodes
+	// "still tainted" after 2 minutes).
 	wg.Go(func() { // leases every 10 s
 		t := time.NewTicker(10 * time.Second)
 		defer t.Stop()
@@ -488,6 +466,45 @@ func (b *vkBench) fakeKubelets(ctx context.Context, label string, count, perNode
 			_ = renew.Wait()
 		}
 	})
+	// Created 16 at a time: the nodes are ready for pods sooner, so the
+	// leases matter less.
+	var mk errgroup.Group
+	mk.SetLimit(16)
+	for i, name := range names {
+		mk.Go(func() error {
+			node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{label: "true", "kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}}}
+			if _, err := b.kube.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+				return err
+			}
+			capa := corev1.ResourceList{corev1.ResourcePods: *resource.NewQuantity(int64(perNode), resource.DecimalSI),
+				corev1.ResourceCPU: resource.MustParse("64"), corev1.ResourceMemory: resource.MustParse("256Gi")}
+			// The node lifecycle controller edits new nodes too: retry on conflict.
+			err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+				cur, err := b.kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+				if err != nil {
+					return err
+				}
+				now := metav1.Now()
+				cur.Status = corev1.NodeStatus{Capacity: capa, Allocatable: capa,
+					Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: now, LastTransitionTime: now}},
+					Addresses:  []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: fmt.Sprintf("10.254.%d.%d", i/250, i%250+1)}}}
+				_, err = b.kube.CoreV1().Nodes().UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			lease := &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "kube-node-lease"},
+				Spec: coordv1.LeaseSpec{HolderIdentity: ptr.To(name), LeaseDurationSeconds: ptr.To[int32](40), RenewTime: &metav1.MicroTime{Time: time.Now()}}}
+			if _, err := b.kube.CoordinationV1().Leases("kube-node-lease").Create(ctx, lease, metav1.CreateOptions{}); err != nil {
+				return err
+			}
+			return nil
+		})
+	}
+	if err := mk.Wait(); err != nil {
+		return fail(err)
+	}
 	wg.Go(func() { b.standInKubelet(lctx, label) })
 	// Wait until the node lifecycle controller has lifted the not-ready
 	// taints, so every node takes pods.
