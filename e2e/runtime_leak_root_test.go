@@ -72,14 +72,19 @@ func countResources(t *testing.T, s *framework.Stack) resourceCounts {
 	return out
 }
 
-// TestRootBindReleaseLeaves nothing: 1,000 bind/release cycles leave the
-// same containers, tasks, snapshots, leases, mounts, network namespaces, IP
+// TestRootBindReleaseLeaves nothing: 1,000 bind/release cycles
+// (SANDMAN_LEAK_CYCLES; make test runs 300, make soak 10,000) leave the same
+// containers, tasks, snapshots, leases, mounts, network namespaces, IP
 // allocations and cgroups as before.
 func TestRootBindReleaseLeavesNothing(t *testing.T) {
 	s := framework.Get(t)
 	cycles := 1000
 	if v := os.Getenv("SANDMAN_LEAK_CYCLES"); v != "" {
-		cycles, _ = strconv.Atoi(v)
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("SANDMAN_LEAK_CYCLES=%q: want a number of cycles ≥ 1", v)
+		}
+		cycles = n
 	}
 	const workers = 4
 	rt := newContainerdRuntime(t, s, workers, workers, func(c *rtcontainerd.Config) {
