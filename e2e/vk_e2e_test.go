@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -1031,17 +1032,32 @@ func TestVKTrainerKilled(t *testing.T) {
 	if err := os.WriteFile(file, []byte(manifest.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	trainer := exec.Command("sh", "-c", fmt.Sprintf("%s apply -f %s && exec sleep 600", s.Env["KUBECTL"], file))
+	// The trainer says when kubectl has created all 50: counting the pods
+	// would not do, as the first may be reclaimed (idle 5 s) before kubectl
+	// creates the last on a slow machine (the count never reached 50 in a
+	// CI run on cold caches).
+	applied := filepath.Join(t.TempDir(), "applied")
+	trainer := exec.Command("sh", "-c", fmt.Sprintf("%s apply -f %s && touch %s && exec sleep 600", s.Env["KUBECTL"], file, applied))
 	trainer.Env = append(os.Environ(), "KUBECONFIG="+s.Env["KUBECONFIG"])
+	var out bytes.Buffer
+	trainer.Stdout, trainer.Stderr = &out, &out
 	if err := trainer.Start(); err != nil {
 		t.Fatal(err)
 	}
+	exited := make(chan error, 1)
+	go func() { exited <- trainer.Wait() }()
+	t.Cleanup(func() { _ = trainer.Process.Kill() })
 	framework.Eventually(t, time.Minute, "the trainer to create 50 sandboxes", func(ctx context.Context) (bool, error) {
-		l, err := s.Kube.CoreV1().Pods(p.ns).List(ctx, metav1.ListOptions{LabelSelector: "sandman.io/job=killed-trainer"})
-		return err == nil && len(l.Items) == 50, nil
+		select {
+		case err := <-exited:
+			return false, fmt.Errorf("the trainer ended before its sleep (%v): %s", err, out.String())
+		default:
+		}
+		_, err := os.Stat(applied)
+		return err == nil, nil
 	})
 	_ = trainer.Process.Signal(syscall.SIGKILL)
-	_ = trainer.Wait()
+	<-exited
 	framework.Eventually(t, 4*time.Minute, "zero sandboxes after the idle lease", func(ctx context.Context) (bool, error) {
 		l, err := s.Kube.CoreV1().Pods(p.ns).List(ctx, metav1.ListOptions{LabelSelector: "sandman.io/job=killed-trainer"})
 		return err == nil && len(l.Items) == 0, nil

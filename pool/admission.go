@@ -1,8 +1,15 @@
 package pool
 
+import "container/heap"
+
 // admission is the queue of pods waiting for a slot: first in, first out
-// within a trainer job, and round-robin across jobs so that one job's burst
-// of thousands does not starve another's single pod.
+// within a trainer job, and fair across jobs: a freed slot goes to the
+// waiting job that holds the fewest of the pool's slots (max-min fair
+// sharing), so a job that arrives while another's burst holds the pool gets
+// the slots that burst frees until the two hold as many (or it has none
+// waiting), and one job's burst of thousands does not starve another's
+// single pod. Among jobs holding as many, the one served longest ago goes
+// first (round-robin), then the one that queued first.
 type admission struct {
 	// jobs in the order they first queued; each with its pods in order.
 	order []string
@@ -10,14 +17,16 @@ type admission struct {
 	// byUID: queued pods; announced: pods told they wait.
 	byUID    map[string]string // uid → job
 	announce map[string]bool
-	next     int // round-robin cursor into order
-	n        int
+	// served: when each queued job last had a pod taken, in turns.
+	served map[string]uint64
+	turns  uint64
+	n      int
 	// fresh: pods queued since the last round, not yet told they wait.
 	fresh []Request
 }
 
 func newAdmission() admission {
-	return admission{jobs: map[string][]Request{}, byUID: map[string]string{}, announce: map[string]bool{}}
+	return admission{jobs: map[string][]Request{}, byUID: map[string]string{}, announce: map[string]bool{}, served: map[string]uint64{}}
 }
 
 func (a *admission) len() int { return a.n }
@@ -105,12 +114,10 @@ func (a *admission) setJob(job string, q []Request) {
 		return
 	}
 	delete(a.jobs, job)
+	delete(a.served, job)
 	for i, j := range a.order {
 		if j == job {
 			a.order = append(a.order[:i:i], a.order[i+1:]...)
-			if a.next > i {
-				a.next--
-			}
 			break
 		}
 	}
@@ -125,7 +132,7 @@ func (a *admission) announced(uid string) bool {
 	return false
 }
 
-// position is uid's place if jobs are served round-robin: an estimate.
+// position is uid's place if the jobs waiting take turns: an estimate.
 func (a *admission) position(uid string) (int, bool) {
 	job, ok := a.byUID[uid]
 	if !ok {
@@ -139,42 +146,73 @@ func (a *admission) position(uid string) (int, bool) {
 	return 0, false
 }
 
-// each offers the head of each job's queue in round-robin order. take
-// returns true when it took the pod (it leaves the queue) and false when it
-// could not be placed: that job is skipped for this round (its order is
-// kept), and when no job's head can be placed the round ends. The turn
-// moves only past jobs that placed a pod: rounds that place nothing (a full
-// pool) do not change whose turn is next.
-func (a *admission) each(take func(Request) bool) {
-	blocked := map[string]bool{}
-	c := a.next
-	for a.n > 0 && len(blocked) < len(a.order) {
-		if c >= len(a.order) {
-			c = 0
-		}
-		job := a.order[c]
-		if blocked[job] {
-			c++
-			continue
-		}
-		req := a.jobs[job][0]
+// each offers take the head of a job's queue, fairest job first: the one
+// holding the fewest slots (held, which counts a pod take took at once),
+// then the one served longest ago, then the one that queued first. take
+// returns true when it took the pod (it leaves the queue) and false when
+// the pod could not be placed: that job is passed over for the rest of the
+// round, which ends when every job was passed over or nothing waits. A
+// round costs O((pods taken + jobs) × log jobs).
+func (a *admission) each(held func(job string) int, take func(Request) bool) {
+	if a.n == 0 {
+		return
+	}
+	h := make(jobTurns, 0, len(a.order))
+	for i, job := range a.order {
+		h = append(h, jobTurn{job: job, held: held(job), served: a.served[job], queued: i})
+	}
+	heap.Init(&h)
+	for h.Len() > 0 {
+		t := &h[0]
+		req := a.jobs[t.job][0]
 		if !take(req) {
-			blocked[job] = true
-			c++
+			heap.Pop(&h)
 			continue
 		}
 		uid := req.Bind.Pod.UID
 		delete(a.byUID, uid)
 		delete(a.announce, uid)
 		a.n--
-		q := a.jobs[job][1:]
+		q := a.jobs[t.job][1:]
 		if len(q) == 0 {
-			a.setJob(job, q) // removes job: c now points at the following one
-			a.next = c
+			a.setJob(t.job, q)
+			heap.Pop(&h)
 			continue
 		}
-		a.jobs[job] = q
-		c++
-		a.next = c
+		a.jobs[t.job] = q
+		a.turns++
+		a.served[t.job] = a.turns
+		t.held, t.served = held(t.job), a.turns
+		heap.Fix(&h, 0)
 	}
+}
+
+// jobTurn is a waiting job's claim to the next slot; jobTurns orders them
+// fairest first.
+type jobTurn struct {
+	job    string
+	held   int
+	served uint64
+	queued int
+}
+
+type jobTurns []jobTurn
+
+func (h jobTurns) Len() int { return len(h) }
+func (h jobTurns) Less(i, j int) bool {
+	if h[i].held != h[j].held {
+		return h[i].held < h[j].held
+	}
+	if h[i].served != h[j].served {
+		return h[i].served < h[j].served
+	}
+	return h[i].queued < h[j].queued
+}
+func (h jobTurns) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *jobTurns) Push(x any)   { *h = append(*h, x.(jobTurn)) }
+func (h *jobTurns) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
 }

@@ -106,6 +106,8 @@ type Pool struct {
 	nodes  map[string]*node
 	queue  admission
 	placed map[string]*placement // pod UID → where it went
+	// held counts placements per job: the admission queue's fair share.
+	held map[string]int
 	// queuedAt is when each queued pod was submitted (admission wait).
 	queuedAt map[string]time.Time
 	// changed is closed (and replaced) when a node agent's inventory
@@ -137,7 +139,9 @@ type placement struct {
 // placeLockedOn records a placement; until the node's inventory shows it,
 // it holds a slot and its requests on n.
 func (p *Pool) placeOnLocked(uid string, pl *placement, n *node) {
+	p.unplaceLocked(uid)
 	p.placed[uid] = pl
+	p.held[pl.req.Job]++
 	if !pl.seen && n != nil {
 		pl.on, pl.res = n, pl.req.Bind.Requests()
 		n.unseen++
@@ -163,6 +167,9 @@ func (p *Pool) unplaceLocked(uid string) {
 	if pl, ok := p.placed[uid]; ok {
 		pl.markSeenLocked()
 		delete(p.placed, uid)
+		if p.held[pl.req.Job]--; p.held[pl.req.Job] <= 0 {
+			delete(p.held, pl.req.Job)
+		}
 	}
 }
 
@@ -198,7 +205,7 @@ func New(cfg Config) (*Pool, error) {
 		changed: make(chan struct{}),
 		nodes:   map[string]*node{},
 		queue:   newAdmission(),
-		placed:  map[string]*placement{}, queuedAt: map[string]time.Time{},
+		placed:  map[string]*placement{}, queuedAt: map[string]time.Time{}, held: map[string]int{},
 	}, nil
 }
 
@@ -327,7 +334,7 @@ func (p *Pool) Run(ctx context.Context) error {
 func (p *Pool) dispatch(ctx context.Context) {
 	p.mu.Lock()
 	now := p.cfg.Clock.Now()
-	p.queue.each(func(req Request) bool {
+	p.queue.each(func(job string) int { return p.held[job] }, func(req Request) bool {
 		n, how := p.placeLocked(req)
 		if n == nil {
 			return false

@@ -240,6 +240,40 @@ func TestAdmissionIsFairAcrossJobs(t *testing.T) {
 	}
 }
 
+// TestAdmissionSharesSlotsMaxMin: a freed slot goes to the waiting job that
+// holds the fewest, so a job arriving while another's burst holds the pool
+// takes the slots that burst frees until it holds as many (round-robin would
+// give it every other one).
+func TestAdmissionSharesSlotsMaxMin(t *testing.T) {
+	a := fakeNode(t, "a", 4)
+	p, rec := newPool(t, Config{Name: "t"}, a)
+	for i := range 4 {
+		if err := p.Submit(request(fmt.Sprint("f", i), "A", "img", 0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 4 {
+		uid := fmt.Sprint("f", i)
+		eventually(t, uid+" bound", func() bool { _, ok := rec.last(uid, Bound); return ok })
+	}
+	for _, r := range []Request{request("a0", "A", "img", 0), request("a1", "A", "img", 0),
+		request("b0", "B", "img", 0), request("b1", "B", "img", 0)} {
+		if err := p.Submit(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A holds 3 and B none: b0; A 2, B 1: b1; B has none waiting: a0.
+	for i, next := range []string{"b0", "b1", "a0"} {
+		if err := p.Release(t.Context(), fmt.Sprint("f", i), 0); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, next+" bound", func() bool { _, ok := rec.last(next, Bound); return ok })
+	}
+	if got := rec.order(Bound); fmt.Sprint(got[4:]) != "[b0 b1 a0]" {
+		t.Fatalf("bind order after the burst %v, want [b0 b1 a0]", got[4:])
+	}
+}
+
 func TestQueueIsBounded(t *testing.T) {
 	a := fakeNode(t, "a", 1)
 	p, _ := newPool(t, Config{Name: "t", MaxQueued: 2}, a)
