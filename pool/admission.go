@@ -147,7 +147,7 @@ func (a *admission) position(uid string) (int, bool) {
 }
 
 // each offers take the head of a job's queue, fairest job first: the one
-// holding the fewest slots (held, which counts a pod take took at once),
+// holding the fewest slots (held counts a pod as soon as take took it),
 // then the one served longest ago, then the one that queued first. take
 // returns true when it took the pod (it leaves the queue) and false when
 // the pod could not be placed: that job is passed over for the rest of the

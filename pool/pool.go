@@ -136,7 +136,7 @@ type placement struct {
 	res runtime.Resources
 }
 
-// placeLockedOn records a placement; until the node's inventory shows it,
+// placeOnLocked records a placement (forgetting an earlier one of uid); until the node's inventory shows it,
 // it holds a slot and its requests on n.
 func (p *Pool) placeOnLocked(uid string, pl *placement, n *node) {
 	p.unplaceLocked(uid)
