@@ -21,6 +21,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 	corev1listers "k8s.io/client-go/listers/core/v1"
 	nodev1listers "k8s.io/client-go/listers/node/v1"
@@ -42,8 +43,16 @@ const (
 	AnnotationTokenSHA256 = "sandman.io/token-sha256"
 	// AnnotationEgress narrows what the sandbox may reach on the internet
 	// to these comma-separated IPv4 CIDRs (or addresses), within what its
-	// pool allows.
+	// pool allows; EgressNone: nothing at all.
 	AnnotationEgress = "sandman.io/egress"
+	// EgressNone as AnnotationEgress: the sandbox reaches nothing, not
+	// even the pool's exceptions (AnnotationEgressDeny 0.0.0.0/0), on any
+	// pool.
+	EgressNone = "none"
+	// AnnotationEgressDeny lists comma-separated IPv4 CIDRs (or addresses)
+	// the sandbox may never reach, the pool's exceptions included. It only
+	// narrows, so any pool takes it.
+	AnnotationEgressDeny = "sandman.io/egress-deny"
 	// AnnotationIngressBandwidth and AnnotationEgressBandwidth cap the
 	// sandbox's traffic in bits per second (e.g. 10M), the CNI bandwidth
 	// plugin's convention.
@@ -110,6 +119,15 @@ type Config struct {
 	// PidsLimit bounds each container's processes (0: the node agent's
 	// limit; the lower of the two applies).
 	PidsLimit int64
+	// AllowedNamespaces and AllowedNamespaceSelector are the pool's access
+	// rule: a pod may be placed on the pool when its namespace is named in
+	// AllowedNamespaces or its labels match AllowedNamespaceSelector; any
+	// other fails (ReasonNamespaceNotAllowed) whatever way it reached the
+	// virtual node. Neither set: every namespace may. Namespaces reads the
+	// namespaces' labels (required with a selector).
+	AllowedNamespaces        []string
+	AllowedNamespaceSelector labels.Selector
+	Namespaces               corev1listers.NamespaceLister
 	// DialDaemon dials sandbox daemons (default: TCP with a 5 s timeout);
 	// tests point it at daemons of their own.
 	DialDaemon func(ctx context.Context, network, addr string) (net.Conn, error)
@@ -193,6 +211,9 @@ func New(cfg Config) (*Provider, error) {
 	}
 	if cfg.PidsLimit < 0 {
 		return nil, fmt.Errorf("vk: PidsLimit %d is negative", cfg.PidsLimit)
+	}
+	if cfg.AllowedNamespaceSelector != nil && cfg.Namespaces == nil {
+		return nil, fmt.Errorf("vk: AllowedNamespaceSelector needs Namespaces, a namespace lister, to read the namespaces' labels")
 	}
 	if cfg.ReconcileInterval <= 0 {
 		cfg.ReconcileInterval = 10 * time.Second
@@ -404,6 +425,13 @@ func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	// so the sandbox keeps it without copying again: at 20,000 pods every
 	// copy counts.
 	uid := string(pod.UID)
+	// The pool's access rule comes first: a pod of a namespace it leaves
+	// out fails, and never takes a slot or a place in the queue.
+	var notAllowed *notAllowedError
+	denied := p.namespaceAccess(ctx, pod.Namespace)
+	if denied != nil && !errors.As(denied, &notAllowed) {
+		return denied // virtual-kubelet retries the create
+	}
 	p.mu.Lock()
 	if sb, ok := p.byUID[uid]; ok {
 		sb.pod = pod
@@ -414,6 +442,13 @@ func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	sb := newSandbox(pod, p.cfg.Now())
 	p.byUID[uid] = sb
 	p.byKey[podKey(pod.Namespace, pod.Name)] = uid
+	if notAllowed != nil {
+		sb.fail(ReasonNamespaceNotAllowed, notAllowed.Error(), p.cfg.Now())
+		p.mu.Unlock()
+		p.cfg.Recorder.Event(pod, corev1.EventTypeWarning, ReasonNamespaceNotAllowed, notAllowed.Error())
+		p.push(uid)
+		return nil
+	}
 	// A pod that ran before (its status says so) but has no slot now was
 	// lost, e.g. while the provider was down: it is not started again.
 	if lostWhileRunning(pod) && p.cfg.Pool.Unsynced() != nil {
@@ -873,15 +908,33 @@ func (p *Provider) bindRequest(pod *corev1.Pod) (runtime.BindRequest, error) {
 		*bw.to = q.Value()
 	}
 	if v, ok := pod.Annotations[AnnotationEgress]; ok {
+		if strings.EqualFold(strings.TrimSpace(v), EgressNone) {
+			// Everything denied by the pod itself, which wins over the
+			// pool's exceptions; it narrows, so any pool takes it.
+			req.EgressDeny = append(req.EgressDeny, "0.0.0.0/0")
+		} else {
+			prefixes, err := sandboxnet.ParsePrefixes(v)
+			if err == nil && len(prefixes) == 0 {
+				err = errors.New("it lists nothing")
+			}
+			if err != nil {
+				return req, fmt.Errorf("annotation %s: %v: give the IPv4 CIDRs the sandbox may reach, or %s alone for no egress at all", AnnotationEgress, err, EgressNone)
+			}
+			for _, p := range prefixes {
+				req.Egress = append(req.Egress, p.String())
+			}
+		}
+	}
+	if v, ok := pod.Annotations[AnnotationEgressDeny]; ok {
 		prefixes, err := sandboxnet.ParsePrefixes(v)
 		if err == nil && len(prefixes) == 0 {
-			err = errors.New("it lists nothing: give the CIDRs the sandbox may reach, or remove it")
+			err = errors.New("it lists nothing")
 		}
 		if err != nil {
-			return req, fmt.Errorf("annotation %s: %v", AnnotationEgress, err)
+			return req, fmt.Errorf("annotation %s: %v: give the IPv4 CIDRs the sandbox may never reach, or remove it", AnnotationEgressDeny, err)
 		}
 		for _, p := range prefixes {
-			req.Egress = append(req.Egress, p.String())
+			req.EgressDeny = append(req.EgressDeny, p.String())
 		}
 	}
 	if len(req.TokenHashes) == 0 {

@@ -35,6 +35,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	corev1listers "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
@@ -77,6 +78,7 @@ type options struct {
 	podWatch                               string
 	defaultLimits, maxLimits               resourceList
 	pidsLimit                              int64
+	allowedNamespaces, namespaceSelector   string
 	leaderElect                            bool
 	leaderElectNamespace                   string
 	leaseDuration, renewDeadline           time.Duration
@@ -160,6 +162,9 @@ func run(args []string) (retErr error) {
 	o.defaultLimits, o.maxLimits = mustResourceList(defaultLimits), mustResourceList(maxLimits)
 	fs.Var(&o.defaultLimits, "default-limits", "limits of a sandbox container that sets none: cpu, memory, ephemeral-storage (a larger request is the limit instead; empty: none)")
 	fs.Var(&o.maxLimits, "max-limits", "largest request or limit a sandbox container may ask for: cpu, memory, ephemeral-storage (pods above are refused; empty: no maximum)")
+	fs.StringVar(&o.allowedNamespaces, "allowed-namespaces", "", "namespaces whose pods may use this pool, comma-separated (with --allowed-namespace-selector: either admits); "+
+		"a pod of any other fails NamespaceNotAllowed, however it reached the node (spec.nodeName included). Neither flag: every namespace (a warning at start)")
+	fs.StringVar(&o.namespaceSelector, "allowed-namespace-selector", "", "label selector of the namespaces whose pods may use this pool (team=ml; RBAC: list/watch namespaces); see --allowed-namespaces")
 	fs.Int64Var(&o.pidsLimit, "pids-limit", 1024, "processes per sandbox container (the node agent's own --pids-limit applies when lower; 0: the agent's)")
 	fs.BoolVar(&o.leaderElect, "leader-elect", false, "run as one of several replicas: only the holder of the Lease sandman-vk-<node-name> places pods and runs the virtual node; "+
 		"the others stand by warm (agents watched, informers synced) and take over when it goes. Off: this process is the only one")
@@ -213,6 +218,10 @@ func run(args []string) (retErr error) {
 		o.queueRoom = o.maxQueued
 	case o.queueRoom < 0 || o.queueRoom > o.maxQueued:
 		return fmt.Errorf("--queue-room %d: want 0 to --max-queued (%d), or -1 for --max-queued: more room than the queue holds would fail pods kube-scheduler bound", o.queueRoom, o.maxQueued)
+	}
+	allowedNamespaces, namespaceSelector, err := poolAccess(o.allowedNamespaces, o.namespaceSelector, o.poolName, log)
+	if err != nil {
+		return err
 	}
 	if o.podWatch != "assigned" && o.podWatch != "node" {
 		return fmt.Errorf("--pod-watch %q: want assigned or node", o.podWatch)
@@ -506,6 +515,14 @@ func run(args []string) (retErr error) {
 	// RuntimeClasses: a pod's runtimeClassName becomes its handler (runc or
 	// runsc), as a kubelet resolves it.
 	runtimeClasses := kubeinformers.NewSharedInformerFactory(client, o.resync).Node().V1().RuntimeClasses()
+	ownInformers := []cache.SharedIndexInformer{runtimeClasses.Informer()}
+	// Namespaces: their labels, for --allowed-namespace-selector.
+	var namespaces corev1listers.NamespaceLister
+	if namespaceSelector != nil {
+		nsInformer := kubeinformers.NewSharedInformerFactory(client, o.resync).Core().V1().Namespaces()
+		namespaces = nsInformer.Lister()
+		ownInformers = append(ownInformers, nsInformer.Informer())
+	}
 	vnode, err := nodeutil.NewNode(o.nodeName, func(pc nodeutil.ProviderConfig) (nodeutil.Provider, node.NodeProvider, error) {
 		provider, err = vk.New(vk.Config{
 			NodeName: o.nodeName, Pool: pl, QueueRoom: nodeCfg.QueueRoom, Client: client, Pods: pc.Pods, Secrets: pc.Secrets, Recorder: recorder,
@@ -513,6 +530,7 @@ func run(args []string) (retErr error) {
 			NodeIP:         o.nodeIP, AllowUnauthenticated: o.allowUnauthenticated, ControlKeys: controlKeys,
 			ReconcileInterval: o.reconcile, OrphanGrace: o.orphanGrace, Logger: log, SelfUsage: selfUsage,
 			DefaultLimits: o.defaultLimits.l, MaxLimits: o.maxLimits.l, PidsLimit: o.pidsLimit,
+			AllowedNamespaces: allowedNamespaces, AllowedNamespaceSelector: namespaceSelector, Namespaces: namespaces,
 		})
 		return provider, np, err
 	}, opts...)
@@ -526,7 +544,7 @@ func run(args []string) (retErr error) {
 	if _, err := podInformer.AddEventHandler(provider.DeletionHandler()); err != nil {
 		return err
 	}
-	if err := syncInformers(ctx, append(informers, runtimeClasses.Informer())); err != nil {
+	if err := syncInformers(ctx, append(informers, ownInformers...)); err != nil {
 		return err
 	}
 
@@ -637,7 +655,7 @@ func syncInformers(ctx context.Context, informers []cache.SharedIndexInformer) e
 		synced = append(synced, inf.HasSynced)
 	}
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
-		return fmt.Errorf("pod, secret, config map and service informers: %w", context.Cause(ctx))
+		return fmt.Errorf("pod, secret, config map, service, RuntimeClass and namespace informers: %w", context.Cause(ctx))
 	}
 	return nil
 }
