@@ -6,6 +6,7 @@ import (
 	"context"
 	"net"
 	"net/http"
+	"net/netip"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -91,14 +92,21 @@ func checkInbound(t *testing.T, ip, open, closed string) {
 // another sandbox (its daemon or a port it serves), not the node (bridge
 // and primary addresses), not metadata — and fails fast; a pool with
 // internet egress lets it reach public addresses, and a pod's egress list
-// narrows that. Inbound, the node reaches the daemon and the pod's declared
-// port, and nothing else.
+// narrows that. A pod's denied ranges (sandman.io/egress-deny) win over the
+// pool's exceptions, and a pod with no egress (sandman.io/egress: none)
+// reaches nothing, the exceptions included, though it still serves. Inbound,
+// the node reaches the daemon and the pod's declared port, and nothing else.
 func TestRootSandboxFirewall(t *testing.T) {
 	s := framework.Get(t)
 	ctx := t.Context()
-	const public = "203.0.113.77"
-	rt := newContainerdRuntime(t, s, 6, 3, func(c *rtcontainerd.Config) { c.EgressInternet = true })
+	// allowed is the pool's exception (--sandbox-egress-allow).
+	const public, allowed = "203.0.113.77", "203.0.113.78"
+	rt := newContainerdRuntime(t, s, 8, 3, func(c *rtcontainerd.Config) {
+		c.EgressInternet = true
+		c.EgressAllow = []netip.Prefix{netip.MustParsePrefix(allowed + "/32")}
+	})
 	port := publicListener(t, public)
+	allowedPort := publicListener(t, allowed)
 	bridgeIP := strings.TrimSuffix(s.Env["BRIDGE_CIDR"], ".0.0/16") + ".0.1"
 	primary := primaryAddr(t)
 
@@ -164,4 +172,42 @@ func TestRootSandboxFirewall(t *testing.T) {
 	if got[bridgeIP+":"+port] == "ok" {
 		t.Errorf("a pod's egress list widened the pool's: it reached the node at %s", bridgeIP)
 	}
+
+	// A pod's denied ranges win over the pool's exceptions and leave the
+	// rest of its egress.
+	denied := bind("fw-denied", func(r *runtime.BindRequest) { r.EgressDeny = []string{allowed + "/32"} })
+	got = connect(denied, public+":"+port, allowed+":"+allowedPort)
+	if got[public+":"+port] != "ok" {
+		t.Errorf("a pod that denies only %s could not reach %s: %q", allowed, public, got[public+":"+port])
+	}
+	if got[allowed+":"+allowedPort] == "ok" || got[allowed+":"+allowedPort] == "" {
+		t.Errorf("a pod that denies the pool's exception %s reached it: %q", allowed, got[allowed+":"+allowedPort])
+	}
+
+	// No egress (sandman.io/egress: none, as the virtual node sends it):
+	// nothing, the pool's exception included; the node still reaches the
+	// sandbox (the bind's readiness and connect's exec went through it).
+	none := bind("fw-none", func(r *runtime.BindRequest) {
+		r.EgressDeny = []string{"0.0.0.0/0"}
+		r.Containers[0].Ports = []runtime.Port{{Port: 8080}}
+	})
+	got = connect(none, public+":"+port, allowed+":"+allowedPort, "127.0.0.1:49983")
+	for _, target := range []string{public + ":" + port, allowed + ":" + allowedPort} {
+		if got[target] == "ok" || got[target] == "" {
+			t.Errorf("a pod with no egress reached %s: %q", target, got[target])
+		}
+	}
+	if got["127.0.0.1:49983"] != "ok" {
+		t.Errorf("a pod with no egress could not reach its own daemon over the loopback: %q", got["127.0.0.1:49983"])
+	}
+	if _, err := daemonClient(t, none).StartProcess(ctx, api.ProcessRequest{Cmd: []string{"python3", "-m", "http.server", "8080"}}); err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, 30*time.Second, "the server of the pod with no egress", func(ctx context.Context) (bool, error) {
+		c, err := net.DialTimeout("tcp", none.IP+":8080", time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil, nil
+	})
 }

@@ -182,6 +182,12 @@ type BindRequest struct {
 	// allows. It never widens the pool's policy: a pool without internet
 	// egress refuses it.
 	Egress []string `json:"egress,omitempty"`
+	// EgressDeny are IPv4 CIDRs the sandbox may never reach (the pod's
+	// sandman.io/egress-deny; sandman.io/egress: none is 0.0.0.0/0), on
+	// top of the pool's denied ranges and before the pool's allowed
+	// exceptions: it only narrows, so a pool without internet egress takes
+	// it too.
+	EgressDeny []string `json:"egress_deny,omitempty"`
 	// IngressBandwidth and EgressBandwidth cap the sandbox's traffic in
 	// bits per second (the pod's kubernetes.io/ingress-bandwidth and
 	// egress-bandwidth); 0: no cap.

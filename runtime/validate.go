@@ -19,7 +19,8 @@ import (
 // Validate checks what a bind request needs before any work: a pod UID,
 // at least one container with a name and an image, unique names, sane
 // resources (whose sum does not wrap), security settings a sandbox can
-// honour safely, and token hashes the daemon takes.
+// honour safely, token hashes the daemon takes and egress lists of IPv4
+// CIDRs.
 // Errors are errdefs.ErrInvalidArgument with what to fix.
 func (r BindRequest) Validate() error {
 	if r.Pod.UID == "" {
@@ -86,6 +87,11 @@ func (r BindRequest) Validate() error {
 	for _, e := range r.Egress {
 		if p, err := netip.ParsePrefix(e); err != nil || !p.Addr().Is4() {
 			return fmt.Errorf("bind %s: egress %q: want an IPv4 CIDR such as 203.0.113.0/24: %w", r.Pod.UID, e, errdefs.ErrInvalidArgument)
+		}
+	}
+	for _, e := range r.EgressDeny {
+		if p, err := netip.ParsePrefix(e); err != nil || !p.Addr().Is4() {
+			return fmt.Errorf("bind %s: egress deny %q: want an IPv4 CIDR such as 203.0.113.0/24: %w", r.Pod.UID, e, errdefs.ErrInvalidArgument)
 		}
 	}
 	if len(r.TokenHashes) == 0 && !r.AllowUnauthenticated {

@@ -83,3 +83,37 @@ func TestValidateRuntimeHandler(t *testing.T) {
 		t.Fatalf("handler kata: err = %v, want InvalidArgument naming it", err)
 	}
 }
+
+// TestValidateEgress: the pod's egress narrowing and its denied ranges are
+// IPv4 CIDRs; anything else is refused naming the list and the value.
+func TestValidateEgress(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		egress, deny []string
+		want         string // "": accepted
+	}{
+		{name: "none"},
+		{name: "narrowed", egress: []string{"203.0.113.0/24", "198.51.100.7/32"}},
+		{name: "denied", deny: []string{"203.0.113.0/24", "198.51.100.7/32"}},
+		{name: "no egress at all", deny: []string{"0.0.0.0/0"}},
+		{name: "both", egress: []string{"203.0.113.0/24"}, deny: []string{"203.0.113.9/32"}},
+		{name: "unmasked", deny: []string{"203.0.113.9/24"}},
+		{name: "egress address", egress: []string{"203.0.113.9"}, want: `egress "203.0.113.9"`},
+		{name: "deny address", deny: []string{"203.0.113.9"}, want: `egress deny "203.0.113.9"`},
+		{name: "deny IPv6", deny: []string{"2001:db8::/32"}, want: `egress deny "2001:db8::/32"`},
+		{name: "deny garbage", deny: []string{"none"}, want: `egress deny "none"`},
+		{name: "deny empty", deny: []string{""}, want: `egress deny ""`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := BindRequest{Pod: PodRef{UID: "u1"}, Containers: []ContainerSpec{{Name: "main", Image: "img"}}, AllowUnauthenticated: true,
+				Egress: tc.egress, EgressDeny: tc.deny}
+			err := req.Validate()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.want != "" && (err == nil || !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "u1")):
+				t.Fatalf("err = %v, want InvalidArgument naming the pod and saying %q", err, tc.want)
+			}
+		})
+	}
+}

@@ -38,8 +38,9 @@ func nodeAddrs() []netip.Prefix {
 }
 
 // policy is the firewall of a slot: the pool's egress, narrowed by the
-// pod's; inbound, the daemons' ports and the pod's declared ports. With no
-// pod (a warm or hot slot), only the first daemon's port is open.
+// pod's (its egress list and its denied ranges); inbound, the daemons'
+// ports and the pod's declared ports. With no pod (a warm or hot slot),
+// only the first daemon's port is open.
 func (r *Runtime) policy(req *runtime.BindRequest) (sandboxnet.Policy, error) {
 	p := sandboxnet.Policy{Internet: r.cfg.EgressInternet, Allow: r.cfg.EgressAllow, Deny: r.deny, Self: r.self,
 		TCPPorts: []uint16{api.Port}}
@@ -57,6 +58,13 @@ func (r *Runtime) policy(req *runtime.BindRequest) (sandboxnet.Policy, error) {
 		}
 		p.Only = only
 	}
+	// Denied ranges only narrow: a pool without internet egress takes them
+	// too (they may cut its Allow exceptions).
+	deny, err := sandboxnet.ParsePrefixes(strings.Join(req.EgressDeny, ","))
+	if err != nil {
+		return p, fmt.Errorf("bind %s: egress deny: %v: %w", req.Pod.UID, err, errdefs.ErrInvalidArgument)
+	}
+	p.PodDeny = deny
 	p.TCPPorts = nil
 	var daemons []uint16
 	for i, c := range req.Containers {
@@ -148,7 +156,7 @@ func (r *Runtime) bindFirewall(s *slot, req *runtime.BindRequest) error {
 
 // firewallRequest keeps of req what its firewall needs.
 func firewallRequest(req runtime.BindRequest) *runtime.BindRequest {
-	fw := &runtime.BindRequest{Pod: req.Pod, Egress: req.Egress}
+	fw := &runtime.BindRequest{Pod: req.Pod, Egress: req.Egress, EgressDeny: req.EgressDeny}
 	for _, c := range req.Containers {
 		fw.Containers = append(fw.Containers, runtime.ContainerSpec{Name: c.Name, Ports: c.Ports})
 	}

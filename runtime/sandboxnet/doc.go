@@ -9,11 +9,13 @@
 // in one netlink batch, so a sandbox never sees half of one.
 //
 // Egress, in order: the loopback and replies to connections made to the
-// sandbox pass; Allow (the pool's exceptions: a proxy, DNS) passes; Deny
-// (private, link-local and special ranges, the node's own addresses, the
-// cluster's ranges) is rejected; then, if the pool allows no internet,
-// everything else is rejected; else, if the pod narrowed its egress (Only),
-// only those prefixes pass. IPv6 is rejected but for the loopback. Ingress:
+// sandbox pass; PodDeny (the pod's own denied ranges; 0.0.0.0/0 for a pod
+// that wants no egress) is rejected; the pod's NetworkPolicy rules
+// (EgressTo), when policies select it, must match; Allow (the pool's
+// exceptions: a proxy, DNS) passes; Deny (private, link-local and special
+// ranges, the node's own addresses, the cluster's ranges) is rejected;
+// then, if the pool allows no internet, everything else is rejected; else,
+// if the pod narrowed its egress (Only), only those prefixes pass. IPv6 is rejected but for the loopback. Ingress:
 // the loopback, replies, ICMP and the listed TCP and UDP ports pass;
 // everything else is rejected.
 package sandboxnet

@@ -36,9 +36,10 @@ func Reset(nsPath string, p Policy) error {
 	return Apply(nsPath, Policy{Internet: p.Internet, Allow: p.Allow, Deny: p.Deny, Self: p.Self})
 }
 
-// AddPod adds p's pod parts (its ports, egress narrowing and rules) to a
-// firewall that Reset left with the same base. It only adds (no deletion,
-// so no grace period): ~0.1 ms.
+// AddPod adds p's pod parts (its ports, egress narrowing, denied ranges
+// and rules) to a firewall that Reset left with the same base: they go
+// into chains the base has empty. It only adds (no deletion, so no grace
+// period): ~0.1 ms.
 func AddPod(nsPath string, p Policy) error {
 	return batch(nsPath, func(b *builder) {
 		b.self = p.Self
@@ -67,7 +68,8 @@ func batch(nsPath string, write func(*builder)) error {
 // slot, has a place for each part a pod adds:
 //
 //	egress (output hook): lo, replies, IPv6 → pod_out → pool
-//	pod_out: [the pod's EgressTo: a matching peer and port jumps to pool; reject]
+//	pod_out: [the pod's PodDeny: reject]; [the pod's EgressTo: a matching peer
+//	  and port jumps to pool; reject]
 //	pool: Allow, Deny, [no internet: reject] → pod_only, accept (every path a verdict)
 //	pod_only: [the pod's Only: accept those; reject]
 //	ingress (input hook): lo, replies, ICMP → ports, reject
@@ -138,8 +140,13 @@ func (b *builder) selfRules(ch *nftables.Chain, ports []uint16) {
 
 // pod adds what the bound pod brings to the base's chains.
 func (b *builder) pod(p Policy) {
+	podOut := b.existing("pod_out")
+	// Before EgressTo and the pool's chain: the pod's own deny wins over
+	// the pool's Allow.
+	for _, d := range p.PodDeny {
+		b.rule(podOut, nfproto(unix.NFPROTO_IPV4), addrMatch(daddrOffset, d), reject())
+	}
 	if p.EgressTo != nil {
-		podOut := b.existing("pod_out")
 		b.peerRules(podOut, p.EgressTo, daddrOffset, jump(expr.VerdictJump, "pool"))
 		b.rule(podOut, reject())
 	}

@@ -16,13 +16,18 @@ type Policy struct {
 	// Internet lets the sandbox reach addresses not in Deny.
 	Internet bool
 	// Allow are reachable whatever Deny and Only say (the pool's
-	// exceptions).
+	// exceptions), unless in PodDeny.
 	Allow []netip.Prefix
 	// Deny are never reachable unless in Allow.
 	Deny []netip.Prefix
 	// Only, when set, narrows internet egress to these prefixes (the pod's
 	// sandman.io/egress).
 	Only []netip.Prefix
+	// PodDeny are never reachable, whatever else says, Allow included
+	// (the pod's sandman.io/egress-deny; sandman.io/egress: none is
+	// 0.0.0.0/0): the pod's own narrowing, so it wins over the pool's
+	// exceptions.
+	PodDeny []netip.Prefix
 	// Self are the node's addresses: they always reach the daemons' ports
 	// (the agent's assignment and readiness, host-network components).
 	Self []netip.Prefix
@@ -140,7 +145,7 @@ func mustPrefixes(s ...string) []netip.Prefix {
 // Reaches reports whether the policy lets the sandbox open a connection to
 // addr:port over proto (what the rules do, for tests and explanations).
 func (p Policy) Reaches(addr netip.Addr, proto string, port uint16) bool {
-	if !addr.Is4() {
+	if !addr.Is4() || containsAny(p.PodDeny, addr) {
 		return false
 	}
 	if p.EgressTo != nil && !anyMatches(p.EgressTo, addr, proto, port) {

@@ -28,10 +28,12 @@ func TestParsePrefixes(t *testing.T) {
 	}
 }
 
-// TestReaches: the order the rules apply — Allow, Deny, no internet, Only.
+// TestReaches: the order the rules apply — PodDeny, Allow, Deny, no
+// internet, Only.
 func TestReaches(t *testing.T) {
 	allow := mustPrefixes("10.96.0.10/32")
 	only := mustPrefixes("203.0.113.0/24")
+	none := mustPrefixes("0.0.0.0/0")
 	for _, tc := range []struct {
 		name  string
 		p     Policy
@@ -48,6 +50,18 @@ func TestReaches(t *testing.T) {
 		{"only never widens deny", Policy{Internet: true, Deny: SpecialRanges, Only: mustPrefixes("10.0.0.0/8")}, "10.1.2.3", false},
 		{"only never widens no internet", Policy{Deny: SpecialRanges, Only: only}, "203.0.113.5", false},
 		{"IPv6", Policy{Internet: true}, "2001:db8::1", false},
+		{"pod deny narrows internet", Policy{Internet: true, Deny: SpecialRanges, PodDeny: only}, "203.0.113.5", false},
+		{"pod deny leaves the rest", Policy{Internet: true, Deny: SpecialRanges, PodDeny: only}, "8.8.8.8", true},
+		{"pod deny wins over the pool's allow", Policy{Allow: allow, Deny: SpecialRanges, PodDeny: mustPrefixes("10.96.0.0/16")}, "10.96.0.10", false},
+		{"pod deny elsewhere keeps the pool's allow", Policy{Allow: allow, Deny: SpecialRanges, PodDeny: only}, "10.96.0.10", true},
+		{"pod deny wins over only", Policy{Internet: true, Deny: SpecialRanges, Only: only, PodDeny: mustPrefixes("203.0.113.5")}, "203.0.113.5", false},
+		{"only beside a pod deny", Policy{Internet: true, Deny: SpecialRanges, Only: only, PodDeny: mustPrefixes("203.0.113.5")}, "203.0.113.6", true},
+		{"pod deny never widens no internet", Policy{Deny: SpecialRanges, PodDeny: only}, "8.8.8.8", false},
+		{"no egress: the internet", Policy{Internet: true, Deny: SpecialRanges, PodDeny: none}, "8.8.8.8", false},
+		{"no egress: the pool's allow", Policy{Internet: true, Allow: allow, Deny: SpecialRanges, PodDeny: none}, "10.96.0.10", false},
+		{"no egress: what the pod listed", Policy{Internet: true, Deny: SpecialRanges, Only: only, PodDeny: none}, "203.0.113.5", false},
+		{"no egress: what its NetworkPolicy allows", Policy{Internet: true, Deny: SpecialRanges, PodDeny: none,
+			EgressTo: []Rule{{Peers: []Peer{{Prefix: only[0]}}}}}, "203.0.113.5", false},
 	} {
 		if got := tc.p.Reaches(netip.MustParseAddr(tc.addr), "TCP", 443); got != tc.reach {
 			t.Errorf("%s: Reaches(%s) = %v, want %v", tc.name, tc.addr, got, tc.reach)

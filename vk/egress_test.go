@@ -1,0 +1,63 @@
+package vk
+
+import (
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestEgressAnnotations: sandman.io/egress narrows the sandbox's internet
+// egress to its CIDRs, or with none takes it all away (a pod-level deny of
+// 0.0.0.0/0, which wins over the pool's exceptions); sandman.io/egress-deny
+// adds the pod's own denied ranges. Each is normalised (masked, an address
+// its /32) into a request the node accepts, or refused naming the
+// annotation.
+func TestEgressAnnotations(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		annotations  map[string]string
+		egress, deny []string
+		refused      string // "": accepted
+	}{
+		{name: "neither"},
+		{name: "narrowed", annotations: map[string]string{AnnotationEgress: "203.0.113.9/24, 198.51.100.7"},
+			egress: []string{"203.0.113.0/24", "198.51.100.7/32"}},
+		{name: "none", annotations: map[string]string{AnnotationEgress: "none"}, deny: []string{"0.0.0.0/0"}},
+		{name: "none spelt loosely", annotations: map[string]string{AnnotationEgress: " None "}, deny: []string{"0.0.0.0/0"}},
+		{name: "denied", annotations: map[string]string{AnnotationEgressDeny: "10.96.0.10, 203.0.113.0/24"},
+			deny: []string{"10.96.0.10/32", "203.0.113.0/24"}},
+		{name: "narrowed and denied", annotations: map[string]string{AnnotationEgress: "203.0.113.0/24", AnnotationEgressDeny: "203.0.113.7"},
+			egress: []string{"203.0.113.0/24"}, deny: []string{"203.0.113.7/32"}},
+		{name: "none and denied", annotations: map[string]string{AnnotationEgress: "none", AnnotationEgressDeny: "1.1.1.1"},
+			deny: []string{"0.0.0.0/0", "1.1.1.1/32"}},
+		{name: "empty egress", annotations: map[string]string{AnnotationEgress: ""}, refused: AnnotationEgress + ": it lists nothing"},
+		{name: "none among CIDRs", annotations: map[string]string{AnnotationEgress: "none,1.1.1.1"}, refused: AnnotationEgress + `: "none" is not a CIDR`},
+		{name: "IPv6 egress", annotations: map[string]string{AnnotationEgress: "2001:db8::/32"}, refused: AnnotationEgress + `: "2001:db8::/32": only IPv4`},
+		{name: "empty deny", annotations: map[string]string{AnnotationEgressDeny: " , "}, refused: AnnotationEgressDeny + ": it lists nothing"},
+		{name: "none as a deny", annotations: map[string]string{AnnotationEgressDeny: "none"}, refused: AnnotationEgressDeny + `: "none" is not a CIDR`},
+		{name: "IPv6 deny", annotations: map[string]string{AnnotationEgressDeny: "::1"}, refused: AnnotationEgressDeny + `: "::1": only IPv4`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := testPod("p", "img")
+			for k, v := range tc.annotations {
+				pod.Annotations[k] = v
+			}
+			req, err := translator().bindRequest(pod)
+			if tc.refused != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.refused) {
+					t.Fatalf("bindRequest: %v, want an error saying %q", err, tc.refused)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("bindRequest: %v", err)
+			}
+			if !slices.Equal(req.Egress, tc.egress) || !slices.Equal(req.EgressDeny, tc.deny) {
+				t.Errorf("egress %q, deny %q; want %q, %q", req.Egress, req.EgressDeny, tc.egress, tc.deny)
+			}
+			if err := req.Validate(); err != nil {
+				t.Errorf("the node would refuse the request: %v", err)
+			}
+		})
+	}
+}
