@@ -75,6 +75,17 @@ func podSecurity(pod *corev1.Pod) error {
 	return nil
 }
 
+// hostUsers refuses hostUsers: true, the opt-out of the sandbox's user
+// namespace, to a pod whose namespace the pool does not name for it.
+func (p *Provider) hostUsers(pod *corev1.Pod) error {
+	if hu := pod.Spec.HostUsers; hu == nil || !*hu || slices.Contains(p.cfg.HostUsersNamespaces, pod.Namespace) {
+		return nil
+	}
+	return fmt.Errorf("spec.hostUsers: true would run the sandbox on the worker's own users (root in it root on the worker), "+
+		"which pool %s allows only to the namespaces its operator names (sandman-vk --host-users-namespaces), not %s: remove hostUsers or set it to false",
+		p.poolName(), pod.Namespace)
+}
+
 // volumeType is the name of the source a volume sets ("hostPath", …).
 func volumeType(vs corev1.VolumeSource) string {
 	v := reflect.ValueOf(vs)

@@ -288,16 +288,34 @@ func TestCheckPoolLimits(t *testing.T) {
 }
 
 // TestHostUsers: the pod's hostUsers reaches the node agent as it is (nil
-// leaves it to the node's --user-namespaces).
+// leaves it to the node's --user-namespaces), but hostUsers: true, the
+// opt-out of the user namespace, only from a namespace the pool names for
+// it (HostUsersNamespaces); from any other the pod fails, naming the field.
 func TestHostUsers(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		v    *bool
-	}{{"unset", nil}, {"false", ptr.To(false)}, {"true", ptr.To(true)}} {
+		name   string
+		v      *bool
+		optOut []string
+		err    bool
+	}{
+		{"unset", nil, nil, false},
+		{"false", ptr.To(false), nil, false},
+		{"true, no namespace named", ptr.To(true), nil, true},
+		{"true, another namespace named", ptr.To(true), []string{"other"}, true},
+		{"true, its namespace named", ptr.To(true), []string{"other", "ns"}, false},
+		{"false, its namespace named", ptr.To(false), []string{"ns"}, false},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pod := testPod("ok", "img")
 			pod.Spec.HostUsers = tc.v
-			req, err := translator().bindRequest(pod)
+			req, err := translator(func(c *Config) { c.HostUsersNamespaces = tc.optOut }).bindRequest(pod)
+			if tc.err {
+				if err == nil || !strings.Contains(err.Error(), "spec.hostUsers") || !strings.Contains(err.Error(), "--host-users-namespaces") ||
+					!strings.Contains(err.Error(), "not ns") {
+					t.Fatalf("err = %v, want one naming spec.hostUsers, the namespace and --host-users-namespaces", err)
+				}
+				return
+			}
 			if err != nil {
 				t.Fatal(err)
 			}

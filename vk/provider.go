@@ -128,6 +128,11 @@ type Config struct {
 	AllowedNamespaces        []string
 	AllowedNamespaceSelector labels.Selector
 	Namespaces               corev1listers.NamespaceLister
+	// HostUsersNamespaces are the namespaces whose pods may set
+	// hostUsers: true, the opt-out of the user namespace (root in the
+	// sandbox is then root on the worker, capabilities cut); any other's
+	// fail InvalidSpec. None: no pod may.
+	HostUsersNamespaces []string
 	// DialDaemon dials sandbox daemons (default: TCP with a 5 s timeout);
 	// tests point it at daemons of their own.
 	DialDaemon func(ctx context.Context, network, addr string) (net.Conn, error)
@@ -867,6 +872,9 @@ func (p *Provider) bindRequest(pod *corev1.Pod) (runtime.BindRequest, error) {
 		return req, fmt.Errorf("pod %s/%s has init containers, which sandboxes do not run: remove them", pod.Namespace, pod.Name)
 	}
 	if err := podSecurity(pod); err != nil {
+		return req, err
+	}
+	if err := p.hostUsers(pod); err != nil {
 		return req, err
 	}
 	handler, err := p.runtimeHandler(pod)

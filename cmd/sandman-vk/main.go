@@ -79,6 +79,7 @@ type options struct {
 	defaultLimits, maxLimits               resourceList
 	pidsLimit                              int64
 	allowedNamespaces, namespaceSelector   string
+	hostUsersNamespaces                    string
 	leaderElect                            bool
 	leaderElectNamespace                   string
 	leaseDuration, renewDeadline           time.Duration
@@ -165,6 +166,9 @@ func run(args []string) (retErr error) {
 	fs.StringVar(&o.allowedNamespaces, "allowed-namespaces", "", "namespaces whose pods may use this pool, comma-separated (with --allowed-namespace-selector: either admits); "+
 		"a pod of any other fails NamespaceNotAllowed, however it reached the node (spec.nodeName included). Neither flag: every namespace (a warning at start)")
 	fs.StringVar(&o.namespaceSelector, "allowed-namespace-selector", "", "label selector of the namespaces whose pods may use this pool (team=ml; RBAC: list/watch namespaces); see --allowed-namespaces")
+	fs.StringVar(&o.hostUsersNamespaces, "host-users-namespaces", "", "namespaces whose pods may set hostUsers: true, the opt-out of the sandbox's user namespace "+
+		"(root in the sandbox is then root on the worker, capabilities cut), comma-separated; any other's fail InvalidSpec. Empty: no pod may "+
+		"(a node agent with --user-namespaces=required refuses them all anyway)")
 	fs.Int64Var(&o.pidsLimit, "pids-limit", 1024, "processes per sandbox container (the node agent's own --pids-limit applies when lower; 0: the agent's)")
 	fs.BoolVar(&o.leaderElect, "leader-elect", false, "run as one of several replicas: only the holder of the Lease sandman-vk-<node-name> places pods and runs the virtual node; "+
 		"the others stand by warm (agents watched, informers synced) and take over when it goes. Off: this process is the only one")
@@ -220,6 +224,10 @@ func run(args []string) (retErr error) {
 		return fmt.Errorf("--queue-room %d: want 0 to --max-queued (%d), or -1 for --max-queued: more room than the queue holds would fail pods kube-scheduler bound", o.queueRoom, o.maxQueued)
 	}
 	allowedNamespaces, namespaceSelector, err := poolAccess(o.allowedNamespaces, o.namespaceSelector, o.poolName, log)
+	if err != nil {
+		return err
+	}
+	hostUsersNamespaces, err := namespaceList("--host-users-namespaces", o.hostUsersNamespaces)
 	if err != nil {
 		return err
 	}
@@ -531,6 +539,7 @@ func run(args []string) (retErr error) {
 			ReconcileInterval: o.reconcile, OrphanGrace: o.orphanGrace, Logger: log, SelfUsage: selfUsage,
 			DefaultLimits: o.defaultLimits.l, MaxLimits: o.maxLimits.l, PidsLimit: o.pidsLimit,
 			AllowedNamespaces: allowedNamespaces, AllowedNamespaceSelector: namespaceSelector, Namespaces: namespaces,
+			HostUsersNamespaces: hostUsersNamespaces,
 		})
 		return provider, np, err
 	}, opts...)
