@@ -41,6 +41,21 @@ const LabelAccess = "sandman.io/image-access"
 // checkTimeout bounds one registry check of a pod's credentials.
 const checkTimeout = 30 * time.Second
 
+// AuthorizePod checks, without pulling, that a pod of namespace with these
+// pull secrets may use ref: another namespace's snapshot (under a
+// Config.SnapshotRepositories entry) is refused first, on the node or not,
+// whatever the secrets, with an *Error of KindForbidden; then Authorize.
+// Binds call it before they take a slot or pull.
+func (m *Manager) AuthorizePod(ctx context.Context, ref, namespace string, secrets [][]byte) error {
+	if err := m.snapshots.CheckStart(ref, namespace); err != nil {
+		return err
+	}
+	return m.Authorize(ctx, ref, secrets)
+}
+
+// Snapshots returns Config.SnapshotRepositories, parsed.
+func (m *Manager) Snapshots() SnapshotRepositories { return m.snapshots }
+
 // Authorize checks, without pulling, that a pod with these pull secrets may
 // use ref as it is on this node: nil for a public image and for an image
 // not on the node (Ensure's pull proves the secrets); for a private image,
@@ -48,6 +63,7 @@ const checkTimeout = 30 * time.Second
 // kept AccessTTL, a refusal AccessRefusedTTL). A refusal is an *Error of
 // KindUnauthorized (or KindNotFound) with the registry's message, as a
 // refused pull is. Public images cost no network and no containerd call.
+// It does not know the pod's namespace: binds use AuthorizePod.
 func (m *Manager) Authorize(ctx context.Context, ref string, secrets [][]byte) error {
 	name, err := Normalize(ref)
 	if err != nil {

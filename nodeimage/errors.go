@@ -36,6 +36,10 @@ const (
 	KindDiskFull Kind = "disk_full"
 	// KindInvalid: the reference cannot be parsed. Not retried.
 	KindInvalid Kind = "invalid"
+	// KindForbidden: the node refuses the image to this pod whatever the
+	// registry would say: another namespace's snapshot
+	// (SnapshotRepositories). Not retried: the pod must name another image.
+	KindForbidden Kind = "forbidden"
 	// KindFailed: anything else.
 	KindFailed Kind = "failed"
 )
@@ -56,6 +60,7 @@ func (e *Error) Error() string {
 		KindDiskFull:           "node disk full while pulling",
 		KindRuntimeUnavailable: "the node's containerd did not answer (not the registry)",
 		KindInvalid:            "not a valid image reference",
+		KindForbidden:          "refused on this node",
 		KindFailed:             "pull failed",
 	}[e.Kind]
 	return fmt.Sprintf("image %s: %s: %v", e.Image, what, e.Err)
@@ -71,6 +76,7 @@ func (e *Error) Unwrap() []error {
 		KindDiskFull:           errdefs.ErrResourceExhausted,
 		KindRuntimeUnavailable: errdefs.ErrUnavailable,
 		KindInvalid:            errdefs.ErrInvalidArgument,
+		KindForbidden:          errdefs.ErrPermissionDenied,
 		KindFailed:             errdefs.ErrUnknown,
 	}[e.Kind]
 	return []error{class, e.Err}

@@ -69,7 +69,11 @@ type Config struct {
 	// a burst of binds costs one check and a fixed grant counts soon.
 	AccessTTL        time.Duration
 	AccessRefusedTTL time.Duration
-	Logger           *slog.Logger
+	// SnapshotRepositories are where snapshots are kept by namespace
+	// (host[:port][/prefix]; see SnapshotRepositories): AuthorizePod
+	// refuses another namespace's to a pod. None: no such check.
+	SnapshotRepositories []string
+	Logger               *slog.Logger
 	// Clock tells the time and times the retry back-off (default
 	// clock.RealClock).
 	Clock clock.Clock
@@ -141,6 +145,8 @@ type Manager struct {
 	metrics *metrics
 	// access remembers the registry's answers about private images.
 	access *accessCache
+	// snapshots are Config.SnapshotRepositories, parsed.
+	snapshots SnapshotRepositories
 	// ctx ends when Run returns: pulls in flight stop. wg counts the
 	// pulls and Run's pre-pull loop; Run waits for them.
 	ctx    context.Context
@@ -189,6 +195,10 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		cfg: cfg, metrics: newMetrics(cfg.Node),
 		images: map[string]*entry{}, pulls: map[string]*pull{}, failed: map[string]*Error{}, pinned: map[string]bool{},
 		wakePrePull: make(chan struct{}, 1), wakeGC: make(chan struct{}, 1),
+	}
+	var err error
+	if m.snapshots, err = ParseSnapshotRepositories(cfg.SnapshotRepositories); err != nil {
+		return nil, fmt.Errorf("nodeimage: %w", err)
 	}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	m.access = &accessCache{

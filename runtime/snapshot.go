@@ -26,7 +26,9 @@ import (
 // Errors use errdefs classes: ErrNotFound (the pod is not on this node),
 // ErrFailedPrecondition (the pod is not bound: still binding, releasing),
 // ErrInvalidArgument (a bad image reference, one outside the snapshot
-// registry, a pod of several containers without Container), ErrUnauthenticated
+// registry or, on a node that keeps snapshots by namespace, outside
+// <repository>/<the pod's namespace>/, a pod of several containers without
+// Container), ErrUnauthenticated
 // or ErrPermissionDenied (the registry refused the push, with its message),
 // ErrUnavailable (the registry did not answer), ErrResourceExhausted (the
 // node's disk filled). A failed snapshot leaves the sandbox running and

@@ -63,6 +63,7 @@ type options struct {
 	userNSBase                                  uint
 	snapshotRegistry, snapshotPushConfig        string
 	snapshotScratchDir                          string
+	snapshotRepositories                        []string
 	hotSlots                                    string
 	hotBudget                                   int
 	hotImages                                   []string
@@ -120,6 +121,14 @@ func run(args []string) error {
 	fs.StringVar(&o.imageCache, "image-cache-bytes", "", "disk budget for images, e.g. 50Gi; least recently used images no slot uses are removed above it (default: no budget)")
 	fs.StringVar(&o.snapshotRegistry, "snapshot-registry", "", "registry (host[:port][/path-prefix]) that snapshots of sandboxes are pushed to; a snapshot named repository:tag goes under it, a full name must be in it (empty: the node takes no snapshots)")
 	fs.StringVar(&o.snapshotPushConfig, "snapshot-push-config", "", "docker config JSON file with the credentials to push snapshots to --snapshot-registry, read at every snapshot (empty: anonymous pushes)")
+	fs.Func("snapshot-repository", "host[:port][/prefix] under which snapshots are kept by namespace, <prefix>/<namespace>/<name>:<tag> (the gateway's: <--snapshot-registry>/e2b, its --snapshot-repository); repeatable, or comma-separated. A pod may not start another namespace's snapshot, and a pod's snapshot must go under <prefix>/<its namespace>/ (default none: any pod may start any snapshot the registry serves)", func(v string) error {
+		for repo := range strings.SplitSeq(v, ",") {
+			if repo = strings.TrimSpace(repo); repo != "" {
+				o.snapshotRepositories = append(o.snapshotRepositories, repo)
+			}
+		}
+		return nil
+	})
 	fs.StringVar(&o.snapshotScratchDir, "snapshot-scratch-dir", "", "where a snapshot's uncompressed changes are written while the sandbox is frozen, then compressed (default <state-dir>/snapshots)")
 	fs.StringVar(&o.hostsDir, "registry-hosts-dir", "", "per-registry settings in containerd's hosts.toml layout (<dir>/<host>/hosts.toml: mirrors, plain HTTP, CA, skip_verify)")
 	fs.Func("prepull", "image kept unpacked on this node (repeatable, or comma-separated)", func(v string) error {
@@ -492,7 +501,7 @@ func connect(ctx context.Context, o options, res runtime.Resources, cacheBytes i
 		ShimGroupSize:      o.shimGroupSize,
 		RuncPath:           o.runc, RunscPath: o.runsc, RunscPlatform: o.runscPlatform, UserNamespaces: rtcontainerd.UserNamespaces(o.userNS), UserNamespaceBase: uint32(o.userNSBase),
 		RegistryHostsDir: o.hostsDir, ImageCacheBytes: cacheBytes, PrePull: o.prePull, PrePullConcurrency: o.prePullConcurrency,
-		SnapshotRegistry: o.snapshotRegistry, SnapshotPushConfig: o.snapshotPushConfig, SnapshotScratchDir: o.snapshotScratchDir,
+		SnapshotRegistry: o.snapshotRegistry, SnapshotPushConfig: o.snapshotPushConfig, SnapshotScratchDir: o.snapshotScratchDir, SnapshotRepositories: o.snapshotRepositories,
 		HotSlots: o.hotBudget, HotImages: o.hotImages, HotMixWindow: o.hotMixWindow, HotMixHalfLife: o.hotMixHalfLife,
 	})
 	if err != nil {

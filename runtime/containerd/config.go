@@ -13,6 +13,7 @@ import (
 	ctrd "github.com/containerd/containerd/v2/client"
 	"k8s.io/utils/clock"
 
+	"github.com/sandman-dev/sandman/nodeimage"
 	"github.com/sandman-dev/sandman/runtime"
 )
 
@@ -103,6 +104,12 @@ type Config struct {
 	// pushes to SnapshotRegistry use, read at every snapshot (so a
 	// rotated Secret counts). Empty: pushes are anonymous.
 	SnapshotPushConfig string
+	// SnapshotRepositories keep snapshots by namespace
+	// (host[:port][/prefix]; nodeimage.SnapshotRepositories): a pod may
+	// not start another namespace's snapshot, and a snapshot of a pod is
+	// written only under <repository>/<its namespace>/. Empty: no such
+	// rule (any pod may start any snapshot the registry serves).
+	SnapshotRepositories []string
 	// SnapshotScratchDir holds a snapshot's uncompressed changes while
 	// they are compressed (default <StateDir>/snapshots): as large as what
 	// the sandbox wrote, briefly.
@@ -242,6 +249,9 @@ func (c *Config) setDefaults() error {
 		if err := checkSnapshotRegistry(c.SnapshotRegistry); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if _, err := nodeimage.ParseSnapshotRepositories(c.SnapshotRepositories); err != nil {
+		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err

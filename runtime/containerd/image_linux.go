@@ -25,7 +25,8 @@ func (r *Runtime) ensureImage(ctx context.Context, ref string, secrets [][]byte)
 	return img, nil
 }
 
-// authorizeImages checks, before a slot is taken, that the registry
+// authorizeImages checks, before a slot is taken, that no image is another
+// namespace's snapshot (Config.SnapshotRepositories) and that the registry
 // accepts the pod's pull secrets for each private image already on the
 // node (public images and images not here cost nothing): a pod without
 // them fails as an unauthorized pull would, and no slot, hot sandbox or
@@ -33,7 +34,7 @@ func (r *Runtime) ensureImage(ctx context.Context, ref string, secrets [][]byte)
 // what keeps a private image's hot sandboxes from pods that may not pull it.
 func (r *Runtime) authorizeImages(ctx context.Context, req runtime.BindRequest) error {
 	for _, c := range req.Containers {
-		if err := r.images.Authorize(ctx, c.Image, req.PullSecrets); err != nil {
+		if err := r.images.AuthorizePod(ctx, c.Image, req.Pod.Namespace, req.PullSecrets); err != nil {
 			return fmt.Errorf("bind %s: %w", req.Pod.UID, markImagePull(err))
 		}
 	}

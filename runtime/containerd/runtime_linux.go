@@ -113,7 +113,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	r.images, err = nodeimage.New(ctx, nodeimage.Config{
 		Client: cfg.Client, Namespace: cfg.Namespace, Node: cfg.Node, Snapshotter: cfg.Snapshotter,
 		HostsDir: cfg.RegistryHostsDir, CacheBytes: cfg.ImageCacheBytes, PrePull: cfg.PrePull,
-		PrePullConcurrency: cfg.PrePullConcurrency, InUse: r.imagesInUse,
+		PrePullConcurrency: cfg.PrePullConcurrency, SnapshotRepositories: cfg.SnapshotRepositories, InUse: r.imagesInUse,
 		OnProgress: r.imageProgress, OnChange: r.imagesChanged, Logger: r.log, Clock: cfg.Clock,
 	})
 	if err != nil {

@@ -134,6 +134,11 @@ func (r *Runtime) Snapshot(ctx context.Context, req runtime.SnapshotRequest, pro
 		}
 	}
 	defer unhold()
+	// A namespace writes only its own snapshots: naming another's would
+	// replace what its pods start.
+	if err := r.images.Snapshots().CheckWrite(name, t.pod.Namespace); err != nil {
+		return res, fmt.Errorf("snapshot of pod %s/%s: %w", t.pod.Namespace, t.pod.Name, err)
+	}
 	if err := r.inspectSnapshotTarget(ctx, t); err != nil {
 		return res, err
 	}
