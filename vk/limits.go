@@ -1,10 +1,12 @@
 package vk
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/sandman-dev/sandman/runtime"
 )
@@ -69,3 +71,71 @@ func (p *Provider) poolLimits(c corev1.Container, cs *runtime.ContainerSpec) err
 	cs.PidsLimit = p.cfg.PidsLimit
 	return nil
 }
+
+// Bandwidth is a sandbox's traffic cap each way, in bits per second (0:
+// none), as AnnotationIngressBandwidth and AnnotationEgressBandwidth say it.
+type Bandwidth struct {
+	Ingress, Egress int64
+}
+
+// The caps the node agent takes (sandboxnet.SetBandwidth).
+var (
+	minBandwidth = resource.MustParse("1k")
+	maxBandwidth = resource.MustParse("32G")
+)
+
+// checkPoolBandwidth checks the pool's default and maximum bandwidth
+// (Config).
+func checkPoolBandwidth(def, ceiling Bandwidth) error {
+	for _, b := range []struct {
+		what string
+		v    int64
+	}{
+		{"default ingress", def.Ingress}, {"default egress", def.Egress},
+		{"maximum ingress", ceiling.Ingress}, {"maximum egress", ceiling.Egress},
+	} {
+		if b.v != 0 && (b.v < minBandwidth.Value() || b.v > maxBandwidth.Value()) {
+			return fmt.Errorf("vk: %s bandwidth %s: want bits per second from %s to %s, or none", b.what, bits(b.v), minBandwidth.String(), maxBandwidth.String())
+		}
+	}
+	if def.Ingress > 0 && ceiling.Ingress > 0 && def.Ingress > ceiling.Ingress {
+		return fmt.Errorf("vk: default ingress bandwidth %s is above the maximum %s", bits(def.Ingress), bits(ceiling.Ingress))
+	}
+	if def.Egress > 0 && ceiling.Egress > 0 && def.Egress > ceiling.Egress {
+		return fmt.Errorf("vk: default egress bandwidth %s is above the maximum %s", bits(def.Egress), bits(ceiling.Egress))
+	}
+	return nil
+}
+
+// poolBandwidth sets the sandbox's caps from the pod's bandwidth
+// annotations within the pool's maximum, or to the pool's default (its
+// maximum when it has no default) where the pod sets none, so the maximum
+// bounds every sandbox.
+func (p *Provider) poolBandwidth(pod *corev1.Pod, req *runtime.BindRequest) error {
+	for _, bw := range []struct {
+		key          string
+		to           *int64
+		def, ceiling int64
+	}{
+		{AnnotationIngressBandwidth, &req.IngressBandwidth, p.cfg.DefaultBandwidth.Ingress, p.cfg.MaxBandwidth.Ingress},
+		{AnnotationEgressBandwidth, &req.EgressBandwidth, p.cfg.DefaultBandwidth.Egress, p.cfg.MaxBandwidth.Egress},
+	} {
+		v, ok := pod.Annotations[bw.key]
+		if !ok {
+			*bw.to = cmp.Or(bw.def, bw.ceiling)
+			continue
+		}
+		q, err := resource.ParseQuantity(v)
+		if err != nil || q.Cmp(minBandwidth) < 0 || q.Cmp(maxBandwidth) > 0 {
+			return fmt.Errorf("annotation %s: %q: want bits per second from %s to %s, such as 10M", bw.key, v, minBandwidth.String(), maxBandwidth.String())
+		}
+		if bw.ceiling > 0 && q.Value() > bw.ceiling {
+			return fmt.Errorf("annotation %s: %s is above the maximum %s of pool %s: ask for at most that", bw.key, q.String(), bits(bw.ceiling), p.poolName())
+		}
+		*bw.to = q.Value()
+	}
+	return nil
+}
+
+// bits is a bits-per-second figure as the annotations write it (100M).
+func bits(v int64) string { return resource.NewQuantity(v, resource.DecimalSI).String() }

@@ -19,7 +19,6 @@ import (
 	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
@@ -128,6 +127,11 @@ type Config struct {
 	AllowedNamespaces        []string
 	AllowedNamespaceSelector labels.Selector
 	Namespaces               corev1listers.NamespaceLister
+	// DefaultBandwidth caps the traffic of a sandbox whose pod sets no
+	// AnnotationIngressBandwidth / AnnotationEgressBandwidth (zero: none;
+	// with no default, the maximum); a pod that asks for more than
+	// MaxBandwidth is refused (zero: no maximum).
+	DefaultBandwidth, MaxBandwidth Bandwidth
 	// HostUsersNamespaces are the namespaces whose pods may set
 	// hostUsers: true, the opt-out of the user namespace (root in the
 	// sandbox is then root on the worker, capabilities cut); any other's
@@ -212,6 +216,9 @@ func New(cfg Config) (*Provider, error) {
 		return nil, fmt.Errorf("vk: Client is required")
 	}
 	if err := checkPoolLimits(cfg.DefaultLimits, cfg.MaxLimits); err != nil {
+		return nil, err
+	}
+	if err := checkPoolBandwidth(cfg.DefaultBandwidth, cfg.MaxBandwidth); err != nil {
 		return nil, err
 	}
 	if cfg.PidsLimit < 0 {
@@ -901,19 +908,8 @@ func (p *Provider) bindRequest(pod *corev1.Pod) (runtime.BindRequest, error) {
 			req.TokenHashes = append(req.TokenHashes, h)
 		}
 	}
-	for _, bw := range []struct {
-		key string
-		to  *int64
-	}{{AnnotationIngressBandwidth, &req.IngressBandwidth}, {AnnotationEgressBandwidth, &req.EgressBandwidth}} {
-		v, ok := pod.Annotations[bw.key]
-		if !ok {
-			continue
-		}
-		q, err := resource.ParseQuantity(v)
-		if err != nil || q.Sign() <= 0 || q.Cmp(resource.MustParse("1k")) < 0 || q.Cmp(resource.MustParse("32G")) > 0 {
-			return req, fmt.Errorf("annotation %s: %q: want bits per second from 1k to 32G, such as 10M", bw.key, v)
-		}
-		*bw.to = q.Value()
+	if err := p.poolBandwidth(pod, &req); err != nil {
+		return req, err
 	}
 	if v, ok := pod.Annotations[AnnotationEgress]; ok {
 		if strings.EqualFold(strings.TrimSpace(v), EgressNone) {

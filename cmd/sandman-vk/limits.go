@@ -7,6 +7,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/sandman-dev/sandman/vk"
 )
 
 // Pool limits unless flags say otherwise (docs/install.md says why these).
@@ -62,4 +64,52 @@ func mustResourceList(v string) resourceList {
 		panic(err)
 	}
 	return r
+}
+
+// bandwidth is a flag of a sandbox's traffic caps each way in bits per
+// second (ingress=100M,egress=100M; either may be left out); an empty
+// value means none.
+type bandwidth struct{ b vk.Bandwidth }
+
+func (f *bandwidth) String() string {
+	if f == nil {
+		return ""
+	}
+	var parts []string
+	for _, d := range []struct {
+		name string
+		v    int64
+	}{{"ingress", f.b.Ingress}, {"egress", f.b.Egress}} {
+		if d.v > 0 {
+			parts = append(parts, d.name+"="+resource.NewQuantity(d.v, resource.DecimalSI).String())
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+func (f *bandwidth) Set(v string) error {
+	var b vk.Bandwidth
+	for kv := range strings.SplitSeq(v, ",") {
+		if kv = strings.TrimSpace(kv); kv == "" {
+			continue
+		}
+		name, val, ok := strings.Cut(kv, "=")
+		if !ok {
+			return fmt.Errorf("%q: want ingress=bits/s,egress=bits/s (ingress=100M,egress=100M)", kv)
+		}
+		q, err := resource.ParseQuantity(strings.TrimSpace(val))
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		switch strings.TrimSpace(name) {
+		case "ingress":
+			b.Ingress = q.Value()
+		case "egress":
+			b.Egress = q.Value()
+		default:
+			return fmt.Errorf("%q: want ingress or egress", name)
+		}
+	}
+	f.b = b
+	return nil
 }

@@ -77,6 +77,7 @@ type options struct {
 	metricsListen, logLevel                string
 	podWatch                               string
 	defaultLimits, maxLimits               resourceList
+	defaultBandwidth, maxBandwidth         bandwidth
 	pidsLimit                              int64
 	allowedNamespaces, namespaceSelector   string
 	hostUsersNamespaces                    string
@@ -169,6 +170,9 @@ func run(args []string) (retErr error) {
 	fs.StringVar(&o.hostUsersNamespaces, "host-users-namespaces", "", "namespaces whose pods may set hostUsers: true, the opt-out of the sandbox's user namespace "+
 		"(root in the sandbox is then root on the worker, capabilities cut), comma-separated; any other's fail InvalidSpec. Empty: no pod may "+
 		"(a node agent with --user-namespaces=required refuses them all anyway)")
+	fs.Var(&o.defaultBandwidth, "default-bandwidth", "traffic caps of a sandbox whose pod sets no kubernetes.io/ingress-bandwidth or egress-bandwidth annotation, "+
+		"in bits per second: ingress=100M,egress=100M (empty: none; with none, the --max-bandwidth of that direction)")
+	fs.Var(&o.maxBandwidth, "max-bandwidth", "largest kubernetes.io/ingress-bandwidth and egress-bandwidth a pod may ask for: ingress=1G,egress=1G (pods above are refused; empty: no maximum)")
 	fs.Int64Var(&o.pidsLimit, "pids-limit", 1024, "processes per sandbox container (the node agent's own --pids-limit applies when lower; 0: the agent's)")
 	fs.BoolVar(&o.leaderElect, "leader-elect", false, "run as one of several replicas: only the holder of the Lease sandman-vk-<node-name> places pods and runs the virtual node; "+
 		"the others stand by warm (agents watched, informers synced) and take over when it goes. Off: this process is the only one")
@@ -540,6 +544,7 @@ func run(args []string) (retErr error) {
 			DefaultLimits: o.defaultLimits.l, MaxLimits: o.maxLimits.l, PidsLimit: o.pidsLimit,
 			AllowedNamespaces: allowedNamespaces, AllowedNamespaceSelector: namespaceSelector, Namespaces: namespaces,
 			HostUsersNamespaces: hostUsersNamespaces,
+			DefaultBandwidth:    o.defaultBandwidth.b, MaxBandwidth: o.maxBandwidth.b,
 		})
 		return provider, np, err
 	}, opts...)
