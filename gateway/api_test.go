@@ -569,7 +569,7 @@ func TestConnectAfterKeyRotation(t *testing.T) {
 	}
 	// A pod whose token hash no key derives (made under a dropped key):
 	// connect says so rather than hand out a token that does not work.
-	e.addPod(nsA, "sbxoldkey", testNow, nil)
+	e.addPodHash(nsA, "sbxoldkey", testNow, nil, hashHex("t"))
 	r := e.call(http.MethodPost, "/v2/sandboxes/sbxoldkey/connect", rawKeyA, nil)
 	if r.status != http.StatusInternalServerError || !strings.Contains(r.apiError(t).Message, "token key") {
 		t.Fatalf("connect without the key: %d %s", r.status, r.body)

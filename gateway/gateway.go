@@ -164,7 +164,7 @@ func New(cfg Config) (*Gateway, error) {
 		}
 		g.templates.set(t)
 	}
-	g.proxy = g.newProxy()
+	g.proxy = g.newProxy(g.tokenCheck)
 
 	factory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, 0,
 		informers.WithNamespace(cfg.Namespace),
@@ -351,7 +351,7 @@ func (g *Gateway) podChanged(obj any, deleted bool) {
 		return
 	}
 	id := pod.Labels[LabelSandbox]
-	if deleted && id != "" {
+	if deleted && id != "" && gatewayMade(pod, id) && g.keys.hasNamespace(pod.Namespace) {
 		g.tomb.add(id, g.cfg.Now())
 	}
 	g.waiters.wake(pod.Namespace + "/" + pod.Name)

@@ -55,7 +55,7 @@ func keyEntryJSON(raw, ns, pool string) []byte {
 	return b
 }
 
-func poll(t *testing.T, what string, cond func() bool) {
+func poll(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !cond() {
@@ -67,7 +67,7 @@ func poll(t *testing.T, what string, cond func() bool) {
 }
 
 type env struct {
-	t      *testing.T
+	t      testing.TB
 	client *fake.Clientset
 	gw     *Gateway
 	srv    *httptest.Server
@@ -79,7 +79,7 @@ type env struct {
 	tr     *http.Transport
 }
 
-func newEnv(t *testing.T, tweak ...func(*Config)) *env {
+func newEnv(t testing.TB, tweak ...func(*Config)) *env {
 	t.Helper()
 	e := &env{t: t, dialed: make(chan string, 100)}
 	e.client = fake.NewClientset(
@@ -159,7 +159,7 @@ type response struct {
 	body   []byte
 }
 
-func (r response) apiError(t *testing.T) apiError {
+func (r response) apiError(t testing.TB) apiError {
 	t.Helper()
 	var ae apiError
 	if err := json.Unmarshal(r.body, &ae); err != nil {
@@ -171,7 +171,7 @@ func (r response) apiError(t *testing.T) apiError {
 	return ae
 }
 
-func (r response) decode(t *testing.T, v any) {
+func (r response) decode(t testing.TB, v any) {
 	t.Helper()
 	if err := json.Unmarshal(r.body, v); err != nil {
 		t.Fatalf("body %q: %v", r.body, err)
@@ -241,7 +241,7 @@ func (e *env) startCreate(path, key string, body any) *pending {
 	return p
 }
 
-func (p *pending) wait(t *testing.T) response {
+func (p *pending) wait(t testing.TB) response {
 	t.Helper()
 	select {
 	case r := <-p.done:
@@ -309,11 +309,17 @@ func (e *env) createReady(key, ns string, body map[string]any) (sandboxJSON, cor
 }
 
 // addPod stores a sandbox pod directly (as another replica would have
-// made it), ready, started at the given time.
+// made it), ready, started at the given time, with its token's hash.
 func (e *env) addPod(ns, id string, started time.Time, metadata map[string]string) {
 	e.t.Helper()
+	e.addPodHash(ns, id, started, metadata, TokenHash(e.gw.cfg.Tokens.New(ns, id)))
+}
+
+// addPodHash is addPod with another token hash.
+func (e *env) addPodHash(ns, id string, started time.Time, metadata map[string]string, tokenHash string) {
+	e.t.Helper()
 	pod, err := buildPod(podSpec{
-		id: id, tokenHash: hashHex("t"), key: Key{Name: "alice", Namespace: ns, Pool: "pool-a"},
+		id: id, tokenHash: tokenHash, key: Key{Name: "alice", Namespace: ns, Pool: "pool-a"},
 		template: Template{Name: "base", Image: baseImage, CPU: DefaultCPU, Memory: DefaultMemory}, templateID: "base",
 		metadata: metadata, expiresAt: started.Add(time.Hour),
 	})

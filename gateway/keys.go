@@ -95,15 +95,41 @@ func jobLabel(keyName string) string { return "e2b-" + keyName }
 // keyStore holds the current keys; a watch replaces them as the Secret
 // changes.
 type keyStore struct {
-	// mu guards keys.
+	// mu guards keys and namespaces.
 	mu   sync.RWMutex
 	keys []Key
+	// namespaces are the namespaces the keys name.
+	namespaces map[string]bool
 }
 
 func (s *keyStore) set(keys []Key) {
+	ns := map[string]bool{}
+	for _, k := range keys {
+		ns[k.Namespace] = true
+	}
 	s.mu.Lock()
-	s.keys = keys
+	s.keys, s.namespaces = keys, ns
 	s.mu.Unlock()
+}
+
+// hasNamespace says whether a key names namespace: only there are
+// sandboxes the gateway's.
+func (s *keyStore) hasNamespace(namespace string) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.namespaces[namespace]
+}
+
+// namespaceList is the namespaces the keys name, sorted.
+func (s *keyStore) namespaceList() []string {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]string, 0, len(s.namespaces))
+	for ns := range s.namespaces {
+		out = append(out, ns)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // lookup finds the key whose hash is the presented key's. Every stored

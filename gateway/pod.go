@@ -160,6 +160,17 @@ func isSandboxPod(pod *corev1.Pod, id string) bool {
 	return pod.Labels[LabelSandbox] == id && pod.Name == id
 }
 
+// gatewayMade says whether a pod looks as buildPod makes sandbox id: named
+// and labelled by the ID, with the key and job labels that go together and
+// a token hash. Anyone who may create pods can make one look so: the
+// proxy also asks for the namespace to be a key's and the caller's token
+// to be that pod's (see Gateway.tokenCheck).
+func gatewayMade(pod *corev1.Pod, id string) bool {
+	key := pod.Labels[LabelKey]
+	return isSandboxPod(pod, id) && key != "" && pod.Labels[LabelJob] == jobLabel(key) &&
+		pod.Annotations[AnnotationTokenHash] != ""
+}
+
 // alive is a sandbox that is not gone: not being deleted, not ended.
 func alive(pod *corev1.Pod) bool {
 	return pod.DeletionTimestamp == nil && pod.Status.Phase != corev1.PodFailed && pod.Status.Phase != corev1.PodSucceeded

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"connectrpc.com/connect"
 	corev1 "k8s.io/api/core/v1"
 )
 
@@ -33,7 +35,68 @@ type proxyError struct {
 
 type targetKey struct{}
 
-func (g *Gateway) newProxy() http.Handler {
+// headerAccessToken carries the sandbox's access token on daemon calls
+// (the SDK sends it on every one once it has it; dist/index.js, the
+// Sandbox constructor's envdApi and rpcTransport).
+const headerAccessToken = "X-Access-Token"
+
+// accessToken is the token a sandbox request carries: X-Access-Token, or
+// an Authorization: Bearer token, as the daemon takes either.
+func accessToken(r *http.Request) string {
+	if t := r.Header.Get(headerAccessToken); t != "" {
+		return t
+	}
+	t, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return t
+}
+
+// verdict is what a podCheck says of one pod for one request.
+type verdict int
+
+const (
+	// notOurs: not a sandbox the gateway made, or not in a key's
+	// namespace; never reached whatever the token.
+	notOurs verdict = iota
+	// wrongToken: the gateway's sandbox, but the request's token is not
+	// its token.
+	wrongToken
+	// tokenMatches: the gateway's sandbox, and the token is its own (or,
+	// for a request without one, the sandbox the ID names).
+	tokenMatches
+)
+
+// podCheck decides whether a request for sandbox id carrying token (""
+// when it carries none) may reach pod.
+type podCheck func(pod *corev1.Pod, id, token string) verdict
+
+// tokenCheck is the proxy's podCheck. A pod is the gateway's sandbox when
+// it looks as the gateway makes one (gatewayMade) and lives in a namespace
+// some API key names. A token is that sandbox's when it is the HMAC token
+// of <the pod's namespace>/<id> (Tokens.Verify) and its SHA-256 is the
+// pod's sandman.io/token-sha256: a pod made to look like another
+// namespace's sandbox fails the first (its namespace is not the token's),
+// a pod of the right namespace not made with this token the second.
+func (g *Gateway) tokenCheck(pod *corev1.Pod, id, token string) verdict {
+	if !gatewayMade(pod, id) || !g.keys.hasNamespace(pod.Namespace) {
+		return notOurs
+	}
+	if token == "" {
+		return tokenMatches // only for tokenless calls; see routeRequest
+	}
+	if g.cfg.Tokens.Verify(pod.Namespace, id, token) && hashMatches(token, pod.Annotations[AnnotationTokenHash]) {
+		return tokenMatches
+	}
+	return wrongToken
+}
+
+// tokenless says whether a sandbox request may come without an access
+// token: only the SDK's isRunning (GET /health), which envd answers
+// without one and which learns nothing but that the sandbox runs.
+func tokenless(r *http.Request) bool {
+	return r.Method == http.MethodGet && r.URL.Path == "/health"
+}
+
+func (g *Gateway) newProxy(check podCheck) http.Handler {
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme = "http"
@@ -72,12 +135,26 @@ func (g *Gateway) newProxy() http.Handler {
 			g.proxyFail(w, http.StatusBadRequest, id, "port "+p+": only the sandbox daemon's port "+strconv.Itoa(daemonPort)+" is reachable through sandman's gateway")
 			return
 		}
+		token := accessToken(r)
+		if token == "" && !tokenless(r) {
+			g.proxyRefuse(w, r, id, "sandbox "+id+": no access token: send the envdAccessToken that create or connect returned in the "+headerAccessToken+" header")
+			return
+		}
 		if !g.Ready() {
 			g.proxyFail(w, http.StatusServiceUnavailable, id, "the gateway is starting: retry in a moment")
 			return
 		}
-		addr, ok := g.route(r.Context(), id)
-		if !ok {
+		addr, res := g.route(r.Context(), id, token, check)
+		switch res {
+		case routed:
+		case routeRefused:
+			if token == "" {
+				g.proxyRefuse(w, r, id, "sandbox "+id+": send its access token in the "+headerAccessToken+" header")
+			} else {
+				g.proxyRefuse(w, r, id, "sandbox "+id+": the access token is not this sandbox's: use the envdAccessToken that create or connect returned for it")
+			}
+			return
+		default:
 			if r.Context().Err() != nil {
 				metricProxied.WithLabelValues("canceled").Inc()
 				return
@@ -106,29 +183,81 @@ func (g *Gateway) proxyFail(w http.ResponseWriter, status int, id, msg string) {
 	writeJSON(w, status, proxyError{Code: status, Message: msg, SandboxID: id})
 }
 
-// route finds the daemon address of sandbox id. A sandbox this replica
+// connectErrors tells Connect calls from REST ones as the daemon does: by
+// Connect-Protocol-Version, which Connect clients send.
+var connectErrors = connect.NewErrorWriter(connect.WithRequireConnectProtocolHeader())
+
+// proxyRefuse answers 401 for a request whose token does not open the
+// sandbox, as the daemon itself would: a Connect error (unauthenticated)
+// to a Connect call, envd's JSON error to a REST one. Nothing is
+// forwarded.
+func (g *Gateway) proxyRefuse(w http.ResponseWriter, r *http.Request, id, msg string) {
+	metricProxied.WithLabelValues(strconv.Itoa(http.StatusUnauthorized)).Inc()
+	if connectErrors.IsSupported(r) {
+		_ = connectErrors.Write(w, r, connect.NewError(connect.CodeUnauthenticated, errors.New(msg)))
+		return
+	}
+	writeJSON(w, http.StatusUnauthorized, proxyError{Code: http.StatusUnauthorized, Message: msg, SandboxID: id})
+}
+
+// routeResult is how route ended.
+type routeResult int
+
+const (
+	routed       routeResult = iota
+	routeMissing             // no such sandbox running (or gone)
+	routeRefused             // the sandbox exists; the token does not open it
+)
+
+// route finds the daemon address of sandbox id for a request carrying
+// token: the one pod check says the token opens. A sandbox this replica
 // does not know yet (made a moment ago through another replica) or whose
 // pod has no address yet is waited for, up to ProxyWait; one whose pod is
-// gone is not.
-func (g *Gateway) route(ctx context.Context, id string) (string, bool) {
+// gone is not. A token that opens none of the pods named id is refused at
+// once; so is a request without a token when more than one pod could be
+// the sandbox.
+func (g *Gateway) route(ctx context.Context, id, token string, check podCheck) (string, routeResult) {
 	changed, stop := g.waiters.watch("id/" + id)
 	defer stop()
 	var timer <-chan time.Time
 	for {
 		objs, _ := g.pods.GetIndexer().ByIndex(indexSandboxID, id)
-		waiting := false
+		seen, waiting, refused := false, false, false
+		var addr string
+		matched := 0
 		for _, obj := range objs {
 			pod, ok := obj.(*corev1.Pod)
-			if !ok || !isSandboxPod(pod, id) || !alive(pod) {
+			if !ok || !isSandboxPod(pod, id) {
 				continue
 			}
-			if pod.Status.Phase == corev1.PodRunning && pod.Status.PodIP != "" {
-				return net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(daemonPort)), true
+			v := check(pod, id, token)
+			if v == notOurs {
+				continue // an impostor's pod tells nothing either
 			}
-			waiting = true
+			seen = true
+			if !alive(pod) {
+				continue
+			}
+			if v == wrongToken {
+				refused = true
+				continue
+			}
+			matched++
+			if pod.Status.Phase == corev1.PodRunning && pod.Status.PodIP != "" {
+				addr = net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(daemonPort))
+			} else {
+				waiting = true
+			}
 		}
-		if !waiting && (len(objs) > 0 || g.tomb.has(id)) {
-			return "", false // ended or deleted
+		switch {
+		case matched > 1 && token == "":
+			return "", routeRefused // which one? only a token tells
+		case addr != "":
+			return addr, routed
+		case refused && !waiting:
+			return "", routeRefused
+		case !waiting && (seen || g.tomb.has(id)):
+			return "", routeMissing // ended or deleted
 		}
 		if timer == nil {
 			t := time.NewTimer(g.cfg.ProxyWait)
@@ -138,9 +267,9 @@ func (g *Gateway) route(ctx context.Context, id string) (string, bool) {
 		select {
 		case <-changed:
 		case <-timer:
-			return "", false
+			return "", routeMissing
 		case <-ctx.Done():
-			return "", false
+			return "", routeMissing
 		}
 	}
 }

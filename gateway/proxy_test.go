@@ -16,14 +16,24 @@ import (
 
 // sandboxRequest is a daemon call as the SDK sends it in E2B_SANDBOX_URL
 // mode.
+// The token is the sandbox's (as the gateway derives it for a sandbox of
+// namespace team-a).
 func (e *env) sandboxRequest(ctx context.Context, id, port, path string) *http.Request {
+	return e.sandboxRequestToken(ctx, id, e.gw.cfg.Tokens.New(nsA, id), port, path)
+}
+
+// sandboxRequestToken is sandboxRequest with a token of the caller's
+// choosing ("": none).
+func (e *env) sandboxRequestToken(ctx context.Context, id, token, port, path string) *http.Request {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.srv.URL+path, strings.NewReader(`{"process":{"cmd":"ls"}}`))
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	req.Header.Set("E2b-Sandbox-Id", id)
 	req.Header.Set("E2b-Sandbox-Port", port)
-	req.Header.Set("X-Access-Token", "the-token")
+	if token != "" {
+		req.Header.Set("X-Access-Token", token)
+	}
 	req.Header.Set("Content-Type", "application/connect+json")
 	return req
 }
@@ -77,7 +87,7 @@ func TestProxyStreams(t *testing.T) {
 				b, _ := io.ReadAll(resp.Body)
 				t.Fatalf("status %d: %s", resp.StatusCode, b)
 			}
-			for h, want := range map[string]string{"X-Seen-Token": "the-token", "X-Seen-Sandbox": sb.SandboxID,
+			for h, want := range map[string]string{"X-Seen-Token": sb.EnvdAccessToken, "X-Seen-Sandbox": sb.SandboxID,
 				"X-Seen-Path": "/process.Process/Start", "X-Seen-Body": `{"process":{"cmd":"ls"}}`} {
 				if got := resp.Header.Get(h); got != want {
 					t.Errorf("%s = %q, want %q", h, got, want)

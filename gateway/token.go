@@ -66,6 +66,28 @@ func (t *Tokens) New(namespace, id string) string {
 	return derive(t.keys[0], namespace, id)
 }
 
+// Verify says whether token is the access token of sandbox id in
+// namespace, under any of the keys. Every key is tried, each compared in
+// constant time.
+func (t *Tokens) Verify(namespace, id, token string) bool {
+	ok := 0
+	for _, k := range t.keys {
+		ok |= subtle.ConstantTimeCompare([]byte(derive(k, namespace, id)), []byte(token))
+	}
+	return ok == 1
+}
+
+// hashMatches says whether tokenHash (a pod's sandman.io/token-sha256) is
+// the SHA-256 of token, compared in constant time.
+func hashMatches(token, tokenHash string) bool {
+	want, err := hex.DecodeString(tokenHash)
+	if err != nil || len(want) != sha256.Size {
+		return false
+	}
+	got := sha256.Sum256([]byte(token))
+	return subtle.ConstantTimeCompare(got[:], want) == 1
+}
+
 // Recover is the token of an existing sandbox whose pod carries tokenHash:
 // the derivation under whichever key gives that hash. False when none does
 // (the key that made it was dropped, or the pod was not made by a gateway
