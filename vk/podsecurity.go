@@ -86,6 +86,26 @@ func (p *Provider) hostUsers(pod *corev1.Pod) error {
 		p.poolName(), pod.Namespace)
 }
 
+// seccompLocalhost refuses a container's Localhost seccomp profile (its
+// path relative to the node's profile directory, "" for none) unless the
+// pool lists it: a profile on the node is the operator's to hand out, and
+// a permissive one would undo the default filter.
+func (p *Provider) seccompLocalhost(pod *corev1.Pod, c corev1.Container, profile string) error {
+	if profile == "" || slices.ContainsFunc(p.cfg.SeccompLocalhostProfiles, func(a string) bool { return filepath.Clean(a) == filepath.Clean(profile) }) {
+		return nil
+	}
+	at := "spec.securityContext"
+	if sc := c.SecurityContext; sc != nil && sc.SeccompProfile != nil {
+		at = "spec.containers[" + c.Name + "].securityContext"
+	}
+	allowed := "none"
+	if len(p.cfg.SeccompLocalhostProfiles) > 0 {
+		allowed = strings.Join(p.cfg.SeccompLocalhostProfiles, ", ")
+	}
+	return fmt.Errorf("%s.seccompProfile.localhostProfile: %q is not a Localhost profile pool %s allows (allowed: %s): use RuntimeDefault or an allowed one",
+		at, profile, p.poolName(), allowed)
+}
+
 // volumeType is the name of the source a volume sets ("hostPath", …).
 func volumeType(vs corev1.VolumeSource) string {
 	v := reflect.ValueOf(vs)

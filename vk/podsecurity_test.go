@@ -182,7 +182,7 @@ func TestHonouredPodFields(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			pod := testPod("ok", "img")
 			tc.mutate(pod)
-			req, err := translator().bindRequest(pod)
+			req, err := translator(func(c *Config) { c.SeccompLocalhostProfiles = []string{"profiles/strict.json"} }).bindRequest(pod)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -360,6 +360,68 @@ func TestRuntimeClassHandler(t *testing.T) {
 			t.Errorf("class %q: err = %v, want one naming spec.runtimeClassName and saying %q", tc.class, err, tc.err)
 		case tc.err == "" && req.RuntimeHandler != tc.want:
 			t.Errorf("class %q: handler %q, want %q", tc.class, req.RuntimeHandler, tc.want)
+		}
+	}
+}
+
+// TestSeccompLocalhostProfiles: a Localhost seccomp profile reaches the
+// node agent only when the pool lists it (SeccompLocalhostProfiles); any
+// other fails the pod, naming the field and the profiles the pool allows.
+func TestSeccompLocalhostProfiles(t *testing.T) {
+	localhost := func(path string) *corev1.SeccompProfile {
+		return &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeLocalhost, LocalhostProfile: ptr.To(path)}
+	}
+	for _, tc := range []struct {
+		name    string
+		allowed []string
+		mutate  func(*corev1.Pod)
+		want    string // SeccompLocalhost, when admitted
+		err     []string
+	}{
+		{"none listed, none asked", nil, func(*corev1.Pod) {}, "", nil},
+		{"none listed, RuntimeDefault", nil, sc(func(s *corev1.SecurityContext) {
+			s.SeccompProfile = &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}
+		}), "", nil},
+		{"none listed", nil, sc(func(s *corev1.SecurityContext) { s.SeccompProfile = localhost("a.json") }), "",
+			[]string{"spec.containers[task].securityContext.seccompProfile.localhostProfile", `"a.json"`, "allowed: none"}},
+		{"listed", []string{"a.json", "sub/b.json"}, sc(func(s *corev1.SecurityContext) { s.SeccompProfile = localhost("sub/b.json") }), "sub/b.json", nil},
+		{"listed, written otherwise", []string{"a.json"}, psc(func(s *corev1.PodSecurityContext) { s.SeccompProfile = localhost("./a.json") }), "./a.json", nil},
+		{"not listed, on the pod", []string{"a.json", "sub/b.json"}, psc(func(s *corev1.PodSecurityContext) { s.SeccompProfile = localhost("permissive.json") }), "",
+			[]string{"spec.securityContext.seccompProfile.localhostProfile", `"permissive.json"`, "pool vn", "allowed: a.json, sub/b.json"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := testPod("p", "img")
+			tc.mutate(pod)
+			req, err := translator(func(c *Config) { c.SeccompLocalhostProfiles = tc.allowed }).bindRequest(pod)
+			if tc.err != nil {
+				if err == nil {
+					t.Fatal("admitted")
+				}
+				for _, w := range tc.err {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("err %q does not say %q", err, w)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := req.Containers[0].SeccompLocalhost; got != tc.want {
+				t.Fatalf("SeccompLocalhost %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestSeccompLocalhostProfilesConfig: a listed profile outside the node's
+// profile directory is a configuration error.
+func TestSeccompLocalhostProfilesConfig(t *testing.T) {
+	h := newHarness(t, 1)
+	for _, bad := range []string{"../x.json", "/etc/x.json", ""} {
+		if _, err := New(Config{NodeName: "vn", Pool: h.pool, Client: h.client, SeccompLocalhostProfiles: []string{bad}}); err == nil ||
+			!strings.Contains(err.Error(), "seccomp Localhost profile") {
+			t.Errorf("%q: New = %v, want an error naming the profile", bad, err)
 		}
 	}
 }

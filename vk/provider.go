@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -132,6 +133,10 @@ type Config struct {
 	// with no default, the maximum); a pod that asks for more than
 	// MaxBandwidth is refused (zero: no maximum).
 	DefaultBandwidth, MaxBandwidth Bandwidth
+	// SeccompLocalhostProfiles are the Localhost seccomp profiles pods may
+	// name (paths relative to the node's profile directory); a pod naming
+	// any other fails InvalidSpec. None: no Localhost profile.
+	SeccompLocalhostProfiles []string
 	// HostUsersNamespaces are the namespaces whose pods may set
 	// hostUsers: true, the opt-out of the user namespace (root in the
 	// sandbox is then root on the worker, capabilities cut); any other's
@@ -223,6 +228,11 @@ func New(cfg Config) (*Provider, error) {
 	}
 	if cfg.PidsLimit < 0 {
 		return nil, fmt.Errorf("vk: PidsLimit %d is negative", cfg.PidsLimit)
+	}
+	for _, prof := range cfg.SeccompLocalhostProfiles {
+		if !filepath.IsLocal(prof) {
+			return nil, fmt.Errorf("vk: seccomp Localhost profile %q: give a path relative to the nodes' seccomp profile directory, without \"..\"", prof)
+		}
 	}
 	if cfg.AllowedNamespaceSelector != nil && cfg.Namespaces == nil {
 		return nil, fmt.Errorf("vk: AllowedNamespaceSelector needs Namespaces, a namespace lister, to read the namespaces' labels")
@@ -892,6 +902,9 @@ func (p *Provider) bindRequest(pod *corev1.Pod) (runtime.BindRequest, error) {
 	for _, c := range pod.Spec.Containers {
 		cs, err := containerSpec(pod, c)
 		if err != nil {
+			return req, err
+		}
+		if err := p.seccompLocalhost(pod, c, cs.SeccompLocalhost); err != nil {
 			return req, err
 		}
 		if err := p.poolLimits(c, &cs); err != nil {

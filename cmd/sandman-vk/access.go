@@ -51,3 +51,14 @@ func namespaceList(flag, v string) ([]string, error) {
 	}
 	return out, nil
 }
+
+// commaList splits a comma-separated flag value, dropping blanks.
+func commaList(v string) []string {
+	var out []string
+	for s := range strings.SplitSeq(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}

@@ -81,6 +81,7 @@ type options struct {
 	pidsLimit                              int64
 	allowedNamespaces, namespaceSelector   string
 	hostUsersNamespaces                    string
+	seccompProfiles                        string
 	leaderElect                            bool
 	leaderElectNamespace                   string
 	leaseDuration, renewDeadline           time.Duration
@@ -173,6 +174,8 @@ func run(args []string) (retErr error) {
 	fs.Var(&o.defaultBandwidth, "default-bandwidth", "traffic caps of a sandbox whose pod sets no kubernetes.io/ingress-bandwidth or egress-bandwidth annotation, "+
 		"in bits per second: ingress=100M,egress=100M (empty: none; with none, the --max-bandwidth of that direction)")
 	fs.Var(&o.maxBandwidth, "max-bandwidth", "largest kubernetes.io/ingress-bandwidth and egress-bandwidth a pod may ask for: ingress=1G,egress=1G (pods above are refused; empty: no maximum)")
+	fs.StringVar(&o.seccompProfiles, "seccomp-localhost-profiles", "", "the Localhost seccomp profiles pods may name, comma-separated paths relative to the node agents' "+
+		"--seccomp-profile-root (a.json,profiles/b.json); a pod naming any other fails InvalidSpec. Empty: none")
 	fs.Int64Var(&o.pidsLimit, "pids-limit", 1024, "processes per sandbox container (the node agent's own --pids-limit applies when lower; 0: the agent's)")
 	fs.BoolVar(&o.leaderElect, "leader-elect", false, "run as one of several replicas: only the holder of the Lease sandman-vk-<node-name> places pods and runs the virtual node; "+
 		"the others stand by warm (agents watched, informers synced) and take over when it goes. Off: this process is the only one")
@@ -545,6 +548,7 @@ func run(args []string) (retErr error) {
 			AllowedNamespaces: allowedNamespaces, AllowedNamespaceSelector: namespaceSelector, Namespaces: namespaces,
 			HostUsersNamespaces: hostUsersNamespaces,
 			DefaultBandwidth:    o.defaultBandwidth.b, MaxBandwidth: o.maxBandwidth.b,
+			SeccompLocalhostProfiles: commaList(o.seccompProfiles),
 		})
 		return provider, np, err
 	}, opts...)
