@@ -205,6 +205,13 @@ func (g *Gateway) create(ctx context.Context, key Key, req *newSandbox, defTimeo
 	if err != nil {
 		return nil, err
 	}
+	if tmpl.Name == "" {
+		// An image named by the caller; the ConfigMap's templates are
+		// the operator's.
+		if err := g.checkImageTemplate(key, tmpl.Image); err != nil {
+			return nil, err
+		}
+	}
 	if g.cfg.Namespace != "" && key.Namespace != g.cfg.Namespace {
 		return nil, fmt.Errorf("API key %s: its namespace %s is not the one the gateway watches (%s): fix the key or the gateway's namespace setting", key.Name, key.Namespace, g.cfg.Namespace)
 	}

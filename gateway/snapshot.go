@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"net/http"
 	"path"
+	"slices"
 	"strings"
 
 	"github.com/containerd/errdefs"
+	"github.com/distribution/reference"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/sandman-dev/sandman/runtime"
@@ -54,6 +56,32 @@ func (g *Gateway) snapshotImage(key Key, id, name string) (string, error) {
 		}
 	}
 	return path.Join(g.cfg.SnapshotRepository, key.Namespace, strings.ToLower(repo)) + ":" + tag, nil
+}
+
+// checkImageTemplate refuses an image used directly as a template when it
+// is another namespace's snapshot: its path holds the SnapshotRepository's
+// components followed by a namespace that is not the key's (wherever in
+// the path: the pool's snapshot registry may add a prefix of its own,
+// which the gateway does not know). The image is read as the node reads a
+// pod's image (reference.ParseDockerRef, what runtime.NormalizeImage
+// uses); one that does not parse is refused, as no node would pull it.
+func (g *Gateway) checkImageTemplate(key Key, image string) error {
+	named, err := reference.ParseDockerRef(image)
+	if err != nil {
+		return errorf(errdefs.ErrInvalidArgument, "template '%s' is not in the gateway's templates and is not an image reference: %v", image, err)
+	}
+	repo := strings.Split(strings.Trim(g.cfg.SnapshotRepository, "/"), "/")
+	parts := strings.Split(reference.Path(named), "/")
+	for i := 0; i+len(repo) < len(parts); i++ {
+		if !slices.Equal(parts[i:i+len(repo)], repo) {
+			continue
+		}
+		if ns := parts[i+len(repo)]; ns != key.Namespace {
+			return errorf(errdefs.ErrPermissionDenied, "template '%s' is a snapshot of namespace %s (%s/%s/...): "+
+				"a key may start only its own namespace's snapshots (%s/%s/...)", image, ns, g.cfg.SnapshotRepository, ns, g.cfg.SnapshotRepository, key.Namespace)
+		}
+	}
+	return nil
 }
 
 // serveSnapshot is POST /sandboxes/{id}/snapshots {name}: the sandbox's

@@ -11,6 +11,9 @@ import (
 	vkapi "github.com/sandman-dev/sandman/vk/api"
 )
 
+// fakeDigest is a snapshot's digest as the fake virtual node answers it.
+var fakeDigest = "sha256:" + strings.Repeat("fe", 32)
+
 // TestSnapshotAndCreateFromIt: the SDK's createSnapshot becomes a snapshot
 // on the sandbox's virtual node; its snapshotID (IMAGE@DIGEST) is a
 // template create takes.
@@ -29,7 +32,7 @@ func TestSnapshotAndCreateFromIt(t *testing.T) {
 			case strings.Contains(req.Image, "denied"):
 				return runtime.SnapshotResult{}, &vkapi.Error{Code: vkapi.CodePermissionDenied, Message: "push: 403 denied"}
 			}
-			return runtime.SnapshotResult{Image: "reg.local/" + req.Image, Digest: "sha256:feed"}, nil
+			return runtime.SnapshotResult{Image: "reg.local/" + req.Image, Digest: fakeDigest}, nil
 		}
 	})
 	sb, pod := e.createReady(rawKeyA, nsA, map[string]any{"templateID": "base"})
@@ -41,7 +44,7 @@ func TestSnapshotAndCreateFromIt(t *testing.T) {
 	var info snapshotInfo
 	r.decode(t, &info)
 	wantImage := "reg.local/e2b/" + nsA + "/" + sb.SandboxID + ":default"
-	if info.SnapshotID != wantImage+"@sha256:feed" || len(info.Names) != 1 || info.Names[0] != wantImage {
+	if info.SnapshotID != wantImage+"@"+fakeDigest || len(info.Names) != 1 || info.Names[0] != wantImage {
 		t.Fatalf("snapshot info %s", r.body)
 	}
 	if asked[0] != (vkapi.SnapshotRequest{Namespace: nsA, Pod: sb.SandboxID, Image: "e2b/" + nsA + "/" + sb.SandboxID + ":default"}) || nodes[0] != pod.Spec.NodeName {
@@ -80,5 +83,47 @@ func TestSnapshotAndCreateFromIt(t *testing.T) {
 	_, fork := e.createReady(rawKeyA, nsA, map[string]any{"templateID": info.SnapshotID})
 	if img := fork.Spec.Containers[0].Image; img != info.SnapshotID {
 		t.Fatalf("fork's image %s", img)
+	}
+}
+
+// A key may start its own namespace's snapshots by image, never another
+// namespace's, wherever the pool's registry puts the snapshot repository.
+func TestImageTemplateOtherNamespace(t *testing.T) {
+	for _, tc := range []struct {
+		name, repo, image string
+		status            int // 0: created
+	}{
+		{"own snapshot by digest", "", "reg.local/e2b/" + nsA + "/env:default@" + fakeDigest, 0},
+		{"own snapshot under a registry prefix", "", "reg.local:5000/sandman/e2b/" + nsA + "/env:v2", 0},
+		{"another namespace's snapshot", "", "reg.local/e2b/" + nsB + "/env:default@" + fakeDigest, http.StatusForbidden},
+		{"another namespace's, under a registry prefix", "", "reg.local:5000/sandman/e2b/" + nsB + "/env:v2", http.StatusForbidden},
+		{"another namespace's, no registry host", "", "e2b/" + nsB + "/env", http.StatusForbidden},
+		{"another namespace's, named like our own further down", "", "reg.local/e2b/" + nsB + "/e2b/" + nsA + "/env:1", http.StatusForbidden},
+		{"another namespace's, a repository of two parts", "snap/e2b", "reg.local/snap/e2b/" + nsB + "/env:1", http.StatusForbidden},
+		{"own, a repository of two parts", "snap/e2b", "reg.local/snap/e2b/" + nsA + "/env:1", 0},
+		{"e2b elsewhere than the repository", "snap/e2b", "reg.local/e2b/" + nsB + "/env:1", 0},
+		{"an ordinary image", "", "registry.example.com/tools/python:3.12", 0},
+		{"not an image reference", "", "reg.local/E2B/Bad Name:1", http.StatusBadRequest},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, func(c *Config) { c.SnapshotRepository = tc.repo })
+			if tc.status == 0 {
+				_, pod := e.createReady(rawKeyA, nsA, map[string]any{"templateID": tc.image})
+				if img := pod.Spec.Containers[0].Image; img != tc.image {
+					t.Fatalf("image %s, want %s", img, tc.image)
+				}
+				return
+			}
+			r := e.call(http.MethodPost, "/v2/sandboxes", rawKeyA, map[string]any{"templateID": tc.image})
+			if r.status != tc.status {
+				t.Fatalf("%d %s, want %d", r.status, r.body, tc.status)
+			}
+			if msg := r.apiError(t).Message; tc.status == http.StatusForbidden && !strings.Contains(msg, "snapshot of namespace "+nsB) {
+				t.Fatalf("message %q", msg)
+			}
+			if pods := e.sandboxPods(nsA); len(pods) != 0 {
+				t.Fatalf("a refused create left pods: %d", len(pods))
+			}
+		})
 	}
 }
