@@ -51,10 +51,12 @@ const (
 )
 
 // envdFilesystem serves envd's filesystem service. Paths are absolute or
-// relative to the caller's base directory (see envdFSUser.resolve); what a
-// call creates belongs to the user it names; directory watches use inotify
-// through fsnotify, streamed (WatchDir) or collected for polling
-// (CreateWatcher). Watchers live in memory and end with the daemon.
+// relative to the caller's base directory (see envdFSUser.resolve); a call
+// that names a user acts with that user's credentials (envdFSUser.do), so
+// the kernel checks its permissions and what it creates is the user's;
+// directory watches use inotify through fsnotify, streamed (WatchDir) or
+// collected for polling (CreateWatcher). Watchers live in memory and end
+// with the daemon.
 type envdFilesystem struct {
 	filesystemconnect.UnimplementedFilesystemHandler
 	s *Server
@@ -74,14 +76,18 @@ var _ filesystemconnect.FilesystemHandler = (*envdFilesystem)(nil)
 type envdFSUser struct {
 	name     string // "" for the daemon's own user
 	uid, gid int
-	home     string // what "~" means
-	base     string // where relative paths start
+	// cred is what the call's file operations run with (nil: the
+	// daemon's own credentials).
+	cred *fsCred
+	home string // what "~" means
+	base string // where relative paths start
 }
 
 // envdFSUserFor looks up the user a call names ("" for the default: the
 // daemon's own user, with relative paths starting at the sandbox's working
 // directory, where commands start too). A named user comes from the
-// sandbox's /etc/passwd; relative paths start at their home, as in envd.
+// sandbox's /etc/passwd, with its supplementary groups from /etc/group;
+// relative paths start at their home, as in envd.
 func (s *Server) envdFSUserFor(name string) (envdFSUser, error) {
 	if name == "" {
 		a := s.access.Load()
@@ -98,7 +104,21 @@ func (s *Server) envdFSUserFor(name string) (envdFSUser, error) {
 	if home == "" {
 		home = "/"
 	}
-	return envdFSUser{name: name, uid: uid, gid: gid, home: home, base: home}, nil
+	cred := &fsCred{uid: uid, gid: gid, groups: []int{}}
+	for _, g := range supplementaryGroups(envdGroupFile, name, uint32(gid)) {
+		cred.groups = append(cred.groups, int(g))
+	}
+	return envdFSUser{name: name, uid: uid, gid: gid, cred: cred, home: home, base: home}, nil
+}
+
+// do runs fn, which does the file work of a call, with u's credentials
+// (see asUser).
+func (u envdFSUser) do(fn func() error) error {
+	err := asUser(u.cred, fn)
+	if errors.Is(err, errCannotActAs) {
+		return fmt.Errorf("user %q: %w", u.name, err)
+	}
+	return err
 }
 
 // errUnknownUser: a call names a user the sandbox does not have.
@@ -150,27 +170,10 @@ func (u envdFSUser) resolve(p string) (string, error) {
 	return filepath.Clean(p), nil
 }
 
-// chownNeeded reports whether what the daemon creates must change owner
-// to belong to u.
-func (u envdFSUser) chownNeeded() bool {
-	return u.name != "" && (u.uid != os.Geteuid() || u.gid != os.Getegid())
-}
-
-// chown gives p to u.
-func (u envdFSUser) chown(p string) error {
-	if !u.chownNeeded() {
-		return nil
-	}
-	if err := os.Lchown(p, u.uid, u.gid); err != nil {
-		return fmt.Errorf("give %s to user %q (uid %d): %w", p, u.name, u.uid, err)
-	}
-	return nil
-}
-
-// mkdirAll creates dir and its missing parents, each owned by u, and
-// returns the directories it made (outermost first). On an error it
-// removes what it made.
-func (u envdFSUser) mkdirAll(dir string) (made []string, retErr error) {
+// mkdirAll creates dir and its missing parents and returns the
+// directories it made (outermost first). On an error it removes what it
+// made. Run through do, what it makes is the caller's.
+func mkdirAll(dir string) (made []string, retErr error) {
 	defer func() {
 		if retErr != nil {
 			for i := len(made) - 1; i >= 0; i-- {
@@ -205,9 +208,6 @@ func (u envdFSUser) mkdirAll(dir string) (made []string, retErr error) {
 			return made, err
 		}
 		made = append(made, p)
-		if err := u.chown(p); err != nil {
-			return made, err
-		}
 	}
 	return made, nil
 }
@@ -418,12 +418,16 @@ func (n *envdNames) stat(p string) (*filesystem.EntryInfo, error) {
 }
 
 func (f *envdFilesystem) Stat(ctx context.Context, req *connect.Request[filesystem.StatRequest]) (*connect.Response[filesystem.StatResponse], error) {
-	_, p, err := f.path(ctx, req.Msg.GetPath())
+	u, p, err := f.path(ctx, req.Msg.GetPath())
 	if err != nil {
 		return nil, err
 	}
-	e, err := newEnvdNames().stat(p)
-	if err != nil {
+	names := newEnvdNames()
+	var e *filesystem.EntryInfo
+	if err := u.do(func() (err error) {
+		e, err = names.stat(p)
+		return err
+	}); err != nil {
 		return nil, envdFSError(err)
 	}
 	return connect.NewResponse(&filesystem.StatResponse{Entry: e}), nil
@@ -437,17 +441,21 @@ func (f *envdFilesystem) MakeDir(ctx context.Context, req *connect.Request[files
 	if err != nil {
 		return nil, err
 	}
-	if fi, err := os.Stat(p); err == nil {
-		if fi.IsDir() {
-			return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("directory %s already exists", p))
+	names := newEnvdNames()
+	var e *filesystem.EntryInfo
+	if err := u.do(func() error {
+		if fi, err := os.Stat(p); err == nil {
+			if fi.IsDir() {
+				return connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("directory %s already exists", p))
+			}
+			return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%s already exists and is not a directory", p))
 		}
-		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%s already exists and is not a directory", p))
-	}
-	if _, err := u.mkdirAll(p); err != nil {
-		return nil, envdFSError(err)
-	}
-	e, err := newEnvdNames().stat(p)
-	if err != nil {
+		if _, err := mkdirAll(p); err != nil {
+			return err
+		}
+		e, err = names.stat(p)
+		return err
+	}); err != nil {
 		return nil, envdFSError(err)
 	}
 	return connect.NewResponse(&filesystem.MakeDirResponse{Entry: e}), nil
@@ -472,34 +480,36 @@ func (f *envdFilesystem) Move(ctx context.Context, req *connect.Request[filesyst
 	if err != nil {
 		return nil, err
 	}
-	if _, err := os.Lstat(src); err != nil {
-		return nil, envdFSError(fmt.Errorf("source: %w", err))
-	}
-	made, err := u.mkdirAll(filepath.Dir(dst))
-	if err != nil {
-		return nil, envdFSError(err)
-	}
-	if err := os.Rename(src, dst); err != nil {
-		for i := len(made) - 1; i >= 0; i-- {
-			_ = os.Remove(made[i])
+	names := newEnvdNames()
+	var e *filesystem.EntryInfo
+	if err := u.do(func() error {
+		if _, err := os.Lstat(src); err != nil {
+			return fmt.Errorf("source: %w", err)
 		}
-		if errors.Is(err, syscall.EINVAL) {
-			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%w: cannot move a directory into itself", err))
+		made, err := mkdirAll(filepath.Dir(dst))
+		if err != nil {
+			return err
 		}
-		if errors.Is(err, syscall.EEXIST) || errors.Is(err, syscall.ENOTEMPTY) {
-			return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%w: the destination is a directory that is not empty", err))
+		if err := os.Rename(src, dst); err != nil {
+			undoDirs(made)
+			if errors.Is(err, syscall.EINVAL) {
+				return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%w: cannot move a directory into itself", err))
+			}
+			if errors.Is(err, syscall.EEXIST) || errors.Is(err, syscall.ENOTEMPTY) {
+				return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%w: the destination is a directory that is not empty", err))
+			}
+			return err
 		}
-		return nil, envdFSError(err)
-	}
-	e, err := newEnvdNames().stat(dst)
-	if err != nil {
+		e, err = names.stat(dst)
+		return err
+	}); err != nil {
 		return nil, envdFSError(err)
 	}
 	return connect.NewResponse(&filesystem.MoveResponse{Entry: e}), nil
 }
 
 func (f *envdFilesystem) ListDir(ctx context.Context, req *connect.Request[filesystem.ListDirRequest]) (*connect.Response[filesystem.ListDirResponse], error) {
-	_, p, err := f.path(ctx, req.Msg.GetPath())
+	u, p, err := f.path(ctx, req.Msg.GetPath())
 	if err != nil {
 		return nil, err
 	}
@@ -507,15 +517,17 @@ func (f *envdFilesystem) ListDir(ctx context.Context, req *connect.Request[files
 	if depth <= 0 {
 		depth = 1 // the SDKs send 1 by default; envd reads 0 as 1
 	}
-	fi, err := os.Stat(p)
-	if err != nil {
-		return nil, envdFSError(err)
-	}
-	if !fi.IsDir() {
-		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%s is not a directory", p))
-	}
 	l := envdLister{names: newEnvdNames(), entries: []*filesystem.EntryInfo{}}
-	if err := l.walk(ctx, p, depth); err != nil {
+	if err := u.do(func() error {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return err
+		}
+		if !fi.IsDir() {
+			return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%s is not a directory", p))
+		}
+		return l.walk(ctx, p, depth)
+	}); err != nil {
 		return nil, envdFSError(err)
 	}
 	return connect.NewResponse(&filesystem.ListDirResponse{Entries: l.entries}), nil
@@ -578,7 +590,7 @@ func (f *envdFilesystem) Remove(ctx context.Context, req *connect.Request[filesy
 	if p == "/" {
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("refusing to remove /"))
 	}
-	if err := os.RemoveAll(p); err != nil {
+	if err := u.do(func() error { return os.RemoveAll(p) }); err != nil {
 		return nil, envdFSError(err)
 	}
 	return connect.NewResponse(&filesystem.RemoveResponse{}), nil
@@ -588,25 +600,29 @@ func (f *envdFilesystem) Remove(ctx context.Context, req *connect.Request[filesy
 // (the kernel's magic numbers, as envd lists them).
 var envdNetworkFS = map[int64]bool{0x6969: true, 0xFF534D42: true, 0x517B: true, 0xFE534D42: true, 0x65735546: true}
 
-// watchTarget resolves and checks the directory of a watch.
-func (f *envdFilesystem) watchTarget(ctx context.Context, path string, allowNetwork bool) (string, error) {
-	_, p, err := f.path(ctx, path)
+// watchTarget resolves and checks the directory of a watch, and returns
+// the user the watch acts as.
+func (f *envdFilesystem) watchTarget(ctx context.Context, path string, allowNetwork bool) (envdFSUser, string, error) {
+	u, p, err := f.path(ctx, path)
 	if err != nil {
-		return "", err
+		return u, "", err
 	}
-	fi, err := os.Stat(p)
-	if err != nil {
-		return "", envdFSError(err)
-	}
-	if !fi.IsDir() {
-		return "", connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%s is not a directory: watch the directory that holds it", p))
-	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(p, &st); err == nil && envdNetworkFS[int64(st.Type)] && !allowNetwork {
-		return "", connect.NewError(connect.CodeInvalidArgument,
-			fmt.Errorf("%s is on a network filesystem, where a watch sees only this sandbox's changes: set allowNetworkMounts to watch it anyway", p))
-	}
-	return p, nil
+	err = u.do(func() error {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return err
+		}
+		if !fi.IsDir() {
+			return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%s is not a directory: watch the directory that holds it", p))
+		}
+		var st unix.Statfs_t
+		if err := unix.Statfs(p, &st); err == nil && envdNetworkFS[int64(st.Type)] && !allowNetwork {
+			return connect.NewError(connect.CodeInvalidArgument,
+				fmt.Errorf("%s is on a network filesystem, where a watch sees only this sandbox's changes: set allowNetworkMounts to watch it anyway", p))
+		}
+		return nil
+	})
+	return u, p, envdFSError(err)
 }
 
 // acquireWatch takes a place for a new watch, reclaiming polling watchers
@@ -648,7 +664,7 @@ func (f *envdFilesystem) releaseWatch() {
 // watch is in place, then filesystem events, and keepalives when nothing
 // happens (at the client's Keepalive-Ping-Interval, in seconds).
 func (f *envdFilesystem) WatchDir(ctx context.Context, req *connect.Request[filesystem.WatchDirRequest], stream *connect.ServerStream[filesystem.WatchDirResponse]) error {
-	root, err := f.watchTarget(ctx, req.Msg.GetPath(), req.Msg.GetAllowNetworkMounts())
+	u, root, err := f.watchTarget(ctx, req.Msg.GetPath(), req.Msg.GetAllowNetworkMounts())
 	if err != nil {
 		return err
 	}
@@ -657,7 +673,7 @@ func (f *envdFilesystem) WatchDir(ctx context.Context, req *connect.Request[file
 	}
 	defer f.releaseWatch()
 
-	w, err := newEnvdWatch(root, req.Msg.GetRecursive(), req.Msg.GetIncludeEntry())
+	w, err := newEnvdWatch(u, root, req.Msg.GetRecursive(), req.Msg.GetIncludeEntry())
 	if err != nil {
 		return err
 	}
@@ -692,7 +708,10 @@ func (f *envdFilesystem) WatchDir(ctx context.Context, req *connect.Request[file
 			if !ok {
 				return nil
 			}
-			end := w.handle(e, emit)
+			evs, end := w.handle(e)
+			for _, ev := range evs {
+				emit(ev)
+			}
 			if sendErr != nil {
 				return sendErr
 			}
@@ -716,8 +735,11 @@ func watchKeepalive(v string) time.Duration {
 // envdWatch is an inotify watch on a directory and, recursive, on every
 // directory under it (fsnotify watches one directory; new directories are
 // added as they appear, and what they already hold is reported as
-// created). It is driven by one goroutine: the one reading fw's channels.
+// created). The directories it adds and the entries it describes are
+// those its user may read. It is driven by one goroutine: the one reading
+// fw's channels.
 type envdWatch struct {
+	as           envdFSUser
 	root         string
 	recursive    bool
 	includeEntry bool
@@ -727,12 +749,12 @@ type envdWatch struct {
 	dirs map[string]struct{}
 }
 
-func newEnvdWatch(root string, recursive, includeEntry bool) (_ *envdWatch, retErr error) {
+func newEnvdWatch(as envdFSUser, root string, recursive, includeEntry bool) (_ *envdWatch, retErr error) {
 	fw, err := fsnotify.NewWatcher()
 	if err != nil {
 		return nil, watchAddError(root, err)
 	}
-	w := &envdWatch{root: root, recursive: recursive, includeEntry: includeEntry, fw: fw, dirs: map[string]struct{}{}}
+	w := &envdWatch{as: as, root: root, recursive: recursive, includeEntry: includeEntry, fw: fw, dirs: map[string]struct{}{}}
 	defer func() {
 		if retErr != nil {
 			_ = fw.Close()
@@ -741,8 +763,8 @@ func newEnvdWatch(root string, recursive, includeEntry bool) (_ *envdWatch, retE
 	if includeEntry {
 		w.names = newEnvdNames()
 	}
-	if err := w.add(root, nil); err != nil {
-		return nil, err
+	if err := w.as.do(func() error { return w.add(root, nil) }); err != nil {
+		return nil, envdFSError(err)
 	}
 	return w, nil
 }
@@ -750,7 +772,8 @@ func newEnvdWatch(root string, recursive, includeEntry bool) (_ *envdWatch, retE
 func (w *envdWatch) close() { _ = w.fw.Close() }
 
 // add watches dir and, recursive, the directories under it. announce, if
-// set, receives a create event for each entry found under dir.
+// set, receives a create event for each entry found under dir. It runs
+// through w.as.do.
 func (w *envdWatch) add(dir string, announce func(*filesystem.FilesystemEvent)) error {
 	if err := w.fw.Add(dir); err != nil {
 		return watchAddError(dir, err)
@@ -769,12 +792,24 @@ func (w *envdWatch) add(dir string, announce func(*filesystem.FilesystemEvent)) 
 			announce(w.event(q, filesystem.EventType_EVENT_TYPE_CREATE))
 		}
 		if d.IsDir() {
-			if err := w.add(q, announce); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			if err := w.add(q, announce); err != nil && !skippableWatchError(err) {
 				return err
 			}
 		}
 	}
 	return nil
+}
+
+// skippableWatchError reports whether a directory under a recursive
+// watch's root is left out rather than ending the watch: it went away
+// meanwhile, or the watch's user may not read it (as ListDir lists such a
+// directory without its contents).
+func skippableWatchError(err error) bool {
+	var ce *connect.Error
+	if errors.As(err, &ce) && (ce.Code() == connect.CodeNotFound || ce.Code() == connect.CodePermissionDenied) {
+		return true
+	}
+	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission)
 }
 
 // watchAddError explains a failure to set up a watch.
@@ -822,14 +857,26 @@ func (w *envdWatch) event(p string, t filesystem.EventType) *filesystem.Filesyst
 // new directory is watched before its creation is reported, so a client
 // that writes into it once it sees the event is seen writing. It returns
 // an error when the watch cannot go on: its root went away.
-func (w *envdWatch) handle(e fsnotify.Event, emit func(*filesystem.FilesystemEvent)) error {
-	var found []*filesystem.FilesystemEvent
+func (w *envdWatch) handle(e fsnotify.Event) (evs []*filesystem.FilesystemEvent, end error) {
+	err := w.as.do(func() error {
+		evs, end = w.handleAs(e)
+		return nil
+	})
+	if err != nil {
+		return nil, envdFSError(err)
+	}
+	return evs, end
+}
+
+// handleAs is handle's work, run with the watch's user's credentials.
+func (w *envdWatch) handleAs(e fsnotify.Event) ([]*filesystem.FilesystemEvent, error) {
+	var evs, found []*filesystem.FilesystemEvent
+	emit := func(ev *filesystem.FilesystemEvent) { evs = append(evs, ev) }
 	if w.recursive && e.Has(fsnotify.Create) {
 		if fi, err := os.Lstat(e.Name); err == nil && fi.IsDir() {
 			err := w.add(e.Name, func(ev *filesystem.FilesystemEvent) { found = append(found, ev) })
-			var ce *connect.Error
-			if err != nil && !(errors.As(err, &ce) && ce.Code() == connect.CodeNotFound) { // not removed meanwhile
-				return err
+			if err != nil && !skippableWatchError(err) {
+				return evs, err
 			}
 		}
 	}
@@ -847,16 +894,14 @@ func (w *envdWatch) handle(e fsnotify.Event, emit func(*filesystem.FilesystemEve
 			emit(w.event(e.Name, op.t))
 		}
 	}
-	for _, ev := range found {
-		emit(ev)
-	}
+	evs = append(evs, found...)
 	if e.Name == w.root && (e.Has(fsnotify.Remove) || e.Has(fsnotify.Rename)) {
-		return connect.NewError(connect.CodeNotFound, fmt.Errorf("the watched directory %s was removed or moved", w.root))
+		return evs, connect.NewError(connect.CodeNotFound, fmt.Errorf("the watched directory %s was removed or moved", w.root))
 	}
 	if w.recursive && (e.Has(fsnotify.Remove) || e.Has(fsnotify.Rename)) {
 		w.forget(e.Name)
 	}
-	return nil
+	return evs, nil
 }
 
 // forget drops the watches of a directory that went away and of those
@@ -930,7 +975,11 @@ func (p *envdPollWatcher) run() {
 			if !ok {
 				return
 			}
-			if err := p.watch.handle(e, emit); err != nil {
+			evs, err := p.watch.handle(e)
+			for _, ev := range evs {
+				emit(ev)
+			}
+			if err != nil {
 				fail(err)
 				p.watch.close()
 			}
@@ -946,14 +995,14 @@ func (p *envdPollWatcher) close() {
 
 // CreateWatcher starts a watch whose events GetWatcherEvents returns.
 func (f *envdFilesystem) CreateWatcher(ctx context.Context, req *connect.Request[filesystem.CreateWatcherRequest]) (*connect.Response[filesystem.CreateWatcherResponse], error) {
-	root, err := f.watchTarget(ctx, req.Msg.GetPath(), req.Msg.GetAllowNetworkMounts())
+	u, root, err := f.watchTarget(ctx, req.Msg.GetPath(), req.Msg.GetAllowNetworkMounts())
 	if err != nil {
 		return nil, err
 	}
 	if err := f.acquireWatch(); err != nil {
 		return nil, err
 	}
-	w, err := newEnvdWatch(root, req.Msg.GetRecursive(), req.Msg.GetIncludeEntry())
+	w, err := newEnvdWatch(u, root, req.Msg.GetRecursive(), req.Msg.GetIncludeEntry())
 	if err != nil {
 		f.releaseWatch()
 		return nil, err

@@ -228,7 +228,12 @@ func (x *envdREST) download(w http.ResponseWriter, r *http.Request) {
 		writeEnvdJSONError(w, http.StatusBadRequest, "%s", errorText(err))
 		return
 	}
-	f, err := os.Open(p)
+	// Opened as the user, read as anyone: permissions are checked on open.
+	var f *os.File
+	err = u.do(func() (err error) {
+		f, err = os.Open(p)
+		return err
+	})
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			writeEnvdJSONError(w, http.StatusNotFound, "path '%s' does not exist", p)
@@ -541,23 +546,33 @@ func partFileName(p *multipart.Part) string {
 }
 
 // envdWriteFile writes r to dst in place (truncating a file there, writing
-// through a link there, as a shell's > does), making dst's missing parents
-// for u; what it creates belongs to u. If the copy fails, a file it
+// through a link there, as a shell's > does), making dst's missing parents.
+// The file is opened and the parents made with u's credentials, so what
+// it creates is u's and u must be allowed to write there; the bytes are
+// then copied from the network without them. If the copy fails, a file it
 // created is removed, with the parents it made, and a file that was there
 // is left empty, so no partial content passes for a whole file.
 func envdWriteFile(u envdFSUser, dst string, r io.Reader) (retErr error) {
-	if fi, err := os.Stat(dst); err == nil && fi.IsDir() {
-		return &fs.PathError{Op: "write", Path: dst, Err: syscall.EISDIR}
-	}
-	made, err := u.mkdirAll(filepath.Dir(dst))
-	if err != nil {
+	var (
+		f       *os.File
+		made    []string
+		created bool
+	)
+	err := u.do(func() (err error) {
+		if fi, err := os.Stat(dst); err == nil && fi.IsDir() {
+			return &fs.PathError{Op: "write", Path: dst, Err: syscall.EISDIR}
+		}
+		if made, err = mkdirAll(filepath.Dir(dst)); err != nil {
+			return err
+		}
+		_, statErr := os.Stat(dst)
+		created = errors.Is(statErr, fs.ErrNotExist)
+		if f, err = os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o666); err != nil {
+			undoDirs(made)
+		}
 		return err
-	}
-	_, statErr := os.Stat(dst)
-	created := errors.Is(statErr, fs.ErrNotExist)
-	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o666)
+	})
 	if err != nil {
-		undoDirs(made)
 		return err
 	}
 	defer func() {
@@ -566,18 +581,16 @@ func envdWriteFile(u envdFSUser, dst string, r io.Reader) (retErr error) {
 		}
 		if created {
 			f.Close()
-			_ = os.Remove(dst)
-			undoDirs(made)
+			_ = u.do(func() error {
+				_ = os.Remove(dst)
+				undoDirs(made)
+				return nil
+			})
 			return
 		}
 		_ = f.Truncate(0)
 		f.Close()
 	}()
-	if created {
-		if err := u.chown(dst); err != nil {
-			return err
-		}
-	}
 	buf := make([]byte, 1<<20)
 	src := &bodyReader{r: r}
 	if _, err := io.CopyBuffer(struct{ io.Writer }{f}, src, buf); err != nil {
