@@ -2,34 +2,82 @@ package pool
 
 import "container/heap"
 
-// admission is the queue of pods waiting for a slot: first in, first out
-// within a trainer job, and fair across jobs: a freed slot goes to the
-// waiting job that holds the fewest of the pool's slots (max-min fair
-// sharing), so a job that arrives while another's burst holds the pool gets
-// the slots that burst frees until the two hold as many (or it has none
-// waiting), and one job's burst of thousands does not starve another's
-// single pod. Among jobs holding as many, the one served longest ago goes
-// first (round-robin), then the one that queued first.
+// admission is the queue of pods waiting for a slot, shared in two levels.
+// First between namespaces: a freed slot goes to the waiting namespace that
+// holds the fewest of the pool's slots for its weight (weighted max-min
+// fair sharing: the smallest held/weight), so a tenant gets its share
+// however many jobs it splits its pods into, and a namespace of weight 2
+// holds twice what one of weight 1 holds while both wait. Then between the
+// jobs waiting inside that namespace: to the one that holds the fewest
+// (max-min), so a job that arrives while another's burst holds the
+// namespace's share gets the slots that burst frees until the two hold as
+// many, and one job's burst of thousands does not starve another's single
+// pod. At either level, among those holding as little, the one served
+// longest ago goes first (round-robin), then the one that queued first.
+// Within a job, first in, first out.
+//
+// The namespace is the pod's own (Bind.Pod.Namespace), which a tenant
+// cannot choose for a pod of another namespace; the job is a label the pod
+// chooses, so it only orders a namespace's own share.
 type admission struct {
-	// jobs in the order they first queued; each with its pods in order.
-	order []string
-	jobs  map[string][]Request
-	// byUID: queued pods; announced: pods told they wait.
-	byUID    map[string]string // uid → job
+	// weight is a namespace's weight (≥ 1), read when it starts waiting.
+	weight func(ns string) int
+	spaces map[string]*space
+	// weights sums the weights of the namespaces waiting.
+	weights int
+	// byUID: queued pods; announce: pods told they wait.
+	byUID    map[string]jobKey
 	announce map[string]bool
-	// served: when each queued job last had a pod taken, in turns.
-	served map[string]uint64
-	turns  uint64
-	n      int
+	// turns counts the pods taken; seq numbers namespaces and jobs as they
+	// start waiting (ties go to the lower).
+	turns, seq uint64
+	n          int
 	// fresh: pods queued since the last round, not yet told they wait.
 	fresh []Request
 }
 
-func newAdmission() admission {
-	return admission{jobs: map[string][]Request{}, byUID: map[string]string{}, announce: map[string]bool{}, served: map[string]uint64{}}
+// jobKey is a job within its namespace.
+type jobKey struct{ ns, job string }
+
+func keyOf(req Request) jobKey { return jobKey{req.Bind.Pod.Namespace, req.Job} }
+
+// space is one namespace's waiting jobs.
+type space struct {
+	jobs   map[string]*jobQueue
+	n      int    // pods waiting
+	weight int    // its share's weight
+	served uint64 // the turn it last had a pod taken
+	seq    uint64
+}
+
+// jobQueue is one job's waiting pods, in order.
+type jobQueue struct {
+	pods        []Request
+	served, seq uint64
+}
+
+func newAdmission(weight func(ns string) int) admission {
+	return admission{weight: weight, spaces: map[string]*space{}, byUID: map[string]jobKey{}, announce: map[string]bool{}}
 }
 
 func (a *admission) len() int { return a.n }
+
+// lenIn is how many pods of namespace ns wait.
+func (a *admission) lenIn(ns string) int {
+	if s := a.spaces[ns]; s != nil {
+		return s.n
+	}
+	return 0
+}
+
+// depths is how many pods wait per namespace (namespaces with none left out).
+func (a *admission) depths() map[string]int {
+	out := make(map[string]int, len(a.spaces))
+	for ns, s := range a.spaces {
+		out[ns] = s.n
+	}
+	return out
+}
 
 func (a *admission) has(uid string) bool {
 	_, ok := a.byUID[uid]
@@ -38,16 +86,26 @@ func (a *admission) has(uid string) bool {
 
 // get returns a queued pod's request.
 func (a *admission) get(uid string) (Request, bool) {
-	job, ok := a.byUID[uid]
-	if !ok {
+	jq, i := a.find(uid)
+	if jq == nil {
 		return Request{}, false
 	}
-	for _, r := range a.jobs[job] {
+	return jq.pods[i], true
+}
+
+// find is the queue uid waits in and its index there (nil: not queued).
+func (a *admission) find(uid string) (*jobQueue, int) {
+	key, ok := a.byUID[uid]
+	if !ok {
+		return nil, 0
+	}
+	jq := a.spaces[key.ns].jobs[key.job]
+	for i, r := range jq.pods {
 		if r.Bind.Pod.UID == uid {
-			return r, true
+			return jq, i
 		}
 	}
-	return Request{}, false
+	return nil, 0
 }
 
 func (a *admission) push(req Request) { a.insert(req, false) }
@@ -57,18 +115,27 @@ func (a *admission) push(req Request) { a.insert(req, false) }
 func (a *admission) pushFront(req Request) { a.insert(req, true) }
 
 func (a *admission) insert(req Request, front bool) {
-	job := req.Job
-	q, ok := a.jobs[job]
-	if !ok {
-		a.order = append(a.order, job)
+	key := keyOf(req)
+	s := a.spaces[key.ns]
+	if s == nil {
+		a.seq++
+		s = &space{jobs: map[string]*jobQueue{}, weight: a.weight(key.ns), seq: a.seq}
+		a.spaces[key.ns] = s
+		a.weights += s.weight
+	}
+	jq := s.jobs[key.job]
+	if jq == nil {
+		a.seq++
+		jq = &jobQueue{seq: a.seq}
+		s.jobs[key.job] = jq
 	}
 	if front {
-		q = append([]Request{req}, q...)
+		jq.pods = append([]Request{req}, jq.pods...)
 	} else {
-		q = append(q, req)
+		jq.pods = append(jq.pods, req)
 	}
-	a.jobs[job] = q
-	a.byUID[req.Bind.Pod.UID] = job
+	a.byUID[req.Bind.Pod.UID] = key
+	s.n++
 	a.n++
 	if !front {
 		a.fresh = append(a.fresh, req)
@@ -90,36 +157,31 @@ func (a *admission) takeFresh() []Request {
 }
 
 func (a *admission) remove(uid string) bool {
-	job, ok := a.byUID[uid]
-	if !ok {
+	jq, i := a.find(uid)
+	if jq == nil {
 		return false
 	}
-	q := a.jobs[job]
-	for i, r := range q {
-		if r.Bind.Pod.UID == uid {
-			q = append(q[:i:i], q[i+1:]...)
-			break
-		}
-	}
-	a.setJob(job, q)
-	delete(a.byUID, uid)
-	delete(a.announce, uid)
-	a.n--
+	jq.pods = append(jq.pods[:i:i], jq.pods[i+1:]...)
+	a.forget(uid)
 	return true
 }
 
-func (a *admission) setJob(job string, q []Request) {
-	if len(q) > 0 {
-		a.jobs[job] = q
-		return
+// forget drops uid, taken out of its job's queue, and the job and the
+// namespace when nothing of theirs waits any more (they start afresh when
+// they queue again).
+func (a *admission) forget(uid string) {
+	key := a.byUID[uid]
+	delete(a.byUID, uid)
+	delete(a.announce, uid)
+	a.n--
+	s := a.spaces[key.ns]
+	s.n--
+	if len(s.jobs[key.job].pods) == 0 {
+		delete(s.jobs, key.job)
 	}
-	delete(a.jobs, job)
-	delete(a.served, job)
-	for i, j := range a.order {
-		if j == job {
-			a.order = append(a.order[:i:i], a.order[i+1:]...)
-			break
-		}
+	if s.n == 0 {
+		delete(a.spaces, key.ns)
+		a.weights -= s.weight
 	}
 }
 
@@ -132,85 +194,107 @@ func (a *admission) announced(uid string) bool {
 	return false
 }
 
-// position is uid's place if the jobs waiting take turns: an estimate.
+// position is uid's place if the namespaces waiting take their shares and
+// the jobs in each take turns: an estimate.
 func (a *admission) position(uid string) (int, bool) {
-	job, ok := a.byUID[uid]
-	if !ok {
+	jq, i := a.find(uid)
+	if jq == nil {
 		return 0, false
 	}
-	for i, r := range a.jobs[job] {
-		if r.Bind.Pod.UID == uid {
-			return i * max(1, len(a.order)), true
-		}
-	}
-	return 0, false
+	s := a.spaces[a.byUID[uid].ns]
+	return i * len(s.jobs) * a.weights / s.weight, true
 }
 
-// each offers take the head of a job's queue, fairest job first: the one
-// holding the fewest slots (held counts a pod as soon as take took it),
-// then the one served longest ago, then the one that queued first. take
-// returns true when it took the pod (it leaves the queue) and false when
-// the pod could not be placed: that job is passed over for the rest of the
-// round, which ends when every job was passed over or nothing waits. A
-// round costs O((pods taken + jobs) × log jobs).
-func (a *admission) each(held func(job string) int, take func(Request) bool) {
+// each offers take the head of a job's queue, fairest first: of the
+// namespaces waiting, the one with the smallest heldNS/weight (heldNS counts
+// a pod as soon as take took it), then the one served longest ago, then the
+// one that queued first; of that namespace's jobs, the one holding the
+// fewest, then the one served longest ago, then the one that queued first.
+// take returns true when it took the pod (it leaves the queue) and false
+// when the pod could not be placed: that job is passed over for the rest of
+// the round, and its namespace once all of its jobs were. The round ends
+// when every namespace was passed over or nothing waits. A round costs
+// O((pods taken + jobs) × log jobs): a namespace's jobs are put in a heap
+// when it first comes up.
+func (a *admission) each(heldNS func(ns string) int, held func(jobKey) int, take func(Request) bool) {
 	if a.n == 0 {
 		return
 	}
-	h := make(jobTurns, 0, len(a.order))
-	for i, job := range a.order {
-		h = append(h, jobTurn{job: job, held: held(job), served: a.served[job], queued: i})
+	spaces := make(turns, 0, len(a.spaces))
+	for ns, s := range a.spaces {
+		spaces = append(spaces, turn{name: ns, held: heldNS(ns), weight: s.weight, served: s.served, seq: s.seq})
 	}
-	heap.Init(&h)
-	for h.Len() > 0 {
-		t := &h[0]
-		req := a.jobs[t.job][0]
+	heap.Init(&spaces)
+	jobs := map[string]*turns{}
+	for spaces.Len() > 0 {
+		st := &spaces[0]
+		ns := st.name
+		s := a.spaces[ns]
+		h := jobs[ns]
+		if h == nil {
+			js := make(turns, 0, len(s.jobs))
+			for job, jq := range s.jobs {
+				js = append(js, turn{name: job, held: held(jobKey{ns, job}), weight: 1, served: jq.served, seq: jq.seq})
+			}
+			h = &js
+			heap.Init(h)
+			jobs[ns] = h
+		}
+		jt := &(*h)[0]
+		key := jobKey{ns, jt.name}
+		jq := s.jobs[jt.name]
+		req := jq.pods[0]
 		if !take(req) {
-			heap.Pop(&h)
+			heap.Pop(h)
+			if h.Len() == 0 {
+				heap.Pop(&spaces)
+			}
 			continue
 		}
-		uid := req.Bind.Pod.UID
-		delete(a.byUID, uid)
-		delete(a.announce, uid)
-		a.n--
-		q := a.jobs[t.job][1:]
-		if len(q) == 0 {
-			a.setJob(t.job, q)
-			heap.Pop(&h)
-			continue
-		}
-		a.jobs[t.job] = q
 		a.turns++
-		a.served[t.job] = a.turns
-		t.held, t.served = held(t.job), a.turns
-		heap.Fix(&h, 0)
+		jq.pods = jq.pods[1:]
+		a.forget(req.Bind.Pod.UID)
+		if len(jq.pods) == 0 {
+			heap.Pop(h)
+		} else {
+			jq.served = a.turns
+			jt.held, jt.served = held(key), a.turns
+			heap.Fix(h, 0)
+		}
+		if s.n == 0 {
+			heap.Pop(&spaces)
+			continue
+		}
+		s.served = a.turns
+		st.held, st.served = heldNS(ns), a.turns
+		heap.Fix(&spaces, 0)
 	}
 }
 
-// jobTurn is a waiting job's claim to the next slot; jobTurns orders them
-// fairest first.
-type jobTurn struct {
-	job    string
-	held   int
-	served uint64
-	queued int
+// turn is a waiting namespace's or job's claim to the next slot; turns
+// orders them fairest first.
+type turn struct {
+	name         string
+	held, weight int
+	served, seq  uint64
 }
 
-type jobTurns []jobTurn
+type turns []turn
 
-func (h jobTurns) Len() int { return len(h) }
-func (h jobTurns) Less(i, j int) bool {
-	if h[i].held != h[j].held {
-		return h[i].held < h[j].held
+func (h turns) Len() int { return len(h) }
+func (h turns) Less(i, j int) bool {
+	// held/weight, compared without dividing.
+	if l, r := h[i].held*h[j].weight, h[j].held*h[i].weight; l != r {
+		return l < r
 	}
 	if h[i].served != h[j].served {
 		return h[i].served < h[j].served
 	}
-	return h[i].queued < h[j].queued
+	return h[i].seq < h[j].seq
 }
-func (h jobTurns) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *jobTurns) Push(x any)   { *h = append(*h, x.(jobTurn)) }
-func (h *jobTurns) Pop() any {
+func (h turns) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *turns) Push(x any)   { *h = append(*h, x.(turn)) }
+func (h *turns) Pop() any {
 	old := *h
 	x := old[len(old)-1]
 	*h = old[:len(old)-1]

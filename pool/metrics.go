@@ -52,7 +52,9 @@ func Collectors() []prometheus.Collector {
 
 // Collector reports the pool's state at scrape time, one series per worker
 // node: slots by state, capacity and allocation, health, images, binds in
-// flight, bind latency over BindWindow; and the admission queue's depth.
+// flight, bind latency over BindWindow; the admission queue's depth; and
+// per namespace with pods queued or placed (never per job: a pod names its
+// job), its queued pods, placements and weight.
 func (p *Pool) Collector() prometheus.Collector { return poolCollector{p} }
 
 type poolCollector struct{ p *Pool }
@@ -60,6 +62,10 @@ type poolCollector struct{ p *Pool }
 var (
 	nodeLabels      = []string{"node"}
 	descQueue       = prometheus.NewDesc("sandman_pool_queue_depth", "Pods waiting in the admission queue.", nil, nil)
+	nsLabels        = []string{"namespace"}
+	descNSQueue     = prometheus.NewDesc("sandman_pool_namespace_queue_depth", "Pods of the namespace waiting in the admission queue (namespaces with pods queued or placed).", nsLabels, nil)
+	descNSHeld      = prometheus.NewDesc("sandman_pool_namespace_placements", "Pods of the namespace binding or bound: what its fair share is measured by.", nsLabels, nil)
+	descNSWeight    = prometheus.NewDesc("sandman_pool_namespace_weight", "The namespace's weight in the admission queue's fair share (1 unless the operator set one).", nsLabels, nil)
 	descNodeHealthy = prometheus.NewDesc("sandman_pool_node_healthy", "1 when the node agent's watch stream is up, else 0.", nodeLabels, nil)
 	descNodeSlots   = prometheus.NewDesc("sandman_pool_node_slots", "Slots of the node by state (warm, hot, binding, bound, releasing, broken), as the pool sees them.", []string{"node", "state"}, nil)
 	descNodeCapSl   = prometheus.NewDesc("sandman_pool_node_capacity_slots", "Slot capacity of the node (0 while unhealthy: it leaves the totals).", nodeLabels, nil)
@@ -75,7 +81,7 @@ var (
 )
 
 func (c poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descQueue, descNodeHealthy, descNodeSlots, descNodeCapSl, descNodeCapCPU, descNodeCapMem,
+	for _, d := range []*prometheus.Desc{descQueue, descNSQueue, descNSHeld, descNSWeight, descNodeHealthy, descNodeSlots, descNodeCapSl, descNodeCapCPU, descNodeCapMem,
 		descNodeAlCPU, descNodeAlMem, descNodeImages, descNodeFlight, descNodeBindQ, descNodeUnseen, descNodeDrain} {
 		ch <- d
 	}
@@ -86,6 +92,11 @@ func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	gauge(descQueue, float64(c.p.QueueLen()))
+	for _, s := range c.p.Shares() {
+		gauge(descNSQueue, float64(s.Queued), s.Namespace)
+		gauge(descNSHeld, float64(s.Held), s.Namespace)
+		gauge(descNSWeight, float64(s.Weight), s.Namespace)
+	}
 	for _, v := range c.p.Nodes() {
 		healthy, capa := 0.0, v.Capacity
 		if v.Healthy {

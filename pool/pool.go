@@ -23,6 +23,15 @@ type Config struct {
 	Name string
 	// MaxQueued bounds the admission queue (default 100,000).
 	MaxQueued int
+	// MaxQueuedPerNamespace bounds the pods of one namespace in the
+	// admission queue, so one tenant cannot fill it (default MaxQueued: no
+	// bound beyond MaxQueued; more than MaxQueued is refused).
+	MaxQueuedPerNamespace int
+	// NamespaceWeights are the namespaces' weights in the admission
+	// queue's fair share (weighted max-min: a freed slot goes to the
+	// waiting namespace with the fewest placements for its weight). A
+	// namespace not listed weighs 1; a weight must be 1 to 1,000,000.
+	NamespaceWeights map[string]int
 	// BindsPerNode bounds binds in flight on one node (default 16).
 	BindsPerNode int
 	// SnapshotsPerNode bounds the snapshots taken at once on one node
@@ -45,11 +54,13 @@ type Config struct {
 	Clock clock.WithTicker
 }
 
-// Request asks for a slot for one pod.
+// Request asks for a slot for one pod. Admission is fair first across
+// namespaces (Bind.Pod.Namespace, weighted by Config.NamespaceWeights),
+// then across the jobs inside a namespace.
 type Request struct {
 	Bind runtime.BindRequest
-	// Job is the trainer job the pod belongs to (label sandman.io/job);
-	// admission is fair across jobs.
+	// Job is the trainer job the pod belongs to (label sandman.io/job),
+	// within its namespace.
 	Job string
 }
 
@@ -106,8 +117,10 @@ type Pool struct {
 	nodes  map[string]*node
 	queue  admission
 	placed map[string]*placement // pod UID → where it went
-	// held counts placements per job: the admission queue's fair share.
-	held map[string]int
+	// held counts placements per job and heldNS per namespace: the
+	// admission queue's fair shares.
+	held   map[jobKey]int
+	heldNS map[string]int
 	// queuedAt is when each queued pod was submitted (admission wait).
 	queuedAt map[string]time.Time
 	// changed is closed (and replaced) when a node agent's inventory
@@ -141,7 +154,8 @@ type placement struct {
 func (p *Pool) placeOnLocked(uid string, pl *placement, n *node) {
 	p.unplaceLocked(uid)
 	p.placed[uid] = pl
-	p.held[pl.req.Job]++
+	p.held[keyOf(pl.req)]++
+	p.heldNS[pl.req.Bind.Pod.Namespace]++
 	if !pl.seen && n != nil {
 		pl.on, pl.res = n, pl.req.Bind.Requests()
 		n.unseen++
@@ -167,8 +181,12 @@ func (p *Pool) unplaceLocked(uid string) {
 	if pl, ok := p.placed[uid]; ok {
 		pl.markSeenLocked()
 		delete(p.placed, uid)
-		if p.held[pl.req.Job]--; p.held[pl.req.Job] <= 0 {
-			delete(p.held, pl.req.Job)
+		key := keyOf(pl.req)
+		if p.held[key]--; p.held[key] <= 0 {
+			delete(p.held, key)
+		}
+		if p.heldNS[key.ns]--; p.heldNS[key.ns] <= 0 {
+			delete(p.heldNS, key.ns)
 		}
 	}
 }
@@ -181,6 +199,21 @@ func New(cfg Config) (*Pool, error) {
 	if cfg.MaxQueued <= 0 {
 		cfg.MaxQueued = 100_000
 	}
+	switch {
+	case cfg.MaxQueuedPerNamespace <= 0:
+		cfg.MaxQueuedPerNamespace = cfg.MaxQueued
+	case cfg.MaxQueuedPerNamespace > cfg.MaxQueued:
+		return nil, fmt.Errorf("pool: MaxQueuedPerNamespace %d is more than MaxQueued %d: lower it to at most MaxQueued (0: MaxQueued): %w",
+			cfg.MaxQueuedPerNamespace, cfg.MaxQueued, errdefs.ErrInvalidArgument)
+	}
+	weights := make(map[string]int, len(cfg.NamespaceWeights))
+	for ns, w := range cfg.NamespaceWeights {
+		if w < 1 || w > maxWeight {
+			return nil, fmt.Errorf("pool: namespace %q has weight %d: want 1 to %d (weights are relative; not listed: 1): %w", ns, w, maxWeight, errdefs.ErrInvalidArgument)
+		}
+		weights[ns] = w
+	}
+	cfg.NamespaceWeights = weights
 	if cfg.BindsPerNode <= 0 {
 		cfg.BindsPerNode = 16
 	}
@@ -204,10 +237,19 @@ func New(cfg Config) (*Pool, error) {
 		wake:    make(chan struct{}, 1),
 		changed: make(chan struct{}),
 		nodes:   map[string]*node{},
-		queue:   newAdmission(),
-		placed:  map[string]*placement{}, queuedAt: map[string]time.Time{}, held: map[string]int{},
+		queue: newAdmission(func(ns string) int {
+			if w, ok := weights[ns]; ok {
+				return w
+			}
+			return 1
+		}),
+		placed: map[string]*placement{}, queuedAt: map[string]time.Time{},
+		held: map[jobKey]int{}, heldNS: map[string]int{},
 	}, nil
 }
+
+// maxWeight bounds a namespace's weight, so held×weight cannot overflow.
+const maxWeight = 1_000_000
 
 // changedLocked wakes WaitSynced.
 func (p *Pool) changedLocked() {
@@ -224,7 +266,9 @@ func (p *Pool) nudge() {
 
 // Submit queues a pod for placement. It fails with ErrAlreadyExists when
 // the pod is queued or placed already, and with ErrResourceExhausted when
-// the admission queue is full (the caller retries later).
+// the admission queue is full (MaxQueued) or holds as many pods of the
+// pod's namespace as one namespace may queue (MaxQueuedPerNamespace); the
+// caller retries later.
 func (p *Pool) Submit(req Request) error {
 	uid := req.Bind.Pod.UID
 	p.mu.Lock()
@@ -234,6 +278,10 @@ func (p *Pool) Submit(req Request) error {
 	}
 	if p.queue.len() >= p.cfg.MaxQueued {
 		return fmt.Errorf("submit %s: the admission queue of pool %s is full (%d pods): %w", uid, p.cfg.Name, p.queue.len(), errdefs.ErrResourceExhausted)
+	}
+	if ns := req.Bind.Pod.Namespace; p.queue.lenIn(ns) >= p.cfg.MaxQueuedPerNamespace {
+		return fmt.Errorf("submit %s: namespace %s has %d pods in the admission queue of pool %s, the most one namespace may queue (MaxQueuedPerNamespace %d); submit again once some are placed or deleted: %w",
+			uid, ns, p.queue.lenIn(ns), p.cfg.Name, p.cfg.MaxQueuedPerNamespace, errdefs.ErrResourceExhausted)
 	}
 	p.queue.push(req)
 	p.queuedAt[uid] = p.cfg.Clock.Now()
@@ -334,7 +382,7 @@ func (p *Pool) Run(ctx context.Context) error {
 func (p *Pool) dispatch(ctx context.Context) {
 	p.mu.Lock()
 	now := p.cfg.Clock.Now()
-	p.queue.each(func(job string) int { return p.held[job] }, func(req Request) bool {
+	p.queue.each(func(ns string) int { return p.heldNS[ns] }, func(k jobKey) int { return p.held[k] }, func(req Request) bool {
 		n, how := p.placeLocked(req)
 		if n == nil {
 			return false
@@ -637,6 +685,41 @@ func (p *Pool) QueueLen() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.queue.len()
+}
+
+// NamespaceShare is one namespace's part of the pool: its pods waiting in
+// the admission queue and its placements (binding or bound pods).
+type NamespaceShare struct {
+	Namespace string
+	Queued    int
+	Held      int
+	Weight    int
+}
+
+// Shares lists the namespaces with pods queued or placed, sorted by name.
+func (p *Pool) Shares() []NamespaceShare {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	byNS := map[string]*NamespaceShare{}
+	share := func(ns string) *NamespaceShare {
+		if s := byNS[ns]; s != nil {
+			return s
+		}
+		s := &NamespaceShare{Namespace: ns, Weight: p.queue.weight(ns)}
+		byNS[ns] = s
+		return s
+	}
+	for ns, n := range p.queue.depths() {
+		share(ns).Queued = n
+	}
+	for ns, n := range p.heldNS {
+		share(ns).Held = n
+	}
+	out := make([]NamespaceShare, 0, len(byNS))
+	for _, ns := range slices.Sorted(maps.Keys(byNS)) {
+		out = append(out, *byNS[ns])
+	}
+	return out
 }
 
 // BoundSlot is a slot that holds a pod, as a node agent reports it.
