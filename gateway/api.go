@@ -153,10 +153,10 @@ func refuse(req *newSandbox) error {
 		return errorf(errdefs.ErrNotImplemented, "mcp: the MCP gateway is not supported by sandman's E2B gateway")
 	case len(req.Iam) > 0 && string(req.Iam) != "null":
 		return errorf(errdefs.ErrNotImplemented, "iam: workload identity tokens are not supported by sandman's E2B gateway")
-	case req.Network != nil && (len(req.Network.AllowOut) > 0 || len(req.Network.DenyOut) > 0 ||
-		(len(req.Network.Rules) > 0 && string(req.Network.Rules) != "null") ||
-		(len(req.Network.EgressProxy) > 0 && string(req.Network.EgressProxy) != "null")):
-		return errorf(errdefs.ErrNotImplemented, "network: per-sandbox egress rules are not supported by sandman's E2B gateway (egress is the pool's setting)")
+	case req.Network != nil && len(req.Network.Rules) > 0 && string(req.Network.Rules) != "null" && string(req.Network.Rules) != "{}":
+		return errorf(errdefs.ErrNotImplemented, "network.rules: per-domain request transforms are not supported by sandman's E2B gateway")
+	case req.Network != nil && len(req.Network.EgressProxy) > 0 && string(req.Network.EgressProxy) != "null":
+		return errorf(errdefs.ErrNotImplemented, "network.egressProxy: tunnelling egress through a proxy is not supported by sandman's E2B gateway")
 	}
 	return nil
 }
@@ -201,6 +201,10 @@ func (g *Gateway) create(ctx context.Context, key Key, req *newSandbox, defTimeo
 			return nil, err
 		}
 	}
+	egress, err := egressAnnotations(req.AllowInternetAccess, req.Network)
+	if err != nil {
+		return nil, err
+	}
 	tmpl, err := g.templates.resolve(req.TemplateID)
 	if err != nil {
 		return nil, err
@@ -223,7 +227,7 @@ func (g *Gateway) create(ctx context.Context, key Key, req *newSandbox, defTimeo
 		token = g.cfg.Tokens.New(key.Namespace, id)
 		pod, err := buildPod(podSpec{
 			id: id, tokenHash: TokenHash(token), key: key, template: tmpl, templateID: req.TemplateID,
-			metadata: req.Metadata, env: req.EnvVars, internet: req.AllowInternetAccess,
+			metadata: req.Metadata, env: req.EnvVars, internet: req.AllowInternetAccess, egress: egress,
 			expiresAt: g.cfg.Now().Add(lifetime),
 		})
 		if err != nil {

@@ -37,8 +37,8 @@ const (
 	// AnnotationAlias is the ConfigMap template name ("" for an image).
 	AnnotationAlias = "e2b.sandman.io/alias"
 	// AnnotationInternet records allow_internet_access as asked
-	// ("true"/"false"; absent: not asked). It is not enforced here:
-	// egress follows the pool's setting.
+	// ("true"/"false"; absent: not asked), for GET /sandboxes/{id}. What
+	// enforces it is AnnotationEgress (see egressAnnotations).
 	AnnotationInternet = "e2b.sandman.io/allow-internet-access"
 
 	// ContainerName is the name of the sandbox pod's one container.
@@ -88,7 +88,9 @@ type podSpec struct {
 	metadata      map[string]string
 	env           map[string]string
 	internet      *bool
-	expiresAt     time.Time
+	// egress are the node's egress annotations (egressAnnotations).
+	egress    map[string]string
+	expiresAt time.Time
 }
 
 func buildPod(s podSpec) (*corev1.Pod, error) {
@@ -120,6 +122,9 @@ func buildPod(s podSpec) (*corev1.Pod, error) {
 	}
 	if s.internet != nil {
 		annotations[AnnotationInternet] = strconv.FormatBool(*s.internet)
+	}
+	for k, v := range s.egress {
+		annotations[k] = v
 	}
 	no := false
 	return &corev1.Pod{

@@ -29,8 +29,9 @@ type newSandbox struct {
 	VolumeMounts []volumeMount   `json:"volumeMounts"`
 }
 
-// networkConfig is SandboxNetworkConfig: only the fields sandman must
-// refuse are read.
+// networkConfig is SandboxNetworkConfig: allowOut and denyOut (IP
+// addresses, CIDRs or domain names) become the pod's egress annotations;
+// rules and egressProxy are refused.
 type networkConfig struct {
 	AllowOut    []string        `json:"allowOut"`
 	DenyOut     []string        `json:"denyOut"`
