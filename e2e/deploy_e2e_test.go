@@ -52,6 +52,9 @@ const (
 	deployStateDir   = "/var/lib/sandman-node"
 	deployPoolSlots  = 24
 	deployPoolMemory = "8Gi"
+	// deployPoolLabel on a namespace admits its pods to the pool
+	// (--allowed-namespace-selector).
+	deployPoolLabel = "pools.sandman.io/deployed"
 )
 
 // deployed is sandman as an operator installs it on the stack.
@@ -156,7 +159,10 @@ func (d *deployed) install() {
 			Resources: runtime.Resources{MilliCPU: 1000, MemoryBytes: share.Value()}}, room)
 		return owned && c.Pods().Value() == pods && c.Cpu().MilliValue() == milliCPU && c.Memory().Value() == mem, nil
 	})
-	if _, err := s.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: d.ns}}, metav1.CreateOptions{}); err != nil {
+	// The local overlay's pool admits namespaces with this label
+	// (--allowed-namespace-selector).
+	trainerNS := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: d.ns, Labels: map[string]string{deployPoolLabel: "true"}}}
+	if _, err := s.Kube.CoreV1().Namespaces().Create(ctx, trainerNS, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	s.NamespaceReady(t, d.ns)

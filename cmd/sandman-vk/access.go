@@ -3,6 +3,8 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"slices"
+	"strconv"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/labels"
@@ -61,4 +63,44 @@ func commaList(v string) []string {
 		}
 	}
 	return out
+}
+
+// namespaceWeights is --namespace-weight, repeatable: ns=N gives namespace
+// ns N shares of the pool where others have 1 (pool.Config.NamespaceWeights).
+type namespaceWeights map[string]int
+
+func (w *namespaceWeights) String() string {
+	if w == nil || len(*w) == 0 {
+		return ""
+	}
+	parts := make([]string, 0, len(*w))
+	for ns, n := range *w {
+		parts = append(parts, fmt.Sprintf("%s=%d", ns, n))
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, ",")
+}
+
+func (w *namespaceWeights) Set(v string) error {
+	for part := range strings.SplitSeq(v, ",") {
+		if part = strings.TrimSpace(part); part == "" {
+			continue
+		}
+		ns, n, ok := strings.Cut(part, "=")
+		if !ok {
+			return fmt.Errorf("%q: want namespace=weight (ml=2)", part)
+		}
+		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+			return fmt.Errorf("%q is not a namespace name: %s", ns, strings.Join(errs, "; "))
+		}
+		weight, err := strconv.Atoi(n)
+		if err != nil || weight < 1 || weight > 1_000_000 {
+			return fmt.Errorf("%q: the weight must be a whole number from 1 to 1000000", part)
+		}
+		if *w == nil {
+			*w = namespaceWeights{}
+		}
+		(*w)[ns] = weight
+	}
+	return nil
 }

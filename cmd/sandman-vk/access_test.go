@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"log/slog"
+	"maps"
 	"reflect"
 	"strings"
 	"testing"
@@ -52,5 +53,43 @@ func TestPoolAccessFlags(t *testing.T) {
 		if warned := strings.Contains(logs.String(), "level=WARN"); warned != (tc.warn != "") || !strings.Contains(logs.String(), tc.warn) {
 			t.Errorf("%q %q: log %q, want a warning %q", tc.names, tc.selector, logs.String(), tc.warn)
 		}
+	}
+}
+
+func TestNamespaceWeightFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want map[string]int
+		err  string
+	}{
+		{args: nil, want: nil},
+		{args: []string{"ml=2"}, want: map[string]int{"ml": 2}},
+		{args: []string{"ml=2,rl=3", "ml=5"}, want: map[string]int{"ml": 5, "rl": 3}},
+		{args: []string{"ml"}, err: "want namespace=weight"},
+		{args: []string{"ml=0"}, err: "from 1 to 1000000"},
+		{args: []string{"ml=x"}, err: "from 1 to 1000000"},
+		{args: []string{"Bad_NS=2"}, err: "not a namespace name"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			var w namespaceWeights
+			var err error
+			for _, a := range tc.args {
+				if err = w.Set(a); err != nil {
+					break
+				}
+			}
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("Set(%v) = %v, want an error with %q", tc.args, err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !maps.Equal(map[string]int(w), tc.want) {
+				t.Errorf("Set(%v) = %v, want %v", tc.args, w, tc.want)
+			}
+		})
 	}
 }

@@ -71,7 +71,8 @@ type options struct {
 	qps                                    float64
 	burst, workers, bindsPerNode           int
 	snapshotsPerNode                       int
-	maxQueued                              int
+	maxQueued, maxQueuedPerNamespace       int
+	namespaceWeights                       namespaceWeights
 	queueRoom                              int
 	resync, reconcile, orphanGrace, lost   time.Duration
 	metricsListen, logLevel                string
@@ -153,6 +154,10 @@ func run(args []string) (retErr error) {
 	fs.IntVar(&o.bindsPerNode, "binds-per-node", 16, "binds in flight per node agent")
 	fs.IntVar(&o.snapshotsPerNode, "snapshots-per-node", 2, "snapshots taken at once per node agent (more wait their turn)")
 	fs.IntVar(&o.maxQueued, "max-queued", 100000, "admission queue bound")
+	fs.IntVar(&o.maxQueuedPerNamespace, "max-queued-per-namespace", 0, "admission queue bound of each namespace, so one tenant cannot fill the queue "+
+		"(0: --max-queued; pods beyond it wait Pending and are submitted again)")
+	fs.Var(&o.namespaceWeights, "namespace-weight", "a namespace's share of the pool where others have 1: ml=2 (repeatable, or comma-separated); "+
+		"freed slots go first to the namespace holding the fewest per weight, then to the job inside it holding the fewest")
 	fs.IntVar(&o.queueRoom, "queue-room", -1, "pods beyond its slots the virtual node advertises room for (CPU and memory scaled alike), so kube-scheduler binds a burst "+
 		"that does not fit once and the pool's fair queue holds it; -1: the admission queue bound (--max-queued); 0: pods = slots, the truthful capacity "+
 		"(pods beyond it stay unschedulable in kube-scheduler)")
@@ -393,7 +398,8 @@ func run(args []string) (retErr error) {
 	var leaderEpoch atomic.Uint64
 	var clients agentClients
 	pl, err := pool.New(pool.Config{
-		Name: o.poolName, MaxQueued: o.maxQueued, BindsPerNode: o.bindsPerNode, SnapshotsPerNode: o.snapshotsPerNode, LostAfter: o.lost, Logger: log,
+		Name: o.poolName, MaxQueued: o.maxQueued, MaxQueuedPerNamespace: o.maxQueuedPerNamespace, NamespaceWeights: o.namespaceWeights,
+		BindsPerNode: o.bindsPerNode, SnapshotsPerNode: o.snapshotsPerNode, LostAfter: o.lost, Logger: log,
 		OnUpdate: func(u pool.Update) { provider.OnUpdate(u) },
 	})
 	if err != nil {

@@ -210,7 +210,10 @@ func newVKBench(cfg config, tmpPrefix string) (_ *vkBench, _ context.Context, do
 	b := &vkBench{env: env, kube: kube, vkBin: vkBin, tmp: tmp, ns: "bench-" + rand.String(5), client: client,
 		be: benchEnv{client: client, env: env, daemonBin: daemonBin}}
 	ctx := namespaces.WithNamespace(context.Background(), benchNamespace)
-	if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: b.ns}}, metav1.CreateOptions{}); err != nil {
+	// The label admits the namespace to the deployed pool (deploy/overlays/local's
+	// --allowed-namespace-selector); host-process pools admit every namespace.
+	nsObj := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: b.ns, Labels: map[string]string{"pools.sandman.io/deployed": "true"}}}
+	if _, err := kube.CoreV1().Namespaces().Create(ctx, nsObj, metav1.CreateOptions{}); err != nil {
 		return nil, nil, nil, err
 	}
 	undo = append(undo, func() { _ = kube.CoreV1().Namespaces().Delete(context.Background(), b.ns, metav1.DeleteOptions{}) })
