@@ -1,11 +1,13 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"time"
 
@@ -81,7 +83,49 @@ func (g *Gateway) ControlHandler() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errorf(errdefs.ErrNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path))
 	})
-	return instrument(mux)
+	return g.readBody(instrument(mux))
+}
+
+// maxBodyBytes bounds a control API request's body.
+const maxBodyBytes = 1 << 20
+
+// readBody reads a control API request's body whole, within
+// BodyReadTimeout of the handler's start, before the call runs: a client
+// that trickles its body (or sends less than it announced) is cut then,
+// 408 and the connection closed, instead of holding it forever. The read
+// deadline is lifted once the body is in: a create may then wait a minute
+// for its pod. (Sandbox traffic is not read here: its streams last as
+// long as they last.)
+func (g *Gateway) readBody(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body == nil || r.Body == http.NoBody {
+			h.ServeHTTP(w, r)
+			return
+		}
+		rc := http.NewResponseController(w)
+		_ = rc.SetReadDeadline(time.Now().Add(g.cfg.BodyReadTimeout)) // ErrNotSupported in a recorder
+		b, err := io.ReadAll(io.LimitReader(r.Body, maxBodyBytes+1))
+		if err != nil {
+			w.Header().Set("Connection", "close")
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				writeJSON(w, http.StatusRequestTimeout, apiError{Code: http.StatusRequestTimeout,
+					Message: fmt.Sprintf("the request body did not arrive within %s", g.cfg.BodyReadTimeout)})
+				return
+			}
+			writeError(w, errorf(errdefs.ErrInvalidArgument, "request body: %v", err))
+			return
+		}
+		if len(b) > maxBodyBytes {
+			w.Header().Set("Connection", "close")
+			writeJSON(w, http.StatusRequestEntityTooLarge, apiError{Code: http.StatusRequestEntityTooLarge,
+				Message: fmt.Sprintf("request body: more than %d bytes", maxBodyBytes)})
+			return
+		}
+		_ = rc.SetReadDeadline(time.Time{})
+		r.Body = io.NopCloser(bytes.NewReader(b))
+		h.ServeHTTP(w, r)
+	})
 }
 
 // auth finds the caller's key, or answers 401 as E2B does (the SDK turns
@@ -109,7 +153,7 @@ func (g *Gateway) auth(h func(http.ResponseWriter, *http.Request, Key)) http.Han
 // decodeBody reads a JSON body into v; an empty body leaves v as it is
 // when optional.
 func decodeBody(r *http.Request, v any, optional bool) error {
-	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, 1<<20))
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, maxBodyBytes))
 	if err := dec.Decode(v); err != nil {
 		if optional && errors.Is(err, io.EOF) {
 			return nil

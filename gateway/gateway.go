@@ -64,6 +64,10 @@ type Config struct {
 	// has not seen (yet) waits for it to appear and become ready, which
 	// covers another replica creating it a moment ago (default 3 s).
 	ProxyWait time.Duration
+	// BodyReadTimeout bounds how long a control API request's body may
+	// take to arrive (default 30 s); see Gateway.readBody. Refused
+	// sandbox traffic gets as long to be drained.
+	BodyReadTimeout time.Duration
 	// SandboxDomain is returned as the sandboxes' domain; "" returns null
 	// (the SDK then uses E2B_SANDBOX_URL or its own domain).
 	SandboxDomain string
@@ -126,6 +130,9 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	if cfg.ProxyWait <= 0 {
 		cfg.ProxyWait = 3 * time.Second
+	}
+	if cfg.BodyReadTimeout <= 0 {
+		cfg.BodyReadTimeout = 30 * time.Second
 	}
 	if cfg.SnapshotRepository == "" {
 		cfg.SnapshotRepository = "e2b"

@@ -180,7 +180,15 @@ func (g *Gateway) newProxy(check podCheck) http.Handler {
 
 func (g *Gateway) proxyFail(w http.ResponseWriter, status int, id, msg string) {
 	metricProxied.WithLabelValues(strconv.Itoa(status)).Inc()
+	g.bound(w)
 	writeJSON(w, status, proxyError{Code: status, Message: msg, SandboxID: id})
+}
+
+// bound limits what is left of a request the proxy refused: its body is
+// not read, and the server's drain of it after the answer (to reuse the
+// connection) gets BodyReadTimeout, not forever.
+func (g *Gateway) bound(w http.ResponseWriter) {
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(g.cfg.BodyReadTimeout))
 }
 
 // connectErrors tells Connect calls from REST ones as the daemon does: by
@@ -193,6 +201,7 @@ var connectErrors = connect.NewErrorWriter(connect.WithRequireConnectProtocolHea
 // forwarded.
 func (g *Gateway) proxyRefuse(w http.ResponseWriter, r *http.Request, id, msg string) {
 	metricProxied.WithLabelValues(strconv.Itoa(http.StatusUnauthorized)).Inc()
+	g.bound(w)
 	if connectErrors.IsSupported(r) {
 		_ = connectErrors.Write(w, r, connect.NewError(connect.CodeUnauthenticated, errors.New(msg)))
 		return

@@ -44,6 +44,9 @@ type options struct {
 	snapshotRepository                 string
 	createTimeout, defaultTimeout      time.Duration
 	maxTimeout, proxyWait              time.Duration
+	bodyReadTimeout, readHeaderTimeout time.Duration
+	idleTimeout                        time.Duration
+	maxConnections                     int
 	qps                                float64
 	burst                              int
 	logLevel                           string
@@ -79,6 +82,11 @@ func run(args []string) error {
 	fs.DurationVar(&o.defaultTimeout, "default-timeout", 300*time.Second, "a sandbox's lifetime when a create names none")
 	fs.DurationVar(&o.maxTimeout, "max-timeout", 24*time.Hour, "the longest lifetime a create, set-timeout or connect may ask for")
 	fs.DurationVar(&o.proxyWait, "proxy-wait", 3*time.Second, "how long sandbox traffic waits for a sandbox this replica has not seen ready yet")
+	fs.DurationVar(&o.bodyReadTimeout, "body-read-timeout", 30*time.Second, "how long a control API request's body may take to arrive (a trickled body is cut then, 408); sandbox traffic the proxy refuses gets as long to be drained")
+	fs.DurationVar(&o.readHeaderTimeout, "read-header-timeout", 10*time.Second, "how long a request's headers may take to arrive")
+	fs.DurationVar(&o.idleTimeout, "idle-timeout", 5*time.Minute, "how long an idle keep-alive connection is kept")
+	fs.IntVar(&o.maxConnections, "max-connections", 16384, "most connections each API or sandbox listener holds at once; more clients wait to be accepted (0: no cap). "+
+		"Each Connect stream over HTTP/1.1 takes a connection of its own")
 	fs.Float64Var(&o.qps, "kube-api-qps", 200, "apiserver requests per second")
 	fs.IntVar(&o.burst, "kube-api-burst", 400, "apiserver request burst")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -95,7 +103,7 @@ func run(args []string) error {
 	cfg := gateway.Config{
 		Namespace: o.namespace, CreateTimeout: o.createTimeout, DefaultTimeout: o.defaultTimeout,
 		MaxTimeout: o.maxTimeout, ProxyWait: o.proxyWait, SandboxDomain: o.sandboxDomain, Logger: log,
-		SnapshotRepository: o.snapshotRepository,
+		SnapshotRepository: o.snapshotRepository, BodyReadTimeout: o.bodyReadTimeout,
 	}
 	var err error
 	switch {
@@ -178,11 +186,14 @@ func run(args []string) error {
 		_, _ = w.Write([]byte("ok\n"))
 	})
 
-	servers := []listener{{"metrics", o.metricsList, metrics}}
+	limits := serverLimits{readHeader: o.readHeaderTimeout, idle: o.idleTimeout, maxConns: o.maxConnections}
+	// /metrics and /healthz read no body: a read timeout cuts what a
+	// stuck scraper holds.
+	servers := []listener{{"metrics", o.metricsList, metrics, serverLimits{readHeader: o.readHeaderTimeout, read: time.Minute, idle: o.idleTimeout, maxConns: 64}}}
 	if o.sandboxListen == "" {
-		servers = append(servers, listener{"api", o.listen, gw.Handler()})
+		servers = append(servers, listener{"api", o.listen, gw.Handler(), limits})
 	} else {
-		servers = append(servers, listener{"api", o.listen, gw.ControlHandler()}, listener{"sandbox", o.sandboxListen, gw.SandboxHandler()})
+		servers = append(servers, listener{"api", o.listen, gw.ControlHandler(), limits}, listener{"sandbox", o.sandboxListen, gw.SandboxHandler(), limits})
 	}
 
 	g, ctx := errgroup.WithContext(ctx)
@@ -199,7 +210,8 @@ func run(args []string) error {
 			_ = g.Wait()
 			return fmt.Errorf("listen %s (%s): %w", s.addr, s.name, err)
 		}
-		srv := newServer(s.handler)
+		l = limitListen(l, s.limits.maxConns)
+		srv := newServer(s.handler, s.limits)
 		log.Info("listening", "listener", s.name, "addr", l.Addr().String())
 		g.Go(func() error {
 			if err := srv.Serve(l); !errors.Is(err, http.ErrServerClosed) {
@@ -223,15 +235,27 @@ func run(args []string) error {
 type listener struct {
 	name, addr string
 	handler    http.Handler
+	limits     serverLimits
+}
+
+// serverLimits bound what one client holds of a listener.
+type serverLimits struct {
+	readHeader, idle time.Duration
+	// read is http.Server.ReadTimeout: 0 on the API and sandbox
+	// listeners, whose sandbox streams last as long as their commands
+	// (the control API bounds its bodies itself: gateway.Config
+	// BodyReadTimeout).
+	read     time.Duration
+	maxConns int
 }
 
 // newServer serves HTTP/1.1 and cleartext HTTP/2 (prior knowledge), with
 // no write timeout: sandbox streams last as long as their commands.
-func newServer(h http.Handler) *http.Server {
+func newServer(h http.Handler, lim serverLimits) *http.Server {
 	var p http.Protocols
 	p.SetHTTP1(true)
 	p.SetUnencryptedHTTP2(true)
-	return &http.Server{Handler: h, Protocols: &p, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 5 * time.Minute}
+	return &http.Server{Handler: h, Protocols: &p, ReadHeaderTimeout: lim.readHeader, ReadTimeout: lim.read, IdleTimeout: lim.idle}
 }
 
 func namespacedName(s string) (types.NamespacedName, error) {
