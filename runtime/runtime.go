@@ -188,6 +188,15 @@ type BindRequest struct {
 	// exceptions: it only narrows, so a pool without internet egress takes
 	// it too.
 	EgressDeny []string `json:"egress_deny,omitempty"`
+	// EgressDomains are DNS names the sandbox may reach (the pod's
+	// sandman.io/egress-domains: exact, or *.domain for any name under
+	// it; runtime/sandboxdns.CheckName): its DNS goes to the node's
+	// resolver, which answers only these, and the addresses it answers
+	// become reachable for their TTL. Like Egress it narrows internet
+	// egress (the pod reaches Egress and these names' addresses) and a
+	// pool without internet egress refuses it; the pool's denied ranges
+	// and EgressDeny still apply to the addresses.
+	EgressDomains []string `json:"egress_domains,omitempty"`
 	// IngressBandwidth and EgressBandwidth cap the sandbox's traffic in
 	// bits per second (the pod's kubernetes.io/ingress-bandwidth and
 	// egress-bandwidth); 0: no cap.

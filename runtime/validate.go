@@ -14,13 +14,15 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/sandman-dev/sandman/runtime/sandboxdns"
 )
 
 // Validate checks what a bind request needs before any work: a pod UID,
 // at least one container with a name and an image, unique names, sane
 // resources (whose sum does not wrap), security settings a sandbox can
-// honour safely, token hashes the daemon takes and egress lists of IPv4
-// CIDRs.
+// honour safely, token hashes the daemon takes, egress lists of IPv4
+// CIDRs and allowed DNS names.
 // Errors are errdefs.ErrInvalidArgument with what to fix.
 func (r BindRequest) Validate() error {
 	if r.Pod.UID == "" {
@@ -93,6 +95,9 @@ func (r BindRequest) Validate() error {
 		if p, err := netip.ParsePrefix(e); err != nil || !p.Addr().Is4() {
 			return fmt.Errorf("bind %s: egress deny %q: want an IPv4 CIDR such as 203.0.113.0/24: %w", r.Pod.UID, e, errdefs.ErrInvalidArgument)
 		}
+	}
+	if _, err := sandboxdns.ParseNames(r.EgressDomains); err != nil {
+		return fmt.Errorf("bind %s: egress domains: %v: %w", r.Pod.UID, err, errdefs.ErrInvalidArgument)
 	}
 	if len(r.TokenHashes) == 0 && !r.AllowUnauthenticated {
 		return fmt.Errorf("bind %s: no token hash for the daemon and unauthenticated sandboxes are not allowed: %w", r.Pod.UID, errdefs.ErrInvalidArgument)

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -85,13 +86,26 @@ func TestValidateRuntimeHandler(t *testing.T) {
 }
 
 // TestValidateEgress: the pod's egress narrowing and its denied ranges are
-// IPv4 CIDRs; anything else is refused naming the list and the value.
+// IPv4 CIDRs, its allowed names DNS names (a wildcard only as a whole
+// first label), at most 64; anything else is refused naming the list and
+// the value.
 func TestValidateEgress(t *testing.T) {
+	many := make([]string, 65)
+	for i := range many {
+		many[i] = fmt.Sprintf("n%d.example.com", i)
+	}
 	for _, tc := range []struct {
-		name         string
-		egress, deny []string
-		want         string // "": accepted
+		name                  string
+		egress, deny, domains []string
+		want                  string // "": accepted
 	}{
+		{name: "names", domains: []string{"api.example.com", "*.pypi.org"}},
+		{name: "names beside CIDRs", egress: []string{"203.0.113.0/24"}, domains: []string{"api.example.com"}},
+		{name: "uppercase name", domains: []string{"API.example.com"}, want: `egress domains: name "API.example.com"`},
+		{name: "name with a trailing dot", domains: []string{"example.com."}, want: `egress domains: name "example.com."`},
+		{name: "wildcard inside", domains: []string{"a.*.example.com"}, want: `egress domains: name "a.*.example.com"`},
+		{name: "address as a name", domains: []string{"203.0.113.9"}, want: `egress domains: name "203.0.113.9"`},
+		{name: "too many names", domains: many, want: "egress domains: 65 names"},
 		{name: "none"},
 		{name: "narrowed", egress: []string{"203.0.113.0/24", "198.51.100.7/32"}},
 		{name: "denied", deny: []string{"203.0.113.0/24", "198.51.100.7/32"}},
@@ -106,7 +120,7 @@ func TestValidateEgress(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			req := BindRequest{Pod: PodRef{UID: "u1"}, Containers: []ContainerSpec{{Name: "main", Image: "img"}}, AllowUnauthenticated: true,
-				Egress: tc.egress, EgressDeny: tc.deny}
+				Egress: tc.egress, EgressDeny: tc.deny, EgressDomains: tc.domains}
 			err := req.Validate()
 			switch {
 			case tc.want == "" && err != nil:

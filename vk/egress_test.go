@@ -9,15 +9,16 @@ import (
 // TestEgressAnnotations: sandman.io/egress narrows the sandbox's internet
 // egress to its CIDRs, or with none takes it all away (a pod-level deny of
 // 0.0.0.0/0, which wins over the pool's exceptions); sandman.io/egress-deny
-// adds the pod's own denied ranges. Each is normalised (masked, an address
-// its /32) into a request the node accepts, or refused naming the
-// annotation.
+// adds the pod's own denied ranges; sandman.io/egress-domains its allowed
+// DNS names. Each is normalised (CIDRs masked, an address its /32; names
+// trimmed, lowercased, without a trailing dot) into a request the node
+// accepts, or refused naming the annotation.
 func TestEgressAnnotations(t *testing.T) {
 	for _, tc := range []struct {
-		name         string
-		annotations  map[string]string
-		egress, deny []string
-		refused      string // "": accepted
+		name                  string
+		annotations           map[string]string
+		egress, deny, domains []string
+		refused               string // "": accepted
 	}{
 		{name: "neither"},
 		{name: "narrowed", annotations: map[string]string{AnnotationEgress: "203.0.113.9/24, 198.51.100.7"},
@@ -36,6 +37,14 @@ func TestEgressAnnotations(t *testing.T) {
 		{name: "empty deny", annotations: map[string]string{AnnotationEgressDeny: " , "}, refused: AnnotationEgressDeny + ": it lists nothing"},
 		{name: "none as a deny", annotations: map[string]string{AnnotationEgressDeny: "none"}, refused: AnnotationEgressDeny + `: "none" is not a CIDR`},
 		{name: "IPv6 deny", annotations: map[string]string{AnnotationEgressDeny: "::1"}, refused: AnnotationEgressDeny + `: "::1": only IPv4`},
+		{name: "names", annotations: map[string]string{AnnotationEgressDomains: " API.example.com., *.pypi.org ,"},
+			domains: []string{"api.example.com", "*.pypi.org"}},
+		{name: "names and CIDRs", annotations: map[string]string{AnnotationEgress: "203.0.113.0/24", AnnotationEgressDomains: "api.example.com"},
+			egress: []string{"203.0.113.0/24"}, domains: []string{"api.example.com"}},
+		{name: "empty names", annotations: map[string]string{AnnotationEgressDomains: " , "}, refused: AnnotationEgressDomains + ": it lists nothing"},
+		{name: "a wildcard inside", annotations: map[string]string{AnnotationEgressDomains: "a.*.example.com"}, refused: AnnotationEgressDomains + `: name "a.*.example.com"`},
+		{name: "an address as a name", annotations: map[string]string{AnnotationEgressDomains: "203.0.113.7"}, refused: AnnotationEgressDomains + `: name "203.0.113.7": is an address`},
+		{name: "a URL", annotations: map[string]string{AnnotationEgressDomains: "https://example.com"}, refused: AnnotationEgressDomains + `: name "https://example.com"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pod := testPod("p", "img")
@@ -52,8 +61,8 @@ func TestEgressAnnotations(t *testing.T) {
 			if err != nil {
 				t.Fatalf("bindRequest: %v", err)
 			}
-			if !slices.Equal(req.Egress, tc.egress) || !slices.Equal(req.EgressDeny, tc.deny) {
-				t.Errorf("egress %q, deny %q; want %q, %q", req.Egress, req.EgressDeny, tc.egress, tc.deny)
+			if !slices.Equal(req.Egress, tc.egress) || !slices.Equal(req.EgressDeny, tc.deny) || !slices.Equal(req.EgressDomains, tc.domains) {
+				t.Errorf("egress %q, deny %q, domains %q; want %q, %q, %q", req.Egress, req.EgressDeny, req.EgressDomains, tc.egress, tc.deny, tc.domains)
 			}
 			if err := req.Validate(); err != nil {
 				t.Errorf("the node would refuse the request: %v", err)

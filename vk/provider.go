@@ -33,6 +33,7 @@ import (
 
 	"github.com/sandman-dev/sandman/pool"
 	"github.com/sandman-dev/sandman/runtime"
+	"github.com/sandman-dev/sandman/runtime/sandboxdns"
 	"github.com/sandman-dev/sandman/runtime/sandboxnet"
 )
 
@@ -53,6 +54,14 @@ const (
 	// the sandbox may never reach, the pool's exceptions included. It only
 	// narrows, so any pool takes it.
 	AnnotationEgressDeny = "sandman.io/egress-deny"
+	// AnnotationEgressDomains lists comma-separated DNS names the sandbox
+	// may reach: exact (api.example.com) or a wildcard first label
+	// (*.example.com: any name under example.com, not example.com). Its
+	// DNS then goes to the node's resolver, which answers only these, and
+	// it reaches what they resolve to (and AnnotationEgress's CIDRs, if
+	// given), within what its pool allows; a pool without internet egress
+	// refuses it.
+	AnnotationEgressDomains = "sandman.io/egress-domains"
 	// AnnotationIngressBandwidth and AnnotationEgressBandwidth cap the
 	// sandbox's traffic in bits per second (e.g. 10M), the CNI bandwidth
 	// plugin's convention.
@@ -952,6 +961,20 @@ func (p *Provider) bindRequest(pod *corev1.Pod) (runtime.BindRequest, error) {
 		}
 		for _, p := range prefixes {
 			req.EgressDeny = append(req.EgressDeny, p.String())
+		}
+	}
+	if v, ok := pod.Annotations[AnnotationEgressDomains]; ok {
+		for name := range strings.SplitSeq(v, ",") {
+			if name = strings.TrimSuffix(strings.ToLower(strings.TrimSpace(name)), "."); name != "" {
+				req.EgressDomains = append(req.EgressDomains, name)
+			}
+		}
+		_, err := sandboxdns.ParseNames(req.EgressDomains)
+		if err == nil && len(req.EgressDomains) == 0 {
+			err = errors.New("it lists nothing")
+		}
+		if err != nil {
+			return req, fmt.Errorf("annotation %s: %v: give the DNS names the sandbox may reach, such as api.example.com,*.pypi.org", AnnotationEgressDomains, err)
 		}
 	}
 	if len(req.TokenHashes) == 0 {

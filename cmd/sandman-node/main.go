@@ -35,6 +35,7 @@ import (
 	"github.com/sandman-dev/sandman/runtime/netpolicy"
 	"github.com/sandman-dev/sandman/runtime/nodeapi"
 	"github.com/sandman-dev/sandman/runtime/nodeapi/nodetls"
+	"github.com/sandman-dev/sandman/runtime/sandboxdns"
 	"github.com/sandman-dev/sandman/runtime/sandboxnet"
 )
 
@@ -55,6 +56,7 @@ type options struct {
 	shimGroupSize                               int
 	seccompRoot                                 string
 	egress, egressAllow, egressDeny             string
+	dnsListen, dnsUpstream                      string
 	noFirewall, networkPolicies                 bool
 	diskInodes                                  int64
 	controlNamespaces                           string
@@ -159,6 +161,9 @@ func run(args []string) error {
 		"Private, link-local and reserved ranges and this node's addresses stay unreachable either way")
 	fs.StringVar(&o.egressAllow, "sandbox-egress-allow", "", "comma-separated CIDRs sandboxes reach whatever else says (a proxy, a DNS server, a package mirror)")
 	fs.StringVar(&o.egressDeny, "sandbox-egress-deny", "", "comma-separated CIDRs sandboxes never reach, besides the private and special ranges (e.g. public addresses of the cluster's own services)")
+	fs.StringVar(&o.dnsListen, "dns-listen", ":0", "UDP and TCP address of the node's DNS resolver for sandboxes whose pods allow names (sandman.io/egress-domains): their DNS is sent to it, it answers only those names and opens the firewall to what they resolve to. "+
+		"Port 0: one the kernel picks; empty: no resolver, and such pods are refused. Sandboxes reach it through the node's address on the slot network; other addresses are refused")
+	fs.StringVar(&o.dnsUpstream, "dns-upstream", "", "comma-separated DNS servers (host:port, or an address for port 53) the sandbox resolver forwards allowed names to (default: the nameservers of the node's /etc/resolv.conf)")
 	fs.BoolVar(&o.noFirewall, "no-sandbox-firewall", false, "UNSAFE: no rules in slot network namespaces, so sandboxes reach everything this node can (other sandboxes, the node, the cluster, metadata); for kernels without nf_tables")
 	fs.Int64Var(&o.diskInodes, "disk-inodes", 1<<20, "files and directories a sandbox container may make in its writable layer; over it the sandbox is stopped (Evicted), as over its ephemeral-storage limit")
 	fs.BoolVar(&o.networkPolicies, "network-policies", false, "enforce the NetworkPolicies that select sandbox pods on their slots, and let only the pod's own namespace and --control-namespaces reach a sandbox by default "+
@@ -357,8 +362,14 @@ func run(args []string) error {
 		}()
 		policies = engine
 	}
+	var dns *sandboxdns.Server
+	if o.dnsListen != "" && o.egress == "internet" && !o.noFirewall {
+		if dns, err = startResolver(ctx, o, log); err != nil {
+			return err
+		}
+	}
 	for delay := time.Second; ; delay = min(2*delay, 30*time.Second) {
-		client, rt, err = connect(ctx, o, res, cacheBytes, cniBinDir, policies, log)
+		client, rt, err = connect(ctx, o, res, cacheBytes, cniBinDir, policies, dns, log)
 		if err == nil {
 			break
 		}
@@ -395,6 +406,9 @@ func run(args []string) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(rt.Collector(), rt.Images().Collector(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if dns != nil {
+		reg.MustRegister(dns.Collector())
+	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.Handle("/", api.Handler())
@@ -455,7 +469,7 @@ func probe(file string) int {
 
 // connect reaches containerd and builds the runtime (which loads the CNI
 // config and recovers what a previous agent left).
-func connect(ctx context.Context, o options, res runtime.Resources, cacheBytes int64, cniBinDir string, policies rtcontainerd.PolicySource, log *slog.Logger) (*ctrd.Client, *rtcontainerd.Runtime, error) {
+func connect(ctx context.Context, o options, res runtime.Resources, cacheBytes int64, cniBinDir string, policies rtcontainerd.PolicySource, dns *sandboxdns.Server, log *slog.Logger) (*ctrd.Client, *rtcontainerd.Runtime, error) {
 	if _, err := os.Stat(o.containerdAddress); err != nil {
 		return nil, nil, fmt.Errorf("containerd unreachable at %s: %w (is --containerd-address the worker's containerd socket, mounted into the pod?)", o.containerdAddress, err)
 	}
@@ -491,7 +505,7 @@ func connect(ctx context.Context, o options, res runtime.Resources, cacheBytes i
 	if o.noFirewall {
 		log.Warn("--no-sandbox-firewall: sandboxes reach everything this node can")
 	}
-	rt, err := rtcontainerd.New(ctx, rtcontainerd.Config{
+	cfg := rtcontainerd.Config{
 		EgressInternet: internet, EgressAllow: allow, EgressDeny: deny, NoFirewall: o.noFirewall, Policies: policies,
 		DiskInodes: o.diskInodes,
 		Client:     client, Namespace: o.namespace, Node: o.node, Slots: o.slots, WarmSlots: o.warmSlots,
@@ -503,12 +517,53 @@ func connect(ctx context.Context, o options, res runtime.Resources, cacheBytes i
 		RegistryHostsDir: o.hostsDir, ImageCacheBytes: cacheBytes, PrePull: o.prePull, PrePullConcurrency: o.prePullConcurrency,
 		SnapshotRegistry: o.snapshotRegistry, SnapshotPushConfig: o.snapshotPushConfig, SnapshotScratchDir: o.snapshotScratchDir, SnapshotRepositories: o.snapshotRepositories,
 		HotSlots: o.hotBudget, HotImages: o.hotImages, HotMixWindow: o.hotMixWindow, HotMixHalfLife: o.hotMixHalfLife,
-	})
+	}
+	if dns != nil {
+		cfg.DNS = dns
+	}
+	rt, err := rtcontainerd.New(ctx, cfg)
 	if err != nil {
 		client.Close()
 		return nil, nil, err
 	}
 	return client, rt, nil
+}
+
+// startResolver opens the sandbox DNS resolver (--dns-listen) and serves
+// it until ctx ends. Its upstreams are --dns-upstream, or the node's
+// resolv.conf nameservers.
+func startResolver(ctx context.Context, o options, log *slog.Logger) (*sandboxdns.Server, error) {
+	var upstreams []string
+	for u := range strings.SplitSeq(o.dnsUpstream, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			upstreams = append(upstreams, u)
+		}
+	}
+	if len(upstreams) == 0 {
+		b, err := os.ReadFile("/etc/resolv.conf")
+		if err != nil {
+			return nil, fmt.Errorf("--dns-upstream not given and the node's resolv.conf unreadable: %w", err)
+		}
+		for line := range strings.SplitSeq(string(b), "\n") {
+			if f := strings.Fields(line); len(f) >= 2 && f[0] == "nameserver" {
+				upstreams = append(upstreams, f[1])
+			}
+		}
+		if len(upstreams) == 0 {
+			return nil, errors.New("--dns-upstream not given and /etc/resolv.conf names no nameserver: give the DNS servers sandbox names resolve through, or --dns-listen= for no resolver")
+		}
+	}
+	dns, err := sandboxdns.New(sandboxdns.Config{Listen: o.dnsListen, Upstreams: upstreams, Logger: log.With("subsystem", "sandboxdns")})
+	if err != nil {
+		return nil, fmt.Errorf("--dns-listen, --dns-upstream: %w", err)
+	}
+	go func() {
+		if err := dns.Run(ctx); err != nil {
+			log.Error("sandbox DNS resolver", "err", err)
+		}
+	}()
+	log.Info("sandbox DNS resolver", "port", dns.Port(), "upstreams", upstreams)
+	return dns, nil
 }
 
 // installBinary copies a binary from the agent's image (the daemon, runc)

@@ -170,6 +170,10 @@ type Config struct {
 	// without it, the open ports take connections from anywhere the
 	// network routes.
 	Policies PolicySource
+	// DNS is the node's resolver for pods that allow names
+	// (BindRequest.EgressDomains; runtime/sandboxdns.Server); nil: such
+	// pods are refused.
+	DNS DomainResolver
 	// NoFirewall leaves slot namespaces without rules: a sandbox then
 	// reaches everything the node does (other sandboxes, the node, the
 	// cluster, metadata addresses). Unsafe; for kernels without nf_tables.
@@ -183,6 +187,16 @@ type Config struct {
 	// Clock tells the time and times retries, polls and the refill and
 	// disk-check tickers (default clock.RealClock).
 	Clock clock.WithTicker
+}
+
+// DomainResolver is the node's DNS resolver for sandboxes whose pods
+// allow names (runtime/sandboxdns.Server): a sandbox's DNS is sent to its
+// Port on the node, and it answers the sandbox registered at src only
+// for names, pinning the addresses it answers with pin.
+type DomainResolver interface {
+	Port() uint16
+	Register(src netip.Addr, names []string, pin func(addrs []netip.Addr, ttl time.Duration) error) error
+	Unregister(src netip.Addr)
 }
 
 // DefaultShimGroupSize is Config.ShimGroupSize's default: 16 slots share a

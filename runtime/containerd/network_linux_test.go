@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
 
@@ -22,15 +23,27 @@ func TestPolicyEgress(t *testing.T) {
 		proxy     = "10.96.0.10"   // the pool's exception, in a denied range
 		public    = "203.0.113.5"  // the pod's listed network
 		elsewhere = "198.51.100.7" // another public address
+		gateway   = "10.88.0.1"    // the node on the slot network
+		resolver  = gateway        // on fakeResolver's port
 	)
 	type reach map[string]bool
 	for _, tc := range []struct {
-		name         string
-		internet     bool
-		egress, deny []string
-		refused      string // "": accepted
-		want         reach
+		name                  string
+		internet, noDNS       bool
+		egress, deny, domains []string
+		refused               string // "": accepted
+		want                  reach
 	}{
+		// The resolver's addresses are the node's: reachable on its port
+		// alone; what names resolve to is pinned at run time, not here.
+		{name: "names", internet: true, domains: []string{"api.example.com"},
+			want: reach{proxy: true, public: false, elsewhere: false, resolver: true}},
+		{name: "names beside a list", internet: true, egress: []string{"203.0.113.0/24"}, domains: []string{"api.example.com"},
+			want: reach{proxy: true, public: true, elsewhere: false, resolver: true}},
+		{name: "names, denied", internet: true, domains: []string{"api.example.com"}, deny: []string{"0.0.0.0/0"},
+			want: reach{proxy: false, public: false, resolver: true}},
+		{name: "names on a pool without egress", domains: []string{"api.example.com"}, refused: "no internet egress"},
+		{name: "names on a node without a resolver", internet: true, noDNS: true, domains: []string{"api.example.com"}, refused: "--dns-listen"},
 		{name: "pool without egress", want: reach{proxy: true, public: false, elsewhere: false}},
 		{name: "pool with egress", internet: true, want: reach{proxy: true, public: true, elsewhere: true}},
 		{name: "narrowed", internet: true, egress: []string{"203.0.113.0/24"}, want: reach{proxy: true, public: true, elsewhere: false}},
@@ -46,10 +59,13 @@ func TestPolicyEgress(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := &Runtime{cfg: Config{EgressInternet: tc.internet, EgressAllow: []netip.Prefix{netip.MustParsePrefix(proxy + "/32")}},
-				deny: sandboxnet.SpecialRanges}
+				deny: sandboxnet.SpecialRanges, routeSrc: func(netip.Addr) (netip.Addr, error) { return netip.MustParseAddr(gateway), nil }}
+			if !tc.noDNS {
+				r.cfg.DNS = fakeResolver{}
+			}
 			req := runtime.BindRequest{Pod: runtime.PodRef{UID: "u1", Namespace: "ns", Name: "p"},
-				Containers: []runtime.ContainerSpec{{Name: "main", Image: "img"}}, Egress: tc.egress, EgressDeny: tc.deny}
-			p, err := r.policy(&req)
+				Containers: []runtime.ContainerSpec{{Name: "main", Image: "img"}}, Egress: tc.egress, EgressDeny: tc.deny, EgressDomains: tc.domains}
+			p, err := r.policy(&req, "10.88.0.5")
 			if tc.refused != "" {
 				if err == nil || !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), tc.refused) {
 					t.Fatalf("policy: %v, want InvalidArgument saying %q", err, tc.refused)
@@ -60,18 +76,34 @@ func TestPolicyEgress(t *testing.T) {
 				t.Fatalf("policy: %v", err)
 			}
 			// What a NetworkPolicy change writes again is the same policy.
-			again, err := r.policy(firewallRequest(req))
+			again, err := r.policy(firewallRequest(req), "10.88.0.5")
 			if err != nil {
 				t.Fatalf("policy of the kept request: %v", err)
 			}
-			if !slices.Equal(p.PodDeny, again.PodDeny) || !slices.Equal(p.Only, again.Only) {
-				t.Errorf("the kept request's policy denies %v and narrows to %v, want %v and %v", again.PodDeny, again.Only, p.PodDeny, p.Only)
+			if !slices.Equal(p.PodDeny, again.PodDeny) || !slices.Equal(p.Only, again.Only) || p.Resolver != again.Resolver || p.ResolvedSet != again.ResolvedSet {
+				t.Errorf("the kept request's policy denies %v, narrows to %v, resolves at %v; want %v, %v, %v", again.PodDeny, again.Only, again.Resolver, p.PodDeny, p.Only, p.Resolver)
+			}
+			if len(tc.domains) > 0 && p.ResolvedSet != "resolved_u1" {
+				t.Errorf("pinned addresses go to set %q, want resolved_u1", p.ResolvedSet)
 			}
 			for addr, want := range tc.want {
-				if got := p.Reaches(netip.MustParseAddr(addr), "TCP", 443); got != want {
-					t.Errorf("reaches %s: %v, want %v", addr, got, want)
+				port := uint16(443)
+				if addr == resolver {
+					port = 5300
+				}
+				if got := p.Reaches(netip.MustParseAddr(addr), "UDP", port); got != want {
+					t.Errorf("reaches %s:%d: %v, want %v", addr, port, got, want)
 				}
 			}
 		})
 	}
 }
+
+// fakeResolver is a node resolver on port 5300 that forgets what it is told.
+type fakeResolver struct{}
+
+func (fakeResolver) Port() uint16 { return 5300 }
+func (fakeResolver) Register(netip.Addr, []string, func([]netip.Addr, time.Duration) error) error {
+	return nil
+}
+func (fakeResolver) Unregister(netip.Addr) {}

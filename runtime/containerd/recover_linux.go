@@ -79,7 +79,7 @@ func (r *Runtime) recover(ctx context.Context) error {
 		meta, err := readMeta(dir)
 		// A warm slot of an older agent gets today's firewall.
 		if err == nil && meta.ID == id && meta.IP != "" && netnsMounted(meta.NetNS) && len(r.slots) < r.cfg.Slots &&
-			firewallOK(r.firewall(meta.NetNS, nil, false)) && allowLowPorts(meta.NetNS) == nil {
+			firewallOK(r.firewall(meta.NetNS, meta.IP, nil, false)) && allowLowPorts(meta.NetNS) == nil {
 			r.mu.Lock()
 			group := r.joinGroupLocked()
 			r.mu.Unlock()

@@ -47,6 +47,8 @@ type Runtime struct {
 	// self are the node's addresses; deny is what no sandbox reaches
 	// (sandboxnet.SpecialRanges, Config.EgressDeny, self).
 	self, deny []netip.Prefix
+	// routeSrc is the node's address towards a slot's (where its DNS goes).
+	routeSrc func(netip.Addr) (netip.Addr, error)
 	// cpus hands out exclusive cores (guarded by mu).
 	cpus *cpuSets
 	// kick wakes the refiller.
@@ -105,8 +107,8 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		health: &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}},
 		kick:   make(chan struct{}, 1), metrics: newMetrics(cfg.Node),
 		slots: map[string]*slot{}, byPod: map[string]*slot{}, groups: map[string]*shimGroup{},
-		self: nodeAddrs(),
-		mix:  hotMix{window: cfg.HotMixWindow, halfLife: cfg.HotMixHalfLife},
+		self: nodeAddrs(), routeSrc: routeSrc,
+		mix: hotMix{window: cfg.HotMixWindow, halfLife: cfg.HotMixHalfLife},
 	}
 	r.deny = slices.Concat(sandboxnet.SpecialRanges, cfg.EgressDeny, r.self)
 	r.life, r.endLife = context.WithCancel(r.nsCtx(context.Background()))
@@ -372,6 +374,7 @@ func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Sl
 		r.metrics.failures.WithLabelValues(reason).Inc()
 		r.log.Warn("bind failed", "pod", req.Pod.Namespace+"/"+req.Pod.Name, "slot", s.ID, "reason", reason, "err", err)
 		cleanupErr := r.removeContainers(context.WithoutCancel(ctx), s, 0)
+		r.forgetNames(s)
 		var ids []string
 		for _, c := range req.Containers {
 			ids = append(ids, s.ID+"-"+c.Name)
@@ -893,12 +896,13 @@ func (r *Runtime) Release(ctx context.Context, uid string, grace time.Duration) 
 	r.mu.Unlock()
 	begin := time.Now()
 	err := r.removeContainers(ctx, s, grace)
+	r.forgetNames(s)
 	// Back to the base firewall now, so the next bind only adds to it (a
 	// reset waits for a kernel grace period: here, not on a bind).
 	clean := false
 	if err == nil {
 		var ferr error
-		if clean, ferr = r.firewall(s.netns.GetPath(), nil, false); ferr != nil {
+		if clean, ferr = r.firewall(s.netns.GetPath(), s.IP, nil, false); ferr != nil {
 			r.log.Warn("reset the firewall of a released slot", "slot", s.ID, "err", ferr)
 		}
 	}

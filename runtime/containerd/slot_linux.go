@@ -143,7 +143,7 @@ func (r *Runtime) makeSlot(ctx context.Context) (s *slot, retErr error) {
 	if ip == "" {
 		return nil, fmt.Errorf("slot %s: CNI gave no address", id)
 	}
-	if _, err := r.firewall(ns.GetPath(), nil, false); err != nil {
+	if _, err := r.firewall(ns.GetPath(), ip, nil, false); err != nil {
 		return nil, fmt.Errorf("slot %s: %w", id, err)
 	}
 	if err := allowLowPorts(ns.GetPath()); err != nil {

@@ -19,7 +19,7 @@ import (
 
 // Pinner lets the sandbox reach addrs for ttl (it adds them, with that
 // timeout, to the sandbox's firewall set): sandboxnet.Pin on the node.
-type Pinner func(addrs []netip.Addr, ttl time.Duration) error
+type Pinner = func(addrs []netip.Addr, ttl time.Duration) error
 
 // Config configures a Server.
 type Config struct {

@@ -15,7 +15,10 @@
 // exceptions: a proxy, DNS) passes; Deny (private, link-local and special
 // ranges, the node's own addresses, the cluster's ranges) is rejected;
 // then, if the pool allows no internet, everything else is rejected; else,
-// if the pod narrowed its egress (Only), only those prefixes pass. IPv6 is rejected but for the loopback. Ingress:
+// if the pod narrowed its egress (Only, or names: a Resolver), only those
+// prefixes and the addresses the node's resolver answered its names with
+// (Pin, each for its TTL) pass; such a pod's DNS, to any address, is
+// redirected to that resolver, the one node address it reaches. IPv6 is rejected but for the loopback. Ingress:
 // the loopback, replies, ICMP and the listed TCP and UDP ports pass;
 // everything else is rejected.
 package sandboxnet

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"sync"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -18,7 +20,14 @@ const tableName = "sandman"
 // one netlink batch. Replacing deletes the old table, and a deletion waits
 // for an RCU grace period in the kernel (~13 ms here): on a bind, AddPod on
 // a slot reset to its base is what runs.
+//
+// The addresses pinned in p.ResolvedSet, if it is there, stay pinned for
+// what is left of their timeouts.
 func Apply(nsPath string, p Policy) error {
+	var pinned []nftables.SetElement
+	if p.ResolvedSet != "" {
+		pinned = pinnedAddrs(nsPath, p.ResolvedSet)
+	}
 	return batch(nsPath, func(b *builder) {
 		b.self = p.Self
 		// Add then delete: deleting a table that is not there fails the batch.
@@ -26,8 +35,40 @@ func Apply(nsPath string, p Policy) error {
 		b.c.DelTable(b.t)
 		b.c.AddTable(b.t)
 		b.base(p)
-		b.pod(p)
+		set := b.pod(p)
+		if set != nil && len(pinned) > 0 {
+			b.fail(b.c.SetAddElements(set, pinned))
+		}
 	})
+}
+
+// pinnedAddrs are the elements of set in the namespace at nsPath, each
+// with what is left of its timeout (none when the set is not there).
+func pinnedAddrs(nsPath, set string) []nftables.SetElement {
+	ns, err := os.Open(nsPath)
+	if err != nil {
+		return nil
+	}
+	defer ns.Close()
+	c, err := nftables.New(nftables.WithNetNSFd(int(ns.Fd())))
+	if err != nil {
+		return nil
+	}
+	s, err := c.GetSetByName(&nftables.Table{Name: tableName, Family: nftables.TableFamilyINet}, set)
+	if err != nil {
+		return nil
+	}
+	elems, err := c.GetSetElements(s)
+	if err != nil {
+		return nil
+	}
+	var out []nftables.SetElement
+	for _, e := range elems {
+		if e.Expires > 0 {
+			out = append(out, nftables.SetElement{Key: e.Key, Timeout: e.Expires})
+		}
+	}
+	return out
 }
 
 // Reset replaces the firewall at nsPath with p's base: what a slot without
@@ -57,7 +98,11 @@ func batch(nsPath string, write func(*builder)) error {
 	if err != nil {
 		return fmt.Errorf("sandbox firewall: %w", err)
 	}
-	write(&builder{c: c, t: &nftables.Table{Name: tableName, Family: nftables.TableFamilyINet}})
+	b := &builder{c: c, t: &nftables.Table{Name: tableName, Family: nftables.TableFamilyINet}}
+	write(b)
+	if b.err != nil {
+		return fmt.Errorf("sandbox firewall: %w", b.err)
+	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("sandbox firewall: write the rules: %w", err)
 	}
@@ -68,10 +113,18 @@ func batch(nsPath string, write func(*builder)) error {
 // slot, has a place for each part a pod adds:
 //
 //	egress (output hook): lo, replies, IPv6 → pod_out → pool
-//	pod_out: [the pod's PodDeny: reject]; [the pod's EgressTo: a matching peer
-//	  and port jumps to pool; reject]
+//	pod_out: [the Resolver's port: accept]; [the pod's PodDeny: reject];
+//	  [the pod's EgressTo: a matching peer and port jumps to pool; reject]
 //	pool: Allow, Deny, [no internet: reject] → pod_only, accept (every path a verdict)
-//	pod_only: [the pod's Only: accept those; reject]
+//	pod_only: [the pod's Only, and with a Resolver its ResolvedSet: accept
+//	  those; reject]
+//
+// With a Resolver the pod also brings the set ResolvedSet and two NAT
+// chains: dns (output hook) sends port 53 to the resolver, and dns_src
+// (postrouting) gives what was sent from the loopback (an image whose
+// resolv.conf names no server asks 127.0.0.1) the slot's address, which
+// the resolver knows the sandbox by.
+//
 //	ingress (input hook): lo, replies, ICMP → ports, reject
 //	ports: the node's addresses to the first daemon; [the pod's ports: accept,
 //	  or → from when IngressFrom narrows]
@@ -83,6 +136,14 @@ type builder struct {
 	t      *nftables.Table
 	self   []netip.Prefix
 	chains int
+	// err is the first error of a message the batch could not be given.
+	err error
+}
+
+func (b *builder) fail(err error) {
+	if b.err == nil {
+		b.err = err
+	}
 }
 
 func (b *builder) chain(name string, hook *nftables.ChainHook) *nftables.Chain {
@@ -138,9 +199,14 @@ func (b *builder) selfRules(ch *nftables.Chain, ports []uint16) {
 	}
 }
 
-// pod adds what the bound pod brings to the base's chains.
-func (b *builder) pod(p Policy) {
+// pod adds what the bound pod brings to the base's chains; it returns
+// the set of its pinned addresses, if it has one.
+func (b *builder) pod(p Policy) *nftables.Set {
 	podOut := b.existing("pod_out")
+	var resolved *nftables.Set
+	if p.Resolver.IsValid() {
+		resolved = b.resolver(podOut, p)
+	}
 	// Before EgressTo and the pool's chain: the pod's own deny wins over
 	// the pool's Allow.
 	for _, d := range p.PodDeny {
@@ -150,10 +216,14 @@ func (b *builder) pod(p Policy) {
 		b.peerRules(podOut, p.EgressTo, daddrOffset, jump(expr.VerdictJump, "pool"))
 		b.rule(podOut, reject())
 	}
-	if p.Internet && len(p.Only) > 0 {
+	if p.Internet && (len(p.Only) > 0 || resolved != nil) {
 		only := b.existing("pod_only")
 		for _, o := range p.Only {
 			b.rule(only, nfproto(unix.NFPROTO_IPV4), addrMatch(daddrOffset, o), verdict(expr.VerdictAccept))
+		}
+		if resolved != nil {
+			b.rule(only, nfproto(unix.NFPROTO_IPV4), loadAddr(daddrOffset),
+				[]expr.Any{&expr.Lookup{SourceRegister: 1, SetName: resolved.Name, SetID: resolved.ID}}, verdict(expr.VerdictAccept))
 		}
 		b.rule(only, reject())
 	}
@@ -176,6 +246,80 @@ func (b *builder) pod(p Policy) {
 	for _, port := range p.UDPPorts {
 		b.rule(ports, l4proto(unix.IPPROTO_UDP), dport(port, 0), open)
 	}
+	return resolved
+}
+
+// resolver adds what a pod whose names resolve through the node's
+// resolver brings: its port reachable (first in pod_out: the pod asked
+// for it, and nothing but DNS goes there), port 53 redirected to it, and
+// the set its answers are pinned into.
+func (b *builder) resolver(podOut *nftables.Chain, p Policy) *nftables.Set {
+	addr := p.Resolver.Addr().As4()
+	port := binary.BigEndian.AppendUint16(nil, p.Resolver.Port())
+	to := netip.PrefixFrom(p.Resolver.Addr(), 32)
+	for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+		b.rule(podOut, nfproto(unix.NFPROTO_IPV4), addrMatch(daddrOffset, to), l4proto(proto), dport(p.Resolver.Port(), 0), verdict(expr.VerdictAccept))
+	}
+	dns := b.natChain("dns", nftables.ChainHookOutput, nftables.ChainPriorityNATDest)
+	for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+		b.rule(dns, nfproto(unix.NFPROTO_IPV4), l4proto(proto), dport(53, 0), []expr.Any{
+			&expr.Immediate{Register: 1, Data: addr[:]},
+			&expr.Immediate{Register: 2, Data: port},
+			&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegProtoMin: 2, Specified: true},
+		})
+	}
+	src := b.natChain("dns_src", nftables.ChainHookPostrouting, nftables.ChainPriorityNATSource)
+	b.rule(src, nfproto(unix.NFPROTO_IPV4), addrMatch(saddrOffset, netip.MustParsePrefix("127.0.0.0/8")),
+		ifnameNot(expr.MetaKeyOIFNAME, "lo"), []expr.Any{&expr.Masq{}})
+	set := &nftables.Set{Table: b.t, Name: p.ResolvedSet, KeyType: nftables.TypeIPAddr, HasTimeout: true}
+	b.fail(b.c.AddSet(set, nil))
+	return set
+}
+
+func (b *builder) natChain(name string, hook *nftables.ChainHook, prio *nftables.ChainPriority) *nftables.Chain {
+	accept := nftables.ChainPolicyAccept
+	return b.c.AddChain(&nftables.Chain{Name: name, Table: b.t, Type: nftables.ChainTypeNAT, Hooknum: hook, Priority: prio, Policy: &accept})
+}
+
+// addUpdatesTimeout: adding an element that is there gives it the new
+// timeout (Linux 6.12 and later; before, the add changes nothing).
+var addUpdatesTimeout = sync.OnceValue(func() bool {
+	var u unix.Utsname
+	if unix.Uname(&u) != nil {
+		return false
+	}
+	var major, minor int
+	_, err := fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &major, &minor)
+	return err == nil && (major > 6 || major == 6 && minor >= 12)
+})
+
+// Pin lets the sandbox at nsPath reach addrs for ttl: elements of its set
+// (Policy.ResolvedSet) that lapse after it. An address already there gets
+// the new timeout: on Linux 6.12 and later by adding it again (~0.2 ms);
+// before, by deleting and adding it in the same batch, which the sandbox
+// sees at once but which waits for a kernel grace period (~15 ms). A set
+// that is not there (the pod was released) fails.
+func Pin(nsPath, set string, addrs []netip.Addr, ttl time.Duration) error {
+	var elems []nftables.SetElement
+	for _, a := range addrs {
+		if a = a.Unmap(); a.Is4() {
+			k := a.As4()
+			elems = append(elems, nftables.SetElement{Key: k[:], Timeout: ttl})
+		}
+	}
+	if len(elems) == 0 {
+		return nil
+	}
+	return batch(nsPath, func(b *builder) {
+		s := &nftables.Set{Table: b.t, Name: set, KeyType: nftables.TypeIPAddr, HasTimeout: true}
+		b.fail(b.c.SetAddElements(s, elems))
+		if !addUpdatesTimeout() {
+			// Added (a no-op if there), deleted, added with the new
+			// timeout: a deletion waits for a kernel grace period.
+			b.fail(b.c.SetDeleteElements(s, elems))
+			b.fail(b.c.SetAddElements(s, elems))
+		}
+	})
 }
 
 // peerRules writes into ch, for every rule, peer and port, a match on the
@@ -269,6 +413,12 @@ func ifname(key expr.MetaKey, name string) []expr.Any {
 	}
 }
 
+func ifnameNot(key expr.MetaKey, name string) []expr.Any {
+	e := ifname(key, name)
+	e[1].(*expr.Cmp).Op = expr.CmpOpNeq
+	return e
+}
+
 func ctReplies() []expr.Any {
 	mask := make([]byte, 4)
 	binary.NativeEndian.PutUint32(mask, expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED)
@@ -298,6 +448,11 @@ const (
 	saddrOffset = 12
 	daddrOffset = 16
 )
+
+// loadAddr loads the IPv4 address at offset into register 1.
+func loadAddr(offset uint32) []expr.Any {
+	return []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4}}
+}
 
 // addrMatch matches the IPv4 address at offset against prefix.
 func addrMatch(offset uint32, prefix netip.Prefix) []expr.Any {

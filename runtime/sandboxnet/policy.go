@@ -23,6 +23,13 @@ type Policy struct {
 	// Only, when set, narrows internet egress to these prefixes (the pod's
 	// sandman.io/egress).
 	Only []netip.Prefix
+	// Resolver, when valid, is the node's DNS resolver for the pod's
+	// allowed names (runtime/sandboxdns; Internet must be set): the
+	// sandbox's DNS, UDP and TCP port 53 to any address, goes to it, the
+	// only one of the node's addresses the sandbox reaches; and beside
+	// Only, the addresses it pinned (Pin) into the set ResolvedSet pass.
+	Resolver    netip.AddrPort
+	ResolvedSet string
 	// PodDeny are never reachable, whatever else says, Allow included
 	// (the pod's sandman.io/egress-deny; sandman.io/egress: none is
 	// 0.0.0.0/0): the pod's own narrowing, so it wins over the pool's
@@ -145,6 +152,9 @@ func mustPrefixes(s ...string) []netip.Prefix {
 // Reaches reports whether the policy lets the sandbox open a connection to
 // addr:port over proto (what the rules do, for tests and explanations).
 func (p Policy) Reaches(addr netip.Addr, proto string, port uint16) bool {
+	if p.Resolver.IsValid() && addr == p.Resolver.Addr() && port == p.Resolver.Port() {
+		return true
+	}
 	if !addr.Is4() || containsAny(p.PodDeny, addr) {
 		return false
 	}
@@ -156,7 +166,8 @@ func (p Policy) Reaches(addr netip.Addr, proto string, port uint16) bool {
 		return true
 	case containsAny(p.Deny, addr), !p.Internet:
 		return false
-	case len(p.Only) > 0:
+	case len(p.Only) > 0 || p.Resolver.IsValid():
+		// The resolver's pinned addresses are not known here.
 		return containsAny(p.Only, addr)
 	}
 	return true
