@@ -10,14 +10,18 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/net/dns/dnsmessage"
 
 	"github.com/sandman-dev/sandman/daemon/api"
 	"github.com/sandman-dev/sandman/e2e/framework"
 	"github.com/sandman-dev/sandman/runtime"
 	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
 	"github.com/sandman-dev/sandman/runtime/runtimetest"
+	"github.com/sandman-dev/sandman/runtime/sandboxdns"
 )
 
 // connectScript tries a TCP connection to each host:port argument and
@@ -210,4 +214,212 @@ func TestRootSandboxFirewall(t *testing.T) {
 		}
 		return err == nil, nil
 	})
+}
+
+// resolveScript resolves each name argument (IPv4) and prints "name
+// address" or "name <error>", one line each.
+const resolveScript = `
+import socket, sys
+for name in sys.argv[1:]:
+    try:
+        print(name, socket.gethostbyname(name))
+    except Exception as e:
+        print(name, type(e).__name__)
+`
+
+// askScript sends a DNS query for argv[2] (type A) to argv[1]:53 over UDP
+// and prints the answer's rcode, or the error's name.
+const askScript = `
+import socket, struct, sys
+server, name = sys.argv[1], sys.argv[2]
+q = struct.pack(">HHHHHH", 0x1234, 0x0100, 1, 0, 0, 0)
+q += b"".join(bytes([len(l)]) + l.encode() for l in name.split(".")) + b"\0" + struct.pack(">HH", 1, 1)
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(3)
+try:
+    s.sendto(q, (server, 53))
+    r = s.recv(4096)
+    print("rcode", r[3] & 15)
+except Exception as e:
+    print(type(e).__name__)
+`
+
+// costScript times argv[2] connections to argv[1] (host:port, a name
+// resolved afresh each time, or an address) and prints the p50 in ms.
+const costScript = `
+import socket, sys, time
+host, port = sys.argv[1].rsplit(":", 1)
+times = []
+for _ in range(int(sys.argv[2])):
+    t = time.perf_counter()
+    socket.create_connection((host, int(port)), timeout=3).close()
+    times.append((time.perf_counter() - t) * 1000)
+times.sort()
+print("p50 %.3f" % times[len(times) // 2])
+`
+
+// testDNS is a DNS server in the test process answering A queries from
+// a map (TTL 1 s), NXDOMAIN for other names; it returns its address.
+type testDNS struct {
+	mu    sync.Mutex
+	names map[string]string
+}
+
+func (d *testDNS) set(name, addr string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.names[name] = addr
+}
+
+func (d *testDNS) serve(t *testing.T, addr string) string {
+	t.Helper()
+	pc, err := net.ListenPacket("udp4", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			var m dnsmessage.Message
+			if m.Unpack(buf[:n]) != nil || len(m.Questions) != 1 {
+				continue
+			}
+			m.Response, m.RecursionAvailable = true, true
+			q := m.Questions[0]
+			d.mu.Lock()
+			a, ok := d.names[strings.TrimSuffix(strings.ToLower(q.Name.String()), ".")]
+			d.mu.Unlock()
+			switch {
+			case !ok:
+				m.RCode = dnsmessage.RCodeNameError
+			case q.Type == dnsmessage.TypeA:
+				m.Answers = []dnsmessage.Resource{{Header: dnsmessage.ResourceHeader{Name: q.Name, Type: dnsmessage.TypeA, Class: dnsmessage.ClassINET, TTL: 1},
+					Body: &dnsmessage.AResource{A: netip.MustParseAddr(a).As4()}}}
+			}
+			if b, err := m.Pack(); err == nil {
+				_, _ = pc.WriteTo(b, from)
+			}
+		}
+	}()
+	return pc.LocalAddr().String()
+}
+
+// TestRootSandboxDomains: a pod that allows a name (sandman.io/egress-
+// domains) resolves it through the node's resolver, whatever server it
+// asks, reaches what it resolves to and no other public address, cannot
+// resolve other names (REFUSED, even from a server of its choosing that
+// would answer), and follows the name when its address changes. It logs
+// the cost: the p50 of a connection to the name (resolved each time) vs
+// to an address on a pod's egress list.
+func TestRootSandboxDomains(t *testing.T) {
+	s := framework.Get(t)
+	ctx := t.Context()
+	const first, second, never = "203.0.113.80", "203.0.113.81", "203.0.113.82"
+	upstream := &testDNS{names: map[string]string{"allowed.test": first, "other.test": never}}
+	upAddr := upstream.serve(t, "127.0.0.1:0")
+	resolver, err := sandboxdns.New(sandboxdns.Config{Upstreams: []string{upAddr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(context.Background())
+	resolved := make(chan error, 1)
+	go func() { resolved <- resolver.Run(rctx) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-resolved; err != nil {
+			t.Errorf("resolver: %v", err)
+		}
+	})
+	rt := newContainerdRuntime(t, s, 4, 2, func(c *rtcontainerd.Config) {
+		c.EgressInternet = true
+		c.DNS = resolver
+	})
+	ports := map[string]string{}
+	for _, a := range []string{first, second, never} {
+		ports[a] = publicListener(t, a)
+	}
+	// A server of the sandbox's choosing, on a public address, that would
+	// say other.test is the never-resolved address.
+	rogue := &testDNS{names: map[string]string{"other.test": never}}
+	rogue.serve(t, never+":53")
+
+	bind := func(uid string, mutate func(*runtime.BindRequest)) runtime.Slot {
+		req := runtimetest.Request(uid, s.DebianImage)
+		mutate(&req)
+		slot, err := rt.Bind(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = rt.Release(context.Background(), uid, 0) })
+		framework.Eventually(t, time.Minute, uid+" to be assigned", func(ctx context.Context) (bool, error) {
+			_, err := sandboxExec(ctx, slot, runtimetest.Token, "true")
+			return err == nil, nil
+		})
+		return slot
+	}
+	run := func(slot runtime.Slot, script string, args ...string) map[string]string {
+		t.Helper()
+		out, err := sandboxExec(ctx, slot, runtimetest.Token, append([]string{"python3", "-c", script}, args...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]string{}
+		for line := range strings.SplitSeq(strings.TrimSpace(out), "\n") {
+			k, v, _ := strings.Cut(line, " ")
+			got[k] = v
+		}
+		return got
+	}
+
+	named := bind("dns-named", func(r *runtime.BindRequest) { r.EgressDomains = []string{"allowed.test"} })
+	if out, err := sandboxExec(ctx, named, runtimetest.Token, "cat", "/etc/resolv.conf"); err == nil {
+		t.Logf("the image's resolv.conf: %q", out)
+	}
+	got := run(named, resolveScript, "allowed.test", "other.test")
+	t.Logf("resolved: %v", got)
+	if got["allowed.test"] != first {
+		t.Errorf("allowed.test resolved to %q, want %s", got["allowed.test"], first)
+	}
+	if got["other.test"] != "gaierror" {
+		t.Errorf("other.test, not allowed, resolved to %q, want an error", got["other.test"])
+	}
+	got = connectFrom(t, named, "allowed.test:"+ports[first], never+":"+ports[never])
+	if got["allowed.test:"+ports[first]] != "ok" {
+		t.Errorf("a pod that allows allowed.test could not reach it: %q", got["allowed.test:"+ports[first]])
+	}
+	if got[never+":"+ports[never]] == "ok" || got[never+":"+ports[never]] == "" {
+		t.Errorf("a pod that allows only allowed.test reached %s, which nothing resolved to: %q", never, got[never+":"+ports[never]])
+	}
+	// Asking another server goes to the node's resolver all the same: one
+	// on a public address that would answer, or the loopback (what an
+	// image without a nameserver asks).
+	if got := run(named, askScript, never, "other.test"); got["rcode"] != "5" {
+		t.Errorf("a query for other.test sent to %s:53 got %v, want the node resolver's REFUSED (rcode 5)", never, got)
+	}
+	if got := run(named, askScript, "127.0.0.1", "allowed.test"); got["rcode"] != "0" {
+		t.Errorf("a query for allowed.test sent to 127.0.0.1:53 got %v, want the node resolver's answer (rcode 0)", got)
+	}
+
+	// The name moves: once the sandbox resolves it again (its TTL is 1 s),
+	// the new address is reachable.
+	upstream.set("allowed.test", second)
+	framework.Eventually(t, 30*time.Second, "allowed.test to resolve to "+second, func(ctx context.Context) (bool, error) {
+		return run(named, resolveScript, "allowed.test")["allowed.test"] == second, nil
+	})
+	if got := connectFrom(t, named, "allowed.test:"+ports[second]); got["allowed.test:"+ports[second]] != "ok" {
+		t.Errorf("after allowed.test moved to %s the pod could not reach it: %q", second, got["allowed.test:"+ports[second]])
+	}
+
+	// The cost of a name: a connection that resolves it first, vs one to
+	// an address on the pod's egress list.
+	listed := bind("dns-listed", func(r *runtime.BindRequest) { r.Egress = []string{second + "/32"} })
+	const tries = "20"
+	byName := run(named, costScript, "allowed.test:"+ports[second], tries)
+	byAddr := run(listed, costScript, second+":"+ports[second], tries)
+	t.Logf("connection p50 over %s tries: to allowed.test (resolved each time) %s ms, to %s on the egress list %s ms", tries, byName["p50"], second, byAddr["p50"])
 }
