@@ -786,6 +786,17 @@ func (d *deployed) gateway(t *testing.T) {
 		dep, err := s.Kube.AppsV1().Deployments(deployNS).Get(ctx, "sandman-gateway", metav1.GetOptions{})
 		return err == nil && dep.Status.AvailableReplicas >= 1, nil
 	})
+	// The gateway's pod rights in the trainers' namespace, as an operator
+	// grants them (deploy/base/gateway.yaml): nothing binds them
+	// cluster-wide.
+	grant := &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "sandman-gateway", Namespace: d.ns},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "sandman-gateway-tenant"},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: "sandman-gateway", Namespace: deployNS}},
+	}
+	if _, err := s.Kube.RbacV1().RoleBindings(d.ns).Create(ctx, grant, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	key := "e2b_" + rand.String(32)
 	sum := sha256.Sum256([]byte(key))
 	entry, _ := json.Marshal(map[string]string{"sha256": hex.EncodeToString(sum[:]), "namespace": d.ns, "pool": deployPool})

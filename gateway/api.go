@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // headerAPIKey carries the API key (the SDK sends X-API-KEY; header names
@@ -260,8 +261,11 @@ func (g *Gateway) create(ctx context.Context, key Key, req *newSandbox, defTimeo
 			return nil, err
 		}
 	}
-	if g.cfg.Namespace != "" && key.Namespace != g.cfg.Namespace {
-		return nil, fmt.Errorf("API key %s: its namespace %s is not the one the gateway watches (%s): fix the key or the gateway's namespace setting", key.Name, key.Namespace, g.cfg.Namespace)
+	if !g.pods.watches(key.Namespace) {
+		return nil, fmt.Errorf("API key %s: its namespace %s is not one the gateway watches (%v): fix the key or the gateway's --namespaces", key.Name, key.Namespace, g.pods.namespaces())
+	}
+	if err := g.waitSynced(ctx, key.Namespace); err != nil {
+		return nil, err
 	}
 	pods := g.cfg.Client.CoreV1().Pods(key.Namespace)
 	var created *corev1.Pod
@@ -313,6 +317,24 @@ func (g *Gateway) create(ctx context.Context, key Key, req *newSandbox, defTimeo
 	}, nil
 }
 
+// namespaceSyncWait is how long a create waits for the first list of a
+// namespace the gateway has just begun to watch (a key added a moment
+// ago).
+const namespaceSyncWait = 5 * time.Second
+
+// waitSynced waits, up to namespaceSyncWait, for the gateway to have
+// listed the sandbox pods of namespace: a create there waits for its pod
+// through that watch.
+func (g *Gateway) waitSynced(ctx context.Context, namespace string) error {
+	err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, namespaceSyncWait, true, func(context.Context) (bool, error) {
+		return g.pods.synced(namespace), nil
+	})
+	if err != nil && ctx.Err() == nil {
+		return errorf(errdefs.ErrUnavailable, "the gateway cannot list sandbox pods in namespace %s (does it have its role there? see docs/e2b.md): retry later", namespace)
+	}
+	return err
+}
+
 func (g *Gateway) deletePod(ctx context.Context, pod *corev1.Pod) error {
 	zero := int64(0)
 	uid := pod.UID
@@ -333,10 +355,9 @@ func (g *Gateway) waitReady(ctx context.Context, created *corev1.Pod) (*corev1.P
 	defer timer.Stop()
 	last, seen := created, false
 	for {
-		obj, ok, _ := g.pods.GetIndexer().GetByKey(key)
-		pod, _ := obj.(*corev1.Pod)
+		pod, ok := g.pods.get(created.Namespace, created.Name)
 		switch {
-		case ok && pod != nil && (created.UID == "" || pod.UID == created.UID):
+		case ok && (created.UID == "" || pod.UID == created.UID):
 			seen, last = true, pod
 			if podReady(pod) {
 				return pod, nil

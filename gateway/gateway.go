@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -45,10 +46,13 @@ type Config struct {
 	TemplatesConfigMap types.NamespacedName
 	Templates          map[string]string
 
-	// Namespace limits the pods the gateway watches (the proxy's routing
-	// table, lists) to one namespace; "" watches every namespace (RBAC:
-	// list/watch pods cluster-wide).
-	Namespace string
+	// Namespaces are the namespaces whose sandbox pods the gateway
+	// watches (the proxy's routing table, lists) and in which keys may
+	// create sandboxes; a key naming another is refused. Empty: the
+	// namespaces the keys name, followed as the keys change. Either way
+	// the gateway needs pods create, get, list, watch, delete and patch
+	// in each (a RoleBinding there), never across the cluster.
+	Namespaces []string
 
 	// CreateTimeout bounds how long a create waits for the pod to be
 	// ready (default 60 s).
@@ -97,7 +101,7 @@ type Gateway struct {
 	templates templateStore
 	proxy     http.Handler
 
-	pods    cache.SharedIndexInformer
+	pods    *podWatch
 	keysInf cache.SharedIndexInformer   // nil with fixed keys
 	cfgInfs []cache.SharedIndexInformer // the keys' and templates' watches
 	ready   atomic.Bool
@@ -107,6 +111,10 @@ type Gateway struct {
 
 // indexSandboxID indexes watched pods by their sandbox ID label.
 const indexSandboxID = "sandboxID"
+
+// podSyncWait is how long the gateway waits, before it is ready, for the
+// first list of sandbox pods in each namespace (a variable for tests).
+var podSyncWait = 30 * time.Second
 
 // New checks cfg and fills its defaults.
 func New(cfg Config) (*Gateway, error) {
@@ -173,26 +181,30 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	g.proxy = g.newProxy(g.tokenCheck)
 
-	factory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, 0,
-		informers.WithNamespace(cfg.Namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelSandbox }))
-	g.pods = factory.Core().V1().Pods().Informer()
-	if err := g.pods.SetTransform(trimPod); err != nil {
-		return nil, err
-	}
-	if err := g.pods.AddIndexers(cache.Indexers{indexSandboxID: func(obj any) ([]string, error) {
-		if pod, ok := obj.(*corev1.Pod); ok && pod.Labels[LabelSandbox] != "" {
-			return []string{pod.Labels[LabelSandbox]}, nil
+	g.pods = newPodWatch(cfg.Client, func(inf cache.SharedIndexInformer) error {
+		if err := inf.SetTransform(trimPod); err != nil {
+			return err
 		}
-		return nil, nil
-	}}); err != nil {
-		return nil, err
+		if err := inf.AddIndexers(cache.Indexers{indexSandboxID: func(obj any) ([]string, error) {
+			if pod, ok := obj.(*corev1.Pod); ok && pod.Labels[LabelSandbox] != "" {
+				return []string{pod.Labels[LabelSandbox]}, nil
+			}
+			return nil, nil
+		}}); err != nil {
+			return err
+		}
+		_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(obj any) { g.podChanged(obj, false) },
+			UpdateFunc: func(_, obj any) { g.podChanged(obj, false) },
+			DeleteFunc: func(obj any) { g.podChanged(obj, true) },
+		})
+		return err
+	})
+	watched := cfg.Namespaces
+	if len(watched) == 0 {
+		watched = g.keys.namespaceList() // fixed keys; a Secret's come with it
 	}
-	if _, err := g.pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { g.podChanged(obj, false) },
-		UpdateFunc: func(_, obj any) { g.podChanged(obj, false) },
-		DeleteFunc: func(obj any) { g.podChanged(obj, true) },
-	}); err != nil {
+	if err := g.pods.set(watched); err != nil {
 		return nil, err
 	}
 	if cfg.KeysSecret.Name != "" {
@@ -206,6 +218,14 @@ func New(cfg Config) (*Gateway, error) {
 			keys, errs := ParseKeys(data)
 			for _, err := range errs {
 				g.log.Warn("API key left out", "secret", cfg.KeysSecret.String(), "err", err)
+			}
+			if len(cfg.Namespaces) == 0 {
+				// Watched before a key may create there.
+				var ks keyStore
+				ks.set(keys)
+				if err := g.pods.set(ks.namespaceList()); err != nil {
+					g.log.Error("watch the keys' namespaces", "err", err)
+				}
 			}
 			g.keys.set(keys)
 			g.log.Info("API keys loaded", "secret", cfg.KeysSecret.String(), "keys", len(keys))
@@ -280,12 +300,12 @@ func (g *Gateway) watchOne(name types.NamespacedName, informer func(informers.Sh
 func (g *Gateway) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	infs := append([]cache.SharedIndexInformer{g.pods}, g.cfgInfs...)
-	for _, inf := range infs {
+	wg.Go(func() { g.pods.run(ctx) })
+	for _, inf := range g.cfgInfs {
 		wg.Go(func() { inf.RunWithContext(ctx) })
 	}
-	synced := make([]cache.InformerSynced, len(infs))
-	for i, inf := range infs {
+	synced := make([]cache.InformerSynced, len(g.cfgInfs))
+	for i, inf := range g.cfgInfs {
 		synced[i] = inf.HasSynced
 	}
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
@@ -297,8 +317,32 @@ func (g *Gateway) Run(ctx context.Context) error {
 			g.log.Warn("API keys Secret not found: every call is refused until it exists", "secret", g.cfg.KeysSecret.String())
 		}
 	}
+	// The keys' namespaces are listed now; one the gateway may not list
+	// pods in must not keep the others from being served: after
+	// podSyncWait it is said, and its calls answer 503 until it is.
+	podsSynced := func(context.Context) (bool, error) {
+		for _, ns := range g.pods.namespaces() {
+			if !g.pods.synced(ns) {
+				return false, nil
+			}
+		}
+		return true, nil
+	}
+	sctx, cancel := context.WithTimeout(ctx, podSyncWait)
+	err := wait.PollUntilContextCancel(sctx, 20*time.Millisecond, true, podsSynced)
+	cancel()
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if err != nil {
+		for _, ns := range g.pods.namespaces() {
+			if !g.pods.synced(ns) {
+				g.log.Warn("cannot list sandbox pods in a key's namespace yet: does the gateway have its role there? Its calls answer 503 until then", "namespace", ns)
+			}
+		}
+	}
 	g.ready.Store(true)
-	g.log.Info("gateway ready", "keys", g.keys.len())
+	g.log.Info("gateway ready", "keys", g.keys.len(), "namespaces", g.pods.namespaces())
 	t := time.NewTicker(time.Minute)
 	defer t.Stop()
 	for {

@@ -337,7 +337,7 @@ func (e *env) addPodHash(ns, id string, started time.Time, metadata map[string]s
 func (e *env) cached(ns, name string, cond func(*corev1.Pod) bool) {
 	e.t.Helper()
 	poll(e.t, fmt.Sprintf("pod %s/%s in the gateway's cache", ns, name), func() bool {
-		obj, ok, _ := e.gw.pods.GetIndexer().GetByKey(ns + "/" + name)
-		return ok && cond(obj.(*corev1.Pod))
+		pod, ok := e.gw.pods.get(ns, name)
+		return ok && cond(pod)
 	})
 }

@@ -12,7 +12,6 @@ import (
 
 	"github.com/containerd/errdefs"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/tools/cache"
 )
 
 // Paging of GET /v2/sandboxes.
@@ -149,7 +148,7 @@ func (g *Gateway) matching(namespace string, lq listQuery) []listedSandbox {
 	if !lq.running {
 		return []listedSandbox{}
 	}
-	objs, _ := g.pods.GetIndexer().ByIndex(cache.NamespaceIndex, namespace)
+	objs := g.pods.inNamespace(namespace)
 	out := []listedSandbox{}
 	for _, obj := range objs {
 		pod, ok := obj.(*corev1.Pod)

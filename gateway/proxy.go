@@ -230,7 +230,7 @@ func (g *Gateway) route(ctx context.Context, id, token string, check podCheck) (
 	defer stop()
 	var timer <-chan time.Time
 	for {
-		objs, _ := g.pods.GetIndexer().ByIndex(indexSandboxID, id)
+		objs := g.pods.byID(id)
 		seen, waiting, refused := false, false, false
 		var addr string
 		matched := 0

@@ -50,7 +50,9 @@ func (e *env) impostor(victim corev1.Pod, ns, ip string) {
 	if _, err := e.client.CoreV1().Pods(ns).Create(context.Background(), pod, metav1.CreateOptions{}); err != nil {
 		e.t.Fatal(err)
 	}
-	e.cached(ns, pod.Name, func(*corev1.Pod) bool { return true })
+	if e.gw.pods.watches(ns) {
+		e.cached(ns, pod.Name, func(*corev1.Pod) bool { return true })
+	}
 }
 
 // A pod named after another tenant's sandbox, carrying its labels, never
@@ -61,12 +63,14 @@ func TestProxyImpostor(t *testing.T) {
 	const impostorIP = "10.6.6.6"
 	for _, tc := range []struct {
 		name, ns string
+		watch    []string // Config.Namespaces
 	}{
-		{"a namespace no key names", "evil"},
-		{"another key's namespace", nsB},
+		{"a namespace the gateway does not watch", "evil", nil},
+		{"a watched namespace no key names", "evil", []string{nsA, nsB, "evil"}},
+		{"another key's namespace", nsB, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newEnv(t)
+			e := newEnv(t, func(c *Config) { c.Namespaces = tc.watch })
 			d := &recordingDaemon{}
 			e.setDaemon(d)
 			sb, victim := e.createReady(rawKeyA, nsA, map[string]any{"templateID": "base"})
@@ -201,8 +205,7 @@ func BenchmarkTokenCheck(b *testing.B) {
 	e := newEnv(b)
 	e.addPod(nsA, "sbxbench", testNow, nil)
 	e.cached(nsA, "sbxbench", podReady)
-	obj, _, _ := e.gw.pods.GetIndexer().GetByKey(nsA + "/sbxbench")
-	pod := obj.(*corev1.Pod)
+	pod, _ := e.gw.pods.get(nsA, "sbxbench")
 	token := e.gw.cfg.Tokens.New(nsA, "sbxbench")
 	for b.Loop() {
 		if e.gw.tokenCheck(pod, "sbxbench", token) != tokenMatches {

@@ -167,8 +167,7 @@ func TestProxyErrors(t *testing.T) {
 		t.Fatalf("kill: %d", r.status)
 	}
 	poll(t, "the deleted pod to leave the cache", func() bool {
-		objs, _ := e.gw.pods.GetIndexer().ByIndex(indexSandboxID, sb.SandboxID)
-		return len(objs) == 0
+		return len(e.gw.pods.byID(sb.SandboxID)) == 0
 	})
 	start := time.Now()
 	if code, _ := do(sb.SandboxID, "49983", "/health"); code != http.StatusBadGateway {

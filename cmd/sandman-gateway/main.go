@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -27,6 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
@@ -40,7 +42,8 @@ type options struct {
 	keysSecret, keysFile               string
 	templatesConfigMap, templatesFile  string
 	tokenKeyFile                       string
-	namespace, sandboxDomain           string
+	namespace, namespaces              string
+	sandboxDomain                      string
 	snapshotRepository                 string
 	createTimeout, defaultTimeout      time.Duration
 	maxTimeout, proxyWait              time.Duration
@@ -75,7 +78,9 @@ func run(args []string) error {
 	fs.StringVar(&o.tokenKeyFile, "token-key-file", "", "file with the secret key(s) that derive sandbox access tokens, one per line, the newest first "+
 		"(at least 16 bytes each; every replica needs the same; older lines keep older sandboxes reachable during a rotation). "+
 		"Or env SANDMAN_GATEWAY_TOKEN_KEY. Without either, a random key: connect then only works on this replica until it restarts")
-	fs.StringVar(&o.namespace, "namespace", "", "watch sandbox pods in this namespace only (default: all namespaces; every key's namespace must be this one then)")
+	fs.StringVar(&o.namespaces, "namespaces", "", "comma-separated namespaces whose sandbox pods the gateway watches and creates; a key naming another is refused "+
+		"(default: the namespaces the keys name, followed as the keys change). The gateway needs a RoleBinding to the sandman-gateway-tenant ClusterRole in each")
+	fs.StringVar(&o.namespace, "namespace", "", "one namespace: the same as --namespaces with one")
 	fs.StringVar(&o.sandboxDomain, "sandbox-domain", "", "returned as the sandboxes' domain (default: null)")
 	fs.StringVar(&o.snapshotRepository, "snapshot-repository", "e2b", "prefix of the images createSnapshot makes in the pool's snapshot registry: <prefix>/<key's namespace>/<name>:<tag>")
 	fs.DurationVar(&o.createTimeout, "create-timeout", 60*time.Second, "how long a create waits for the sandbox's pod to be ready")
@@ -100,12 +105,15 @@ func run(args []string) error {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("component", "gateway")
 	klog.SetSlogLogger(log)
 
+	namespaces, err := namespaceList(o.namespace, o.namespaces)
+	if err != nil {
+		return err
+	}
 	cfg := gateway.Config{
-		Namespace: o.namespace, CreateTimeout: o.createTimeout, DefaultTimeout: o.defaultTimeout,
+		Namespaces: namespaces, CreateTimeout: o.createTimeout, DefaultTimeout: o.defaultTimeout,
 		MaxTimeout: o.maxTimeout, ProxyWait: o.proxyWait, SandboxDomain: o.sandboxDomain, Logger: log,
 		SnapshotRepository: o.snapshotRepository, BodyReadTimeout: o.bodyReadTimeout,
 	}
-	var err error
 	switch {
 	case o.keysSecret != "" && o.keysFile != "":
 		return errors.New("give one of --keys-secret and --keys-file")
@@ -256,6 +264,23 @@ func newServer(h http.Handler, lim serverLimits) *http.Server {
 	p.SetHTTP1(true)
 	p.SetUnencryptedHTTP2(true)
 	return &http.Server{Handler: h, Protocols: &p, ReadHeaderTimeout: lim.readHeader, ReadTimeout: lim.read, IdleTimeout: lim.idle}
+}
+
+// namespaceList reads --namespace and --namespaces: nil when neither is
+// given.
+func namespaceList(one, many string) ([]string, error) {
+	var out []string
+	for _, ns := range append(strings.Split(many, ","), one) {
+		ns = strings.TrimSpace(ns)
+		if ns == "" || slices.Contains(out, ns) {
+			continue
+		}
+		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+			return nil, fmt.Errorf("--namespaces: %q is not a namespace name: %v", ns, errs)
+		}
+		out = append(out, ns)
+	}
+	return out, nil
 }
 
 func namespacedName(s string) (types.NamespacedName, error) {
