@@ -13,8 +13,10 @@
 //     template builds, volumes, …) answers 501 with a message.
 //   - The single-endpoint sandbox proxy: requests carrying E2b-Sandbox-Id and
 //     E2b-Sandbox-Port go to that pod's daemon (port 49983), streamed, over
-//     HTTP/1.1 or cleartext HTTP/2. The daemon checks the access token; the
-//     gateway never sees more than its hash.
+//     HTTP/1.1 or cleartext HTTP/2, and only to the pod the request's access
+//     token opens: the gateway's own sandbox of that ID, in a key's
+//     namespace, whose token it is (see Gateway.tokenCheck). The daemon
+//     checks the token again.
 //
 // The gateway keeps no state of its own: every replica reads the same pods,
 // Secret and ConfigMap, and derives the same per-sandbox access tokens from
