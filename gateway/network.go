@@ -19,6 +19,10 @@ const (
 	// AnnotationEgressDeny are comma-separated IPv4 CIDRs the sandbox may
 	// never reach.
 	AnnotationEgressDeny = "sandman.io/egress-deny"
+	// AnnotationEgressDomains narrows internet egress to the addresses the
+	// node's resolver answers for these comma-separated names (exact, or
+	// *.example.com for any name under it), besides AnnotationEgress's.
+	AnnotationEgressDomains = "sandman.io/egress-domains"
 
 	egressNone = "none"
 )
@@ -40,16 +44,25 @@ const (
 //
 // Entries are IPv4 CIDRs or addresses (a /32). Sandboxes have no IPv6: an
 // IPv6 allowOut entry is refused, an IPv6 denyOut entry is what is
-// already so. Domain names are refused, saying so: never dropped.
+// already so. Domain names (api.example.com, *.example.com) are taken in
+// allowOut when everything else is denied, as E2B takes them: they become
+// sandman.io/egress-domains, which the node resolves through a resolver of
+// its own. Elsewhere a name is refused, saying why: never dropped.
 func egressAnnotations(internet *bool, n *networkConfig) (map[string]string, error) {
 	var allow, deny []netip.Prefix
+	var domains []string
 	if n != nil {
 		var err error
-		if allow, err = egressPrefixes("allowOut", n.AllowOut); err != nil {
+		if allow, domains, err = egressEntries("allowOut", n.AllowOut); err != nil {
 			return nil, err
 		}
-		if deny, err = egressPrefixes("denyOut", n.DenyOut); err != nil {
+		var denied []string
+		if deny, denied, err = egressEntries("denyOut", n.DenyOut); err != nil {
 			return nil, err
+		}
+		if len(denied) > 0 {
+			return nil, errorf(errdefs.ErrInvalidArgument, "network.denyOut: %q is a domain name: a sandbox could reach the same addresses by IP, so names are taken only in allowOut "+
+				"(deny all traffic, 0.0.0.0/0, and allow the names the sandbox needs)", denied[0])
 		}
 	}
 	denyAll := internet != nil && !*internet
@@ -57,10 +70,21 @@ func egressAnnotations(internet *bool, n *networkConfig) (map[string]string, err
 		denyAll = denyAll || d.Bits() == 0
 	}
 	if denyAll {
-		if len(allow) == 0 {
-			return map[string]string{AnnotationEgress: egressNone}, nil
+		out := map[string]string{}
+		if len(allow) > 0 {
+			out[AnnotationEgress] = joinPrefixes(allow)
 		}
-		return map[string]string{AnnotationEgress: joinPrefixes(allow)}, nil
+		if len(domains) > 0 {
+			out[AnnotationEgressDomains] = strings.Join(domains, ",")
+		}
+		if len(out) == 0 {
+			out[AnnotationEgress] = egressNone
+		}
+		return out, nil
+	}
+	if len(domains) > 0 {
+		return nil, errorf(errdefs.ErrInvalidArgument, "network.allowOut: %q is a domain name, which narrows egress only when everything else is denied: "+
+			"add 0.0.0.0/0 (ALL_TRAFFIC) to denyOut, or leave the name out (the internet is open)", domains[0])
 	}
 	var kept []netip.Prefix
 	for _, d := range deny {
@@ -85,21 +109,23 @@ func egressAnnotations(internet *bool, n *networkConfig) (map[string]string, err
 	return map[string]string{AnnotationEgressDeny: joinPrefixes(kept)}, nil
 }
 
-// egressPrefixes reads one of E2B's lists: IPv4 CIDRs and addresses, as
-// masked prefixes, sorted, without duplicates; IPv6 ones left out of
-// denyOut.
-func egressPrefixes(field string, entries []string) ([]netip.Prefix, error) {
+// egressEntries reads one of E2B's lists: IPv4 CIDRs and addresses, as
+// masked prefixes, sorted, without duplicates (IPv6 ones left out of
+// denyOut), and domain names, lower-cased, sorted, without duplicates.
+func egressEntries(field string, entries []string) ([]netip.Prefix, []string, error) {
 	var out []netip.Prefix
+	var domains []string
 	for _, raw := range entries {
 		e := strings.TrimSpace(raw)
 		p, err := netip.ParsePrefix(e)
 		if err != nil {
 			a, aerr := netip.ParseAddr(e)
 			if aerr != nil {
-				if isDomain(e) {
-					return nil, errorf(errdefs.ErrInvalidArgument, "network.%s: %q is a domain name: egress rules by domain are not supported by sandman's gateway yet; give IP addresses or CIDRs", field, raw)
+				if name, ok := domainName(e); ok {
+					domains = append(domains, name)
+					continue
 				}
-				return nil, errorf(errdefs.ErrInvalidArgument, "network.%s: %q is not an IP address or CIDR (such as 203.0.113.7 or 203.0.113.0/24)", field, raw)
+				return nil, nil, errorf(errdefs.ErrInvalidArgument, "network.%s: %q is not an IP address, CIDR or domain name (such as 203.0.113.7, 203.0.113.0/24 or *.example.com)", field, raw)
 			}
 			p = netip.PrefixFrom(a, a.BitLen())
 		}
@@ -110,7 +136,7 @@ func egressPrefixes(field string, entries []string) ([]netip.Prefix, error) {
 			if field == "denyOut" {
 				continue // sandboxes never reach IPv6
 			}
-			return nil, errorf(errdefs.ErrInvalidArgument, "network.%s: %q is IPv6: sandboxes have no IPv6 egress; give IPv4 addresses or CIDRs", field, raw)
+			return nil, nil, errorf(errdefs.ErrInvalidArgument, "network.%s: %q is IPv6: sandboxes have no IPv6 egress; give IPv4 addresses or CIDRs", field, raw)
 		}
 		out = append(out, p.Masked())
 	}
@@ -120,14 +146,18 @@ func egressPrefixes(field string, entries []string) ([]netip.Prefix, error) {
 		}
 		return a.Bits() - b.Bits()
 	})
-	return slices.Compact(out), nil
+	slices.Sort(domains)
+	return slices.Compact(out), slices.Compact(domains), nil
 }
 
-// isDomain says whether an entry is a host name, or a wildcard one
-// (*.example.com), as E2B's domain rules take them.
-func isDomain(e string) bool {
-	name := strings.TrimPrefix(strings.ToLower(strings.TrimSuffix(e, ".")), "*.")
-	return name != "" && len(validation.IsDNS1123Subdomain(name)) == 0
+// domainName reads a host name, or a wildcard one (*.example.com), as
+// E2B's domain rules take them: lower-cased, without a trailing dot. The
+// node checks names again (sandman.io/egress-domains), and refuses what it
+// cannot resolve safely (*.com, say) with the pod's InvalidSpec.
+func domainName(e string) (string, bool) {
+	name := strings.ToLower(strings.TrimSuffix(e, "."))
+	host := strings.TrimPrefix(name, "*.")
+	return name, host != "" && strings.Contains(host, ".") && len(validation.IsDNS1123Subdomain(host)) == 0
 }
 
 func joinPrefixes(ps []netip.Prefix) string {

@@ -34,10 +34,14 @@ func TestEgressAnnotations(t *testing.T) {
 		{name: "an IPv6 deny is already so", deny: []string{"2001:db8::/32"}},
 		{name: "an IPv4-mapped address", deny: []string{"::ffff:9.9.9.9"}, want: map[string]string{AnnotationEgressDeny: "9.9.9.9/32"}},
 		{name: "an IPv6 allow", internet: &off, allow: []string{"2001:db8::1"}, err: "sandboxes have no IPv6"},
-		{name: "a domain to allow", deny: []string{"0.0.0.0/0"}, allow: []string{"api.example.com"}, err: `"api.example.com" is a domain name: egress rules by domain are not supported`},
-		{name: "a wildcard domain", allow: []string{"*.example.com"}, err: "domain name"},
+		{name: "domains to allow", deny: []string{"0.0.0.0/0"}, allow: []string{"API.example.com.", "*.pypi.org", "api.example.com"},
+			want: map[string]string{AnnotationEgressDomains: "*.pypi.org,api.example.com"}},
+		{name: "internet off, domains and addresses", internet: &off, allow: []string{"pypi.org", "203.0.113.7"},
+			want: map[string]string{AnnotationEgress: "203.0.113.7/32", AnnotationEgressDomains: "pypi.org"}},
+		{name: "a domain while the internet is open", allow: []string{"*.example.com"}, err: "add 0.0.0.0/0 (ALL_TRAFFIC) to denyOut"},
 		{name: "a domain to deny", deny: []string{"example.com"}, err: "network.denyOut"},
-		{name: "not an address", allow: []string{"10.0.0.0/33"}, err: "not an IP address or CIDR"},
+		{name: "a single label is no domain", deny: []string{"0.0.0.0/0"}, allow: []string{"localhost"}, err: "not an IP address, CIDR or domain name"},
+		{name: "not an address", allow: []string{"10.0.0.0/33"}, err: "not an IP address, CIDR or domain name"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var n *networkConfig
@@ -59,7 +63,8 @@ func TestEgressAnnotations(t *testing.T) {
 }
 
 // A create's network settings reach the pod as the node's egress
-// annotations; a domain rule is refused before any pod is made.
+// annotations; a domain rule the node could not honour is refused before
+// any pod is made.
 func TestCreateEgress(t *testing.T) {
 	e := newEnv(t)
 	_, pod := e.createReady(rawKeyA, nsA, map[string]any{"templateID": "base", "allow_internet_access": false,
@@ -74,10 +79,14 @@ func TestCreateEgress(t *testing.T) {
 	if got, ok := pod.Annotations[AnnotationEgress]; ok || pod.Annotations[AnnotationEgressDeny] != "198.51.100.0/24" {
 		t.Fatalf("egress %q (%v), deny %q", got, ok, pod.Annotations[AnnotationEgressDeny])
 	}
+	_, pod = e.createReady(rawKeyA, nsA, map[string]any{"templateID": "base", "network": map[string]any{"allowOut": []string{"api.example.com"}, "denyOut": []string{"0.0.0.0/0"}}})
+	if got, ok := pod.Annotations[AnnotationEgress]; ok || pod.Annotations[AnnotationEgressDomains] != "api.example.com" {
+		t.Fatalf("egress %q (%v), domains %q", got, ok, pod.Annotations[AnnotationEgressDomains])
+	}
 	before := len(e.sandboxPods(nsA))
 	r := e.call(http.MethodPost, "/v2/sandboxes", rawKeyA, map[string]any{"templateID": "base",
-		"network": map[string]any{"allowOut": []string{"api.example.com"}, "denyOut": []string{"0.0.0.0/0"}}})
-	if r.status != http.StatusBadRequest || !strings.Contains(r.apiError(t).Message, "not supported by sandman's gateway yet") {
+		"network": map[string]any{"allowOut": []string{"api.example.com"}}})
+	if r.status != http.StatusBadRequest || !strings.Contains(r.apiError(t).Message, "narrows egress only when everything else is denied") {
 		t.Fatalf("a domain rule: %d %s", r.status, r.body)
 	}
 	if n := len(e.sandboxPods(nsA)); n != before {
