@@ -125,6 +125,23 @@ func argValue(args []string, flag string) string {
 // them, in a namespace of its own. agentArgs are more flags for every agent.
 func startPool(t *testing.T, s *framework.Stack, n, slots int, agentArgs ...string) *vpool {
 	t.Helper()
+	return startPoolWith(t, s, poolOptions{agents: n, slots: slots, agentArgs: agentArgs})
+}
+
+// poolOptions say what startPoolWith starts.
+type poolOptions struct {
+	agents, slots int
+	// agentArgs are more flags for every node agent.
+	agentArgs []string
+	// vkArgs, when set, gives more flags for sandman-vk, knowing the pool's
+	// names (its namespace, say).
+	vkArgs func(p *vpool) []string
+}
+
+// startPoolWith is startPool with more to say (sandman-vk's flags).
+func startPoolWith(t *testing.T, s *framework.Stack, o poolOptions) *vpool {
+	t.Helper()
+	n, slots, agentArgs := o.agents, o.slots, o.agentArgs
 	id := rand.String(5)
 	p := &vpool{t: t, s: s, name: "e2e-" + id, node: "sandman-e2e-" + id, ns: "vk-" + id}
 	nodeBin := buildNode(t, s.Root)
@@ -172,6 +189,9 @@ func startPool(t *testing.T, s *framework.Stack, n, slots int, agentArgs ...stri
 		"--client-ca-file", filepath.Join(s.Env["PKI"], "ca.crt"),
 		"--node-agents", strings.Join(agents, ","), "--metrics-listen", p.metrics, "--pool-secret-file", controlKeys,
 		"--reconcile-interval", "1s", "--orphan-grace", "3s", "--lost-after", "5s"}
+	if o.vkArgs != nil {
+		p.vkArgs = append(p.vkArgs, o.vkArgs(p)...)
+	}
 	ctx := t.Context()
 	if _, err := s.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: p.ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -295,12 +315,18 @@ func (p *vpool) create(pod *corev1.Pod) {
 	}
 }
 
-// waitPod polls a pod until cond holds.
+// waitPod polls a pod of the pool's namespace until cond holds.
 func (p *vpool) waitPod(name string, timeout time.Duration, what string, cond func(*corev1.Pod) bool) *corev1.Pod {
+	p.t.Helper()
+	return p.waitPodIn(p.ns, name, timeout, what, cond)
+}
+
+// waitPodIn polls a pod of namespace ns until cond holds.
+func (p *vpool) waitPodIn(ns, name string, timeout time.Duration, what string, cond func(*corev1.Pod) bool) *corev1.Pod {
 	p.t.Helper()
 	var last *corev1.Pod
 	err := wait.PollUntilContextTimeout(p.t.Context(), 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		pod, err := p.s.Kube.CoreV1().Pods(p.ns).Get(ctx, name, metav1.GetOptions{})
+		pod, err := p.s.Kube.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, nil
 		}
