@@ -38,7 +38,7 @@ import (
 	"github.com/sandman-dev/sandman/daemon/envd/spec/process/processconnect"
 	"github.com/sandman-dev/sandman/e2e/framework"
 	"github.com/sandman-dev/sandman/runtime"
-	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
+	"github.com/sandman-dev/sandman/runtime/noderuntime"
 	"github.com/sandman-dev/sandman/vk"
 	vkapi "github.com/sandman-dev/sandman/vk/api"
 )
@@ -232,7 +232,7 @@ func (d *deployed) waitSlotsFree(t *testing.T) {
 		return c.Nodes[0].Healthy && sl[runtime.StateBound]+sl[runtime.StateBinding]+sl[runtime.StateReleasing]+sl[runtime.StateBroken] == 0, nil
 	})
 	ctr := d.s.Containerd(t, deployCtrdNS)
-	cs, err := ctr.Containers(t.Context(), "labels.\""+rtcontainerd.LabelPodUID+"\"")
+	cs, err := ctr.Containers(t.Context(), "labels.\""+noderuntime.LabelPodUID+"\"")
 	if err != nil {
 		t.Fatal(err)
 	}

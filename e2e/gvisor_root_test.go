@@ -13,7 +13,7 @@ import (
 	"github.com/sandman-dev/sandman/daemon/api"
 	"github.com/sandman-dev/sandman/e2e/framework"
 	"github.com/sandman-dev/sandman/runtime"
-	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
+	"github.com/sandman-dev/sandman/runtime/noderuntime"
 	"github.com/sandman-dev/sandman/runtime/runtimetest"
 )
 
@@ -28,7 +28,7 @@ func TestRootGVisor(t *testing.T) {
 	needRunsc(t, s)
 	ctx := t.Context()
 	const public = "203.0.113.78"
-	rt := newContainerdRuntime(t, s, 2, 2, func(c *rtcontainerd.Config) {
+	rt := newContainerdRuntime(t, s, 2, 2, func(c *noderuntime.Config) {
 		c.RuncPath, c.RunscPath, c.EgressInternet = s.RuncBin, s.RunscBin, true
 	})
 	port := publicListener(t, public)

@@ -21,19 +21,19 @@ import (
 
 	"github.com/sandman-dev/sandman/e2e/framework"
 	"github.com/sandman-dev/sandman/runtime"
-	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
+	"github.com/sandman-dev/sandman/runtime/noderuntime"
 	"github.com/sandman-dev/sandman/runtime/runtimetest"
 )
 
 // holderRuntime is a containerd runtime of shim groups of 3 on 6 slots,
 // all warm, whose lifecycle the test drives (stop: Close or Destroy).
 type holderRuntime struct {
-	*rtcontainerd.Runtime
+	*noderuntime.Runtime
 	cancel context.CancelFunc
 	done   chan struct{}
 }
 
-func holderConfig(t *testing.T, s *framework.Stack) rtcontainerd.Config {
+func holderConfig(t *testing.T, s *framework.Stack) noderuntime.Config {
 	node := "hold-" + rand.String(6)
 	stateDir := filepath.Join(framework.StateDir(), "test-runtimes", node)
 	t.Cleanup(func() { _ = os.RemoveAll(stateDir) })
@@ -41,7 +41,7 @@ func holderConfig(t *testing.T, s *framework.Stack) rtcontainerd.Config {
 	if os.Getenv("SANDMAN_TEST_DEBUG") != "" {
 		logLevel = slog.LevelDebug
 	}
-	return rtcontainerd.Config{
+	return noderuntime.Config{
 		Client: s.Containerd(t, runtimeNamespace), Namespace: runtimeNamespace, Node: node, Slots: 6, WarmSlots: 6,
 		ShimGroupSize: 3, StateDir: stateDir, DaemonPath: buildDaemon(t, s.Root),
 		CNIConfDir: s.CNIConfDir, CNIBinDir: s.CNIBinDir, PidsLimit: 256,
@@ -50,9 +50,9 @@ func holderConfig(t *testing.T, s *framework.Stack) rtcontainerd.Config {
 	}
 }
 
-func startHolderRuntime(t *testing.T, cfg rtcontainerd.Config) *holderRuntime {
+func startHolderRuntime(t *testing.T, cfg noderuntime.Config) *holderRuntime {
 	t.Helper()
-	rt, err := rtcontainerd.New(t.Context(), cfg)
+	rt, err := noderuntime.New(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +91,7 @@ type holderInfo struct {
 func holders(t *testing.T, cc *ctrd.Client, node string) map[string]holderInfo {
 	t.Helper()
 	ctx := namespaces.WithNamespace(t.Context(), runtimeNamespace)
-	cs, err := cc.Containers(ctx, fmt.Sprintf(`labels."%s"==%s,labels."%s"==true`, rtcontainerd.LabelNode, node, rtcontainerd.LabelHolder))
+	cs, err := cc.Containers(ctx, fmt.Sprintf(`labels."%s"==%s,labels."%s"==true`, noderuntime.LabelNode, node, noderuntime.LabelHolder))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +101,7 @@ func holders(t *testing.T, cc *ctrd.Client, node string) map[string]holderInfo {
 		if err != nil {
 			t.Fatal(err)
 		}
-		g := l[rtcontainerd.LabelShimGroup]
+		g := l[noderuntime.LabelShimGroup]
 		if prev, ok := out[g]; ok {
 			t.Fatalf("two holders in shim group %s: %s and %s", g, prev.id, c.ID())
 		}
@@ -115,7 +115,7 @@ func holders(t *testing.T, cc *ctrd.Client, node string) map[string]holderInfo {
 func holderCount(t *testing.T, cc *ctrd.Client, node string) int {
 	t.Helper()
 	ctx := namespaces.WithNamespace(t.Context(), runtimeNamespace)
-	cs, err := cc.Containers(ctx, fmt.Sprintf(`labels."%s"==%s,labels."%s"==true`, rtcontainerd.LabelNode, node, rtcontainerd.LabelHolder))
+	cs, err := cc.Containers(ctx, fmt.Sprintf(`labels."%s"==%s,labels."%s"==true`, noderuntime.LabelNode, node, noderuntime.LabelHolder))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +126,7 @@ func holderCount(t *testing.T, cc *ctrd.Client, node string) int {
 func runningHolder(t *testing.T, cc *ctrd.Client, node, group string) (string, bool) {
 	t.Helper()
 	ctx := namespaces.WithNamespace(t.Context(), runtimeNamespace)
-	cs, err := cc.Containers(ctx, fmt.Sprintf(`labels."%s"==%s,labels."%s"==%s`, rtcontainerd.LabelNode, node, rtcontainerd.LabelShimGroup, group))
+	cs, err := cc.Containers(ctx, fmt.Sprintf(`labels."%s"==%s,labels."%s"==%s`, noderuntime.LabelNode, node, noderuntime.LabelShimGroup, group))
 	if err != nil {
 		return "", false
 	}
@@ -381,7 +381,7 @@ func TestRootShimGroupHolderRecovery(t *testing.T) {
 	}
 	for id, group := range map[string]string{"holder-orphan" + rand.String(4): cfg.Node + "-shim-gone", "holder-dup" + rand.String(4): someGroup} {
 		if _, err := cc.NewContainer(ctx, id, ctrd.WithNewSpec(), ctrd.WithContainerLabels(map[string]string{
-			rtcontainerd.LabelNode: cfg.Node, rtcontainerd.LabelHolder: "true", rtcontainerd.LabelShimGroup: group,
+			noderuntime.LabelNode: cfg.Node, noderuntime.LabelHolder: "true", noderuntime.LabelShimGroup: group,
 		})); err != nil {
 			t.Fatal(err)
 		}

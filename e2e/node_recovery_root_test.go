@@ -18,8 +18,8 @@ import (
 
 	"github.com/sandman-dev/sandman/e2e/framework"
 	"github.com/sandman-dev/sandman/runtime"
-	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
 	"github.com/sandman-dev/sandman/runtime/nodeapi"
+	"github.com/sandman-dev/sandman/runtime/noderuntime"
 	"github.com/sandman-dev/sandman/runtime/runtimetest"
 )
 
@@ -126,7 +126,7 @@ func TestRootNodeAgentRecovers(t *testing.T) {
 	waitInventory("every slot free", func(inv runtime.Inventory) bool { return countReady(inv) == 0 && inv.Count()[runtime.StateBound] == 0 })
 	cc := s.Containerd(t, runtimeNamespace)
 	// The warm slots' shim groups keep their holders.
-	left, err := cc.Containers(ctx, fmt.Sprintf(`labels."%s"==%s,labels."%s"!=true`, rtcontainerd.LabelNode, node, rtcontainerd.LabelHolder))
+	left, err := cc.Containers(ctx, fmt.Sprintf(`labels."%s"==%s,labels."%s"!=true`, noderuntime.LabelNode, node, noderuntime.LabelHolder))
 	if err != nil || len(left) != 0 {
 		t.Fatalf("%d containers left (%v)", len(left), err)
 	}

@@ -20,7 +20,7 @@ import (
 	"github.com/sandman-dev/sandman/e2e/framework"
 	"github.com/sandman-dev/sandman/nodeimage"
 	"github.com/sandman-dev/sandman/runtime"
-	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
+	"github.com/sandman-dev/sandman/runtime/noderuntime"
 	"github.com/sandman-dev/sandman/runtime/runtimetest"
 )
 
@@ -171,7 +171,7 @@ func TestRootPrivateImageBind(t *testing.T) {
 		t.Fatalf("copy busybox to the private registry: %v", err)
 	}
 	right := [][]byte{dockerConfig(authHost, "trainer", "s3cret")}
-	rt := newContainerdRuntime(t, s, 3, 1, func(c *rtcontainerd.Config) { c.HotSlots = 1 })
+	rt := newContainerdRuntime(t, s, 3, 1, func(c *noderuntime.Config) { c.HotSlots = 1 })
 	ctx := t.Context()
 
 	reqA := runtimetest.Request("priv-a", ref, "sleep", "1000")

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/sandman-dev/sandman/e2e/framework"
-	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
+	"github.com/sandman-dev/sandman/runtime/noderuntime"
 )
 
 // TestRootSlotSetupFailureFreesAddress: a slot network whose setup fails
@@ -69,7 +69,7 @@ exit 0
 			t.Errorf("address %s still held by %s", filepath.Base(h), strings.Fields(string(b)))
 		}
 	})
-	newContainerdRuntime(t, s, 2, 2, func(c *rtcontainerd.Config) { c.CNIConfDir, c.CNIBinDir = confDir, binDir })
+	newContainerdRuntime(t, s, 2, 2, func(c *noderuntime.Config) { c.CNIConfDir, c.CNIBinDir = confDir, binDir })
 	framework.Eventually(t, time.Minute, "two failed slot setups", func(context.Context) (bool, error) {
 		b, _ := os.ReadFile(adds)
 		return strings.Count(string(b), "\n") >= 2, nil

@@ -13,7 +13,7 @@ import (
 
 	"github.com/sandman-dev/sandman/e2e/framework"
 	"github.com/sandman-dev/sandman/runtime"
-	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
+	"github.com/sandman-dev/sandman/runtime/noderuntime"
 	"github.com/sandman-dev/sandman/runtime/runtimetest"
 )
 
@@ -33,7 +33,7 @@ func hotByImage(ctx context.Context, rt runtime.Runtime) (map[string]int, error)
 }
 
 // bindsByPath reads sandman_node_binds_total by path from rt's metrics.
-func bindsByPath(t *testing.T, rt *rtcontainerd.Runtime) map[string]float64 {
+func bindsByPath(t *testing.T, rt *noderuntime.Runtime) map[string]float64 {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(rt.Collector())
@@ -65,7 +65,7 @@ func TestRootHotFollowsDemand(t *testing.T) {
 	s := framework.Get(t)
 	a, b := s.BusyboxImage, s.NoShellImage
 	const budget = 3
-	rt := newContainerdRuntime(t, s, 6, 2, func(c *rtcontainerd.Config) {
+	rt := newContainerdRuntime(t, s, 6, 2, func(c *noderuntime.Config) {
 		// A window of 6 binds: 6 binds of B push A out of the mix. The
 		// half-life keeps B's demand above the budget for the test's
 		// length, and lets a hot sandbox be cooled 3 s after it started.
@@ -152,7 +152,7 @@ func TestRootHotFollowsDemand(t *testing.T) {
 // the pinned image is hot again once a slot frees.
 func TestRootHotTakeover(t *testing.T) {
 	s := framework.Get(t)
-	rt := newContainerdRuntime(t, s, 2, 1, func(c *rtcontainerd.Config) {
+	rt := newContainerdRuntime(t, s, 2, 1, func(c *noderuntime.Config) {
 		c.HotSlots, c.HotImages = 1, []string{s.BusyboxImage}
 	})
 	ctx := t.Context()
@@ -201,7 +201,7 @@ func TestRootCancelledBinds(t *testing.T) {
 	s := framework.Get(t)
 	for _, group := range []int{1, 16} {
 		t.Run(fmt.Sprintf("shim-group-size-%d", group), func(t *testing.T) {
-			rt := newContainerdRuntime(t, s, 1, 1, func(c *rtcontainerd.Config) {
+			rt := newContainerdRuntime(t, s, 1, 1, func(c *noderuntime.Config) {
 				c.HotSlots, c.HotImages, c.ShimGroupSize = 1, []string{s.BusyboxImage}, group
 			})
 			ctx := t.Context()

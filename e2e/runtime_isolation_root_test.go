@@ -13,7 +13,7 @@ import (
 	"github.com/sandman-dev/sandman/daemon/client"
 	"github.com/sandman-dev/sandman/e2e/framework"
 	"github.com/sandman-dev/sandman/runtime"
-	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
+	"github.com/sandman-dev/sandman/runtime/noderuntime"
 	"github.com/sandman-dev/sandman/runtime/runtimetest"
 )
 
@@ -23,7 +23,7 @@ import (
 // clear exit event.
 func TestRootSandboxIsolation(t *testing.T) {
 	s := framework.Get(t)
-	rt := newContainerdRuntime(t, s, 4, 2, func(c *rtcontainerd.Config) {
+	rt := newContainerdRuntime(t, s, 4, 2, func(c *noderuntime.Config) {
 		c.DiskCheckInterval, c.DiskInodes = 200*time.Millisecond, 2000
 	})
 	ctx := t.Context()

@@ -19,7 +19,7 @@ import (
 
 	"github.com/sandman-dev/sandman/e2e/framework"
 	"github.com/sandman-dev/sandman/runtime"
-	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
+	"github.com/sandman-dev/sandman/runtime/noderuntime"
 	"github.com/sandman-dev/sandman/runtime/runtimetest"
 )
 
@@ -87,7 +87,7 @@ func TestRootBindReleaseLeavesNothing(t *testing.T) {
 		cycles = n
 	}
 	const workers = 4
-	rt := newContainerdRuntime(t, s, workers, workers, func(c *rtcontainerd.Config) {
+	rt := newContainerdRuntime(t, s, workers, workers, func(c *noderuntime.Config) {
 		// Slots per shim group (default the runtime's), to compare.
 		if v := os.Getenv("SANDMAN_LEAK_SHIM_GROUP"); v != "" {
 			c.ShimGroupSize, _ = strconv.Atoi(v)

@@ -17,7 +17,7 @@ import (
 	"github.com/sandman-dev/sandman/daemon/client"
 	"github.com/sandman-dev/sandman/e2e/framework"
 	"github.com/sandman-dev/sandman/runtime"
-	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
+	"github.com/sandman-dev/sandman/runtime/noderuntime"
 	"github.com/sandman-dev/sandman/runtime/runtimetest"
 )
 
@@ -34,7 +34,7 @@ func TestRootPodSecurity(t *testing.T) {
 		"syscalls": [{"names": ["mkdir", "mkdirat"], "action": "SCMP_ACT_ERRNO"}]}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	rt := newContainerdRuntime(t, s, 4, 1, func(c *rtcontainerd.Config) {
+	rt := newContainerdRuntime(t, s, 4, 1, func(c *noderuntime.Config) {
 		c.HotSlots, c.HotImages, c.SeccompProfileRoot = 1, []string{s.BusyboxImage}, profiles
 	})
 	ctx := t.Context()

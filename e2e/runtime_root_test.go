@@ -20,7 +20,7 @@ import (
 	"github.com/sandman-dev/sandman/daemon/client"
 	"github.com/sandman-dev/sandman/e2e/framework"
 	"github.com/sandman-dev/sandman/runtime"
-	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
+	"github.com/sandman-dev/sandman/runtime/noderuntime"
 	"github.com/sandman-dev/sandman/runtime/runtimetest"
 )
 
@@ -28,7 +28,7 @@ const runtimeNamespace = "sandman-rt"
 
 // newContainerdRuntime starts a containerd runtime against the stack and
 // destroys it (and checks nothing is left) when the test ends.
-func newContainerdRuntime(t *testing.T, s *framework.Stack, slots, warm int, mutate ...func(*rtcontainerd.Config)) *rtcontainerd.Runtime {
+func newContainerdRuntime(t *testing.T, s *framework.Stack, slots, warm int, mutate ...func(*noderuntime.Config)) *noderuntime.Runtime {
 	t.Helper()
 	node := "rt-" + rand.String(6)
 	stateDir := filepath.Join(framework.StateDir(), "test-runtimes", node)
@@ -37,7 +37,7 @@ func newContainerdRuntime(t *testing.T, s *framework.Stack, slots, warm int, mut
 	if os.Getenv("SANDMAN_TEST_DEBUG") != "" {
 		logLevel = slog.LevelDebug
 	}
-	cfg := rtcontainerd.Config{
+	cfg := noderuntime.Config{
 		Client: cc, Namespace: runtimeNamespace, Node: node, Slots: slots, WarmSlots: warm,
 		StateDir: stateDir, DaemonPath: buildDaemon(t, s.Root),
 		CNIConfDir: s.CNIConfDir, CNIBinDir: s.CNIBinDir, PidsLimit: 256,
@@ -47,7 +47,7 @@ func newContainerdRuntime(t *testing.T, s *framework.Stack, slots, warm int, mut
 	for _, m := range mutate {
 		m(&cfg)
 	}
-	rt, err := rtcontainerd.New(t.Context(), cfg)
+	rt, err := noderuntime.New(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +62,7 @@ func newContainerdRuntime(t *testing.T, s *framework.Stack, slots, warm int, mut
 		if err := rt.Destroy(dctx); err != nil {
 			t.Errorf("destroy runtime: %v", err)
 		}
-		left, err := cc.Containers(dctx, fmt.Sprintf(`labels."%s"==%s`, rtcontainerd.LabelNode, node))
+		left, err := cc.Containers(dctx, fmt.Sprintf(`labels."%s"==%s`, noderuntime.LabelNode, node))
 		if err != nil || len(left) > 0 {
 			t.Errorf("containers left after destroy: %d (%v)", len(left), err)
 		}
@@ -104,7 +104,7 @@ func TestRootContainerdConformance(t *testing.T) {
 // binding one assigns it the pod's token, env, hostname, limits and command.
 func TestRootHotSlots(t *testing.T) {
 	s := framework.Get(t)
-	rt := newContainerdRuntime(t, s, 4, 1, func(c *rtcontainerd.Config) {
+	rt := newContainerdRuntime(t, s, 4, 1, func(c *noderuntime.Config) {
 		c.HotSlots, c.HotImages = 2, []string{s.BusyboxImage}
 	})
 	ctx := t.Context()

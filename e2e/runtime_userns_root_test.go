@@ -19,19 +19,19 @@ import (
 	"github.com/sandman-dev/sandman/daemon/client"
 	"github.com/sandman-dev/sandman/e2e/framework"
 	"github.com/sandman-dev/sandman/runtime"
-	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
+	"github.com/sandman-dev/sandman/runtime/noderuntime"
 	"github.com/sandman-dev/sandman/runtime/runtimetest"
 )
 
 // runtimeWithUserNS is a containerd runtime with user namespaces on, under
 // the pinned runc (skips when hack/build-tools.sh has not built it).
-func runtimeWithUserNS(t *testing.T, s *framework.Stack, slots, warm int, mutate ...func(*rtcontainerd.Config)) *rtcontainerd.Runtime {
+func runtimeWithUserNS(t *testing.T, s *framework.Stack, slots, warm int, mutate ...func(*noderuntime.Config)) *noderuntime.Runtime {
 	t.Helper()
 	if fi, err := os.Stat(s.RuncBin); s.RuncBin == "" || err != nil || fi.Mode()&0o111 == 0 {
 		t.Skipf("no pinned runc at %q: build it with hack/build-tools.sh runc", s.RuncBin)
 	}
-	return newContainerdRuntime(t, s, slots, warm, append([]func(*rtcontainerd.Config){func(c *rtcontainerd.Config) {
-		c.RuncPath, c.UserNamespaces = s.RuncBin, rtcontainerd.UserNamespacesOn
+	return newContainerdRuntime(t, s, slots, warm, append([]func(*noderuntime.Config){func(c *noderuntime.Config) {
+		c.RuncPath, c.UserNamespaces = s.RuncBin, noderuntime.UserNamespacesOn
 	}}, mutate...)...)
 }
 
@@ -57,7 +57,7 @@ func TestRootUserNamespaceConformance(t *testing.T) {
 // true runs on the node's users. It logs what a user namespace costs a bind.
 func TestRootUserNamespace(t *testing.T) {
 	s := framework.Get(t)
-	rt := runtimeWithUserNS(t, s, 5, 2, func(c *rtcontainerd.Config) {
+	rt := runtimeWithUserNS(t, s, 5, 2, func(c *noderuntime.Config) {
 		c.HotSlots, c.HotImages = 1, []string{s.BusyboxImage}
 	})
 	ctx := t.Context()

@@ -15,7 +15,7 @@ import (
 	"github.com/sandman-dev/sandman/daemon/api"
 	"github.com/sandman-dev/sandman/e2e/framework"
 	"github.com/sandman-dev/sandman/runtime"
-	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
+	"github.com/sandman-dev/sandman/runtime/noderuntime"
 	"github.com/sandman-dev/sandman/runtime/runtimetest"
 	"github.com/sandman-dev/sandman/runtime/sandboxnet"
 )
@@ -28,7 +28,7 @@ func TestRootSandboxBandwidth(t *testing.T) {
 	s := framework.Get(t)
 	ctx := t.Context()
 	bridgeIP := strings.TrimSuffix(s.Env["BRIDGE_CIDR"], ".0.0/16") + ".0.1"
-	rt := newContainerdRuntime(t, s, 2, 1, func(c *rtcontainerd.Config) {
+	rt := newContainerdRuntime(t, s, 2, 1, func(c *noderuntime.Config) {
 		c.EgressAllow, _ = sandboxnet.ParsePrefixes(bridgeIP)
 	})
 	const size = 2 << 20 // bytes each way

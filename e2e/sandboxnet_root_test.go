@@ -13,7 +13,7 @@ import (
 	"github.com/sandman-dev/sandman/daemon/api"
 	"github.com/sandman-dev/sandman/e2e/framework"
 	"github.com/sandman-dev/sandman/runtime"
-	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
+	"github.com/sandman-dev/sandman/runtime/noderuntime"
 	"github.com/sandman-dev/sandman/runtime/runtimetest"
 	"github.com/sandman-dev/sandman/runtime/sandboxdns"
 )
@@ -67,7 +67,7 @@ func TestRootSandboxFirewall(t *testing.T) {
 	ctx := t.Context()
 	// allowed is the pool's exception (--sandbox-egress-allow).
 	const public, allowed = "203.0.113.77", "203.0.113.78"
-	rt := newContainerdRuntime(t, s, 8, 3, func(c *rtcontainerd.Config) {
+	rt := newContainerdRuntime(t, s, 8, 3, func(c *noderuntime.Config) {
 		c.EgressInternet = true
 		c.EgressAllow = []netip.Prefix{netip.MustParsePrefix(allowed + "/32")}
 	})
@@ -235,7 +235,7 @@ func TestRootSandboxDomains(t *testing.T) {
 			t.Errorf("resolver: %v", err)
 		}
 	})
-	rt := newContainerdRuntime(t, s, 4, 2, func(c *rtcontainerd.Config) {
+	rt := newContainerdRuntime(t, s, 4, 2, func(c *noderuntime.Config) {
 		c.EgressInternet = true
 		c.DNS = resolver
 	})

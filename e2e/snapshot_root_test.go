@@ -21,7 +21,7 @@ import (
 
 	"github.com/sandman-dev/sandman/e2e/framework"
 	"github.com/sandman-dev/sandman/runtime"
-	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
+	"github.com/sandman-dev/sandman/runtime/noderuntime"
 	"github.com/sandman-dev/sandman/runtime/runtimetest"
 )
 
@@ -96,7 +96,7 @@ func taskStatus(t *testing.T, cc *ctrd.Client, id string) ctrd.ProcessStatus {
 func TestRootSnapshot(t *testing.T) {
 	s := framework.Get(t)
 	proxy := startRegistryProxy(t, s.Registry)
-	rt := runtimeWithUserNS(t, s, 3, 1, func(c *rtcontainerd.Config) {
+	rt := runtimeWithUserNS(t, s, 3, 1, func(c *noderuntime.Config) {
 		c.SnapshotRegistry = proxy.Host + "/sandman-e2e"
 	})
 	ctx := t.Context()
@@ -265,7 +265,7 @@ func TestRootSnapshotFailures(t *testing.T) {
 		t.Fatalf("mount a 1 MiB tmpfs: %v", err)
 	}
 	t.Cleanup(func() { _ = unix.Unmount(scratch, unix.MNT_DETACH) })
-	rt := runtimeWithUserNS(t, s, 2, 1, func(c *rtcontainerd.Config) {
+	rt := runtimeWithUserNS(t, s, 2, 1, func(c *noderuntime.Config) {
 		c.SnapshotRegistry, c.SnapshotScratchDir = auth, scratch
 	})
 	ctx := t.Context()

@@ -30,8 +30,8 @@ import (
 	"github.com/sandman-dev/sandman/daemon/client"
 	"github.com/sandman-dev/sandman/e2e/framework"
 	"github.com/sandman-dev/sandman/runtime"
-	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
 	"github.com/sandman-dev/sandman/runtime/nodeapi"
+	"github.com/sandman-dev/sandman/runtime/noderuntime"
 	"github.com/sandman-dev/sandman/vk"
 )
 
@@ -475,13 +475,13 @@ func (p *vpool) expectNoContainersBut(n int) {
 		total := 0
 		for _, a := range p.agents {
 			cc := p.s.Containerd(p.t, a.namespace)
-			cs, err := cc.Containers(ctx, fmt.Sprintf(`labels."%s"==%s`, rtcontainerd.LabelNode, a.name))
+			cs, err := cc.Containers(ctx, fmt.Sprintf(`labels."%s"==%s`, noderuntime.LabelNode, a.name))
 			if err != nil {
 				return false, err
 			}
 			for _, c := range cs {
 				l, _ := c.Labels(ctx)
-				if l[rtcontainerd.LabelHot] == "" && l[rtcontainerd.LabelHolder] == "" {
+				if l[noderuntime.LabelHot] == "" && l[noderuntime.LabelHolder] == "" {
 					total++
 				}
 			}

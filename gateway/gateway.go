@@ -88,6 +88,9 @@ type Config struct {
 	// apiserver's node proxy, RBAC nodes/proxy create).
 	Snapshot func(ctx context.Context, node string, req vkapi.SnapshotRequest) (runtime.SnapshotResult, error)
 
+	// Logger gets the gateway's lines as given: the caller names the
+	// component (cmd/sandman-gateway adds component=gateway), so the
+	// gateway adds no attribute of its own that would repeat it.
 	Logger *slog.Logger
 	// Now is the clock for timeouts (default time.Now).
 	Now func() time.Time
@@ -162,7 +165,7 @@ func New(cfg Config) (*Gateway, error) {
 			IdleConnTimeout:     90 * time.Second,
 		}
 	}
-	g := &Gateway{cfg: cfg, log: cfg.Logger.With("component", "gateway")}
+	g := &Gateway{cfg: cfg, log: cfg.Logger}
 	g.waiters.m = map[string]map[chan struct{}]struct{}{}
 	g.tomb.m = map[string]time.Time{}
 	if cfg.KeysSecret.Name == "" {

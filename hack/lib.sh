@@ -14,7 +14,8 @@ GVISOR_VERSION=v0.0.0-20260905035102-160fafc42237
 
 KUBE_BIN=$SANDMAN_CACHE/kube-$KUBE_VERSION
 CONTAINERD_BIN=$SANDMAN_CACHE/containerd-$CONTAINERD_VERSION
-REGISTRY_BIN=$SANDMAN_CACHE/registry-$REGISTRY_VERSION
+# -fs: our own main with the filesystem storage driver only (hack/tools/registry).
+REGISTRY_BIN=$SANDMAN_CACHE/registry-$REGISTRY_VERSION-fs
 # The runc that sandboxes run under (user namespaces need runc >= 1.2; Debian
 # bookworm has 1.1.5). The node agent names it per container; the stack's
 # containerd keeps the system runc for the kubelet's pods.

@@ -1,4 +1,4 @@
 // Package runtime holds the node-side contract: a Runtime keeps slots that move
 // warm → binding → bound → releasing → warm. Implementations live in
-// runtime/containerd (real) and runtime/fake (in memory, for scale tests).
+// runtime/noderuntime (real) and runtime/fake (in memory, for scale tests).
 package runtime

@@ -22,7 +22,7 @@ var ErrNotServing = errors.New("node agent not serving yet")
 
 // Runtime is a node's set of sandbox slots. Slots move
 // warm → binding → bound → releasing → warm, or to broken when a slot cannot
-// be recycled. Implementations: runtime/containerd (real) and runtime/fake.
+// be recycled. Implementations: runtime/noderuntime (real) and runtime/fake.
 //
 // Errors use github.com/containerd/errdefs classes:
 //   - ErrResourceExhausted: no warm slot, or the pod does not fit;
@@ -349,7 +349,7 @@ type Drainer interface {
 }
 
 // ImageCache is implemented by runtimes that prepare images ahead of binds
-// (runtime/containerd through nodeimage, runtime/fake, the node API client).
+// (runtime/noderuntime through nodeimage, runtime/fake, the node API client).
 type ImageCache interface {
 	// PrePull pins images: they are pulled in the background, a bounded
 	// number at a time, and kept however full the cache gets.

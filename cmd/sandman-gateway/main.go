@@ -13,6 +13,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -102,7 +103,7 @@ func run(args []string) error {
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("component", "gateway")
+	log := newLogger(os.Stderr, level)
 	klog.SetSlogLogger(log)
 
 	namespaces, err := namespaceList(o.namespace, o.namespaces)
@@ -238,6 +239,12 @@ func run(args []string) error {
 		})
 	}
 	return g.Wait()
+}
+
+// newLogger is the process's logger: JSON lines on w carrying
+// component=gateway once (gateway.New adds none of its own).
+func newLogger(w io.Writer, level slog.Level) *slog.Logger {
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level})).With("component", "gateway")
 }
 
 type listener struct {

@@ -30,11 +30,11 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/sandman-dev/sandman/runtime"
-	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
 	"github.com/sandman-dev/sandman/runtime/hostexec"
 	"github.com/sandman-dev/sandman/runtime/netpolicy"
 	"github.com/sandman-dev/sandman/runtime/nodeapi"
 	"github.com/sandman-dev/sandman/runtime/nodeapi/nodetls"
+	"github.com/sandman-dev/sandman/runtime/noderuntime"
 	"github.com/sandman-dev/sandman/runtime/sandboxdns"
 	"github.com/sandman-dev/sandman/runtime/sandboxnet"
 )
@@ -118,7 +118,7 @@ func run(args []string) error {
 	fs.StringVar(&o.cpu, "cpu", "", "CPU sandboxes may request in total, e.g. 8 (default: all cores)")
 	fs.StringVar(&o.memory, "memory", "", "memory sandboxes may request in total, e.g. 16Gi (default: all memory)")
 	fs.Int64Var(&o.pidsLimit, "pids-limit", 1024, "processes per sandbox container (a pod's lower limit from its pool applies instead)")
-	fs.IntVar(&o.shimGroupSize, "shim-group-size", rtcontainerd.DefaultShimGroupSize, "slots sharing one runc shim, each group kept alive by a holder container (16: ~2.7 MB of host memory per idle sandbox; 1: a shim per sandbox, no holders, ~6.4 MB, no shared fate)")
+	fs.IntVar(&o.shimGroupSize, "shim-group-size", noderuntime.DefaultShimGroupSize, "slots sharing one runc shim, each group kept alive by a holder container (16: ~2.7 MB of host memory per idle sandbox; 1: a shim per sandbox, no holders, ~6.4 MB, no shared fate)")
 	fs.StringVar(&o.seccompRoot, "seccomp-profile-root", "/var/lib/kubelet/seccomp", "directory of the seccomp profiles pods name with seccompProfile Localhost, as the kubelet's (in a pod: under --host-root)")
 	fs.StringVar(&o.imageCache, "image-cache-bytes", "", "disk budget for images, e.g. 50Gi; least recently used images no slot uses are removed above it (default: no budget)")
 	fs.StringVar(&o.snapshotRegistry, "snapshot-registry", "", "registry (host[:port][/path-prefix]) that snapshots of sandboxes are pushed to; a snapshot named repository:tag goes under it, a full name must be in it (empty: the node takes no snapshots)")
@@ -295,7 +295,7 @@ func run(args []string) error {
 		if cidr = strings.TrimSpace(cidr); cidr == "" {
 			continue
 		}
-		unguard, err := rtcontainerd.GuardPort(cidr, l.Addr().(*net.TCPAddr).Port)
+		unguard, err := noderuntime.GuardPort(cidr, l.Addr().(*net.TCPAddr).Port)
 		if err != nil {
 			return err
 		}
@@ -330,11 +330,11 @@ func run(args []string) error {
 	log.Info("listening", "listen", o.listen, "node", o.node)
 
 	var client *ctrd.Client
-	var rt *rtcontainerd.Runtime
+	var rt *noderuntime.Runtime
 	// The policy engine is made first (the runtime asks it at every bind)
 	// and refreshes the runtime's firewalls once that exists.
-	var policies rtcontainerd.PolicySource
-	var refresh atomic.Pointer[rtcontainerd.Runtime]
+	var policies noderuntime.PolicySource
+	var refresh atomic.Pointer[noderuntime.Runtime]
 	if o.networkPolicies {
 		kc, err := kubeClient(o.kubeconfig)
 		if err != nil {
@@ -469,7 +469,7 @@ func probe(file string) int {
 
 // connect reaches containerd and builds the runtime (which loads the CNI
 // config and recovers what a previous agent left).
-func connect(ctx context.Context, o options, res runtime.Resources, cacheBytes int64, cniBinDir string, policies rtcontainerd.PolicySource, dns *sandboxdns.Server, log *slog.Logger) (*ctrd.Client, *rtcontainerd.Runtime, error) {
+func connect(ctx context.Context, o options, res runtime.Resources, cacheBytes int64, cniBinDir string, policies noderuntime.PolicySource, dns *sandboxdns.Server, log *slog.Logger) (*ctrd.Client, *noderuntime.Runtime, error) {
 	if _, err := os.Stat(o.containerdAddress); err != nil {
 		return nil, nil, fmt.Errorf("containerd unreachable at %s: %w (is --containerd-address the worker's containerd socket, mounted into the pod?)", o.containerdAddress, err)
 	}
@@ -505,7 +505,7 @@ func connect(ctx context.Context, o options, res runtime.Resources, cacheBytes i
 	if o.noFirewall {
 		log.Warn("--no-sandbox-firewall: sandboxes reach everything this node can")
 	}
-	cfg := rtcontainerd.Config{
+	cfg := noderuntime.Config{
 		EgressInternet: internet, EgressAllow: allow, EgressDeny: deny, NoFirewall: o.noFirewall, Policies: policies,
 		DiskInodes: o.diskInodes,
 		Client:     client, Namespace: o.namespace, Node: o.node, Slots: o.slots, WarmSlots: o.warmSlots,
@@ -513,7 +513,7 @@ func connect(ctx context.Context, o options, res runtime.Resources, cacheBytes i
 		CNIConfDir: o.cniConfDir, CNIBinDir: cniBinDir, PidsLimit: o.pidsLimit, Logger: log,
 		SeccompProfileRoot: o.seccompRoot,
 		ShimGroupSize:      o.shimGroupSize,
-		RuncPath:           o.runc, RunscPath: o.runsc, RunscPlatform: o.runscPlatform, UserNamespaces: rtcontainerd.UserNamespaces(o.userNS), UserNamespaceBase: uint32(o.userNSBase),
+		RuncPath:           o.runc, RunscPath: o.runsc, RunscPlatform: o.runscPlatform, UserNamespaces: noderuntime.UserNamespaces(o.userNS), UserNamespaceBase: uint32(o.userNSBase),
 		RegistryHostsDir: o.hostsDir, ImageCacheBytes: cacheBytes, PrePull: o.prePull, PrePullConcurrency: o.prePullConcurrency,
 		SnapshotRegistry: o.snapshotRegistry, SnapshotPushConfig: o.snapshotPushConfig, SnapshotScratchDir: o.snapshotScratchDir, SnapshotRepositories: o.snapshotRepositories,
 		HotSlots: o.hotBudget, HotImages: o.hotImages, HotMixWindow: o.hotMixWindow, HotMixHalfLife: o.hotMixHalfLife,
@@ -521,7 +521,7 @@ func connect(ctx context.Context, o options, res runtime.Resources, cacheBytes i
 	if dns != nil {
 		cfg.DNS = dns
 	}
-	rt, err := rtcontainerd.New(ctx, cfg)
+	rt, err := noderuntime.New(ctx, cfg)
 	if err != nil {
 		client.Close()
 		return nil, nil, err

@@ -249,6 +249,22 @@ func run(args []string) (retErr error) {
 	if n := countSet(o.poolSecretName != "", o.tokenFile != "" || os.Getenv("SANDMAN_POOL_TOKEN") != ""); n > 1 || n == 0 && o.nodeAPICASecret == "" {
 		return errors.New("give one of --pool-secret-name, --token-file or SANDMAN_POOL_TOKEN, or --node-api-ca-secret (mutual TLS; the pool secret then only derives sandbox control tokens)")
 	}
+	// Every listener is bound now, before anything waits (the apiserver,
+	// the node agents, a serving certificate): a taken address fails the
+	// process at once, naming it. The kubelet port is bound when it is to
+	// be served (with TLS) and serves only while this process leads.
+	var kubeletL net.Listener
+	if serving == servingCSR || o.tlsCert != "" {
+		if kubeletL, err = listen("--kubelet-listen", o.kubeletListen); err != nil {
+			return err
+		}
+		defer kubeletL.Close()
+	}
+	ml, err := listen("--metrics-listen", o.metricsListen)
+	if err != nil {
+		return err
+	}
+	defer ml.Close()
 
 	restCfg, err := clientcmd.BuildConfigFromFlags("", o.kubeconfig)
 	if err != nil {
@@ -272,12 +288,13 @@ func run(args []string) (retErr error) {
 		return err
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-
-	// Goroutines that watch files end with ctx; wg waits.
+	// Goroutines that watch files end with ctx; wg waits, after stop has
+	// ended ctx (deferred later, so it runs first): an error return must
+	// not wait for a signal.
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
 	var apiCerts *nodetls.Authority
 	if o.nodeAPICASecret != "" {
 		ns, name, err := parseSecretName(o.nodeAPICASecret)
@@ -485,15 +502,19 @@ func run(args []string) (retErr error) {
 	if o.podWatch == "assigned" {
 		nodeClient = vk.WidePodWatch(client, o.nodeName)
 	}
+	// The kubelet port's TLS (nil: the port is not served), set below.
+	var kubeletTLS *tls.Config
 	opts := []nodeutil.NodeOpt{
 		nodeutil.WithClient(nodeClient),
 		func(c *nodeutil.NodeConfig) error {
 			c.NodeSpec = spec
 			c.InformerResyncPeriod = o.resync
 			c.NumWorkers = o.workers
-			c.HTTPListenAddr = o.kubeletListen
 			c.EventRecorder = recorder
-			c.Handler = kubeletHandler
+			// The kubelet port is served in lead, on the listener bound
+			// at start: nodeutil, given no handler, serves none itself.
+			c.TLSConfig = kubeletTLS
+			c.Handler = nil
 			return nil
 		},
 		nodeutil.AttachProviderRoutes(mux),
@@ -521,7 +542,9 @@ func run(args []string) (retErr error) {
 	}
 	switch {
 	case certs != nil:
-		opts = append(opts, nodeutil.WithTLSConfig(kubeletTLSOptions("", "", o.clientCA, certs.GetCertificate)...))
+		if kubeletTLS, err = kubeletTLSConfig(kubeletTLSOptions("", "", o.clientCA, certs.GetCertificate)); err != nil {
+			return err
+		}
 	case o.tlsCert != "":
 		// Files are watched: a Secret mounted there (say, cert-manager's)
 		// renews the certificate without a restart.
@@ -529,7 +552,9 @@ func run(args []string) (retErr error) {
 		if err != nil {
 			return err
 		}
-		opts = append(opts, nodeutil.WithTLSConfig(kubeletTLSOptions("", "", o.clientCA, getCert)...))
+		if kubeletTLS, err = kubeletTLSConfig(kubeletTLSOptions("", "", o.clientCA, getCert)); err != nil {
+			return err
+		}
 	default:
 		log.Warn("no --tls-cert-file and --serving-cert=file: the kubelet API (kubectl logs/exec) is not served")
 	}
@@ -588,10 +613,6 @@ func run(args []string) (retErr error) {
 		metrics.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
 	metrics.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	ml, err := net.Listen("tcp", o.metricsListen)
-	if err != nil {
-		return fmt.Errorf("--metrics-listen: %w", err)
-	}
 	msrv := &http.Server{Handler: metrics, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = msrv.Serve(ml) }()
 	defer msrv.Close()
@@ -637,6 +658,21 @@ func run(args []string) (retErr error) {
 			})
 		}
 		log.Info("virtual node starting", "vnode", o.nodeName, "pool", o.poolName, "agents", pl.NodeNames(), "ip", o.nodeIP, "epoch", epoch)
+		if kubeletL != nil && kubeletTLS != nil {
+			// As nodeutil would serve it, on the listener bound at start.
+			srv := &http.Server{Handler: kubeletHandler, TLSConfig: kubeletTLS, ReadHeaderTimeout: 30 * time.Second}
+			g.Go(func() error {
+				if err := srv.Serve(tls.NewListener(kubeletL, kubeletTLS)); !errors.Is(err, http.ErrServerClosed) {
+					return fmt.Errorf("kubelet API on %s: %w", kubeletL.Addr(), err)
+				}
+				return nil
+			})
+			g.Go(func() error {
+				<-ctx.Done()
+				_ = srv.Close()
+				return nil
+			})
+		}
 		g.Go(func() error {
 			err := vnode.Run(ctx)
 			if errors.Is(err, context.Canceled) {
@@ -682,6 +718,27 @@ func syncInformers(ctx context.Context, informers []cache.SharedIndexInformer) e
 		return fmt.Errorf("pod, secret, config map, service, RuntimeClass and namespace informers: %w", context.Cause(ctx))
 	}
 	return nil
+}
+
+// listen binds addr for the listener flag names, or says which flag and
+// address could not be bound and why.
+func listen(flag, addr string) (net.Listener, error) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("%s=%s: %w", flag, addr, err)
+	}
+	return l, nil
+}
+
+// kubeletTLSConfig is the kubelet port's TLS configuration as
+// nodeutil.WithTLSConfig makes it (its ciphers and minimum version) with
+// opts applied.
+func kubeletTLSConfig(opts []func(*tls.Config) error) (*tls.Config, error) {
+	var c nodeutil.NodeConfig
+	if err := nodeutil.WithTLSConfig(opts...)(&c); err != nil {
+		return nil, fmt.Errorf("kubelet TLS: %w", err)
+	}
+	return c.TLSConfig, nil
 }
 
 // inClusterCA is the cluster CA as every pod sees it.

@@ -19,7 +19,7 @@ func TestLinksNoServer(t *testing.T) {
 	if err != nil {
 		t.Fatalf("go list -deps: %v\n%s", err, out)
 	}
-	forbidden := regexp.MustCompile(`^(github\.com/virtual-kubelet/virtual-kubelet(/.*)?|github\.com/sandman-dev/sandman/(vk|pool|daemon|runtime/containerd|runtime/nodeapi))$`)
+	forbidden := regexp.MustCompile(`^(github\.com/virtual-kubelet/virtual-kubelet(/.*)?|github\.com/sandman-dev/sandman/(vk|pool|daemon|runtime/noderuntime|runtime/nodeapi))$`)
 	var bad []string
 	for _, pkg := range strings.Fields(string(out)) {
 		if forbidden.MatchString(pkg) {

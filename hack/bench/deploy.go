@@ -16,7 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/sandman-dev/sandman/runtime"
-	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
+	"github.com/sandman-dev/sandman/runtime/noderuntime"
 )
 
 // benchDeploy: create → Ready of a burst of real sandboxes through the
@@ -38,7 +38,7 @@ func benchDeploy(cfg config) ([]row, error) {
 	// masquerade + portmap, on the node's pod CIDR), to tell the cost of the
 	// network from the cost of running as a pod.
 	hostBurst := func(name, cniConfDir string) (burstResult, error) {
-		rt, stop, err := b.be.startRuntime(ctx, name, func(c *rtcontainerd.Config) {
+		rt, stop, err := b.be.startRuntime(ctx, name, func(c *noderuntime.Config) {
 			c.Slots, c.WarmSlots = slots, warm
 			if cniConfDir != "" {
 				c.CNIConfDir = cniConfDir

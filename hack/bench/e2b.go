@@ -23,8 +23,8 @@ import (
 	"github.com/sandman-dev/sandman/daemon/envd/spec/process"
 	"github.com/sandman-dev/sandman/daemon/envd/spec/process/processconnect"
 	"github.com/sandman-dev/sandman/runtime"
-	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
 	"github.com/sandman-dev/sandman/runtime/fake"
+	"github.com/sandman-dev/sandman/runtime/noderuntime"
 )
 
 // benchE2B: the E2B path beside sandman's own, same run. A sandbox created
@@ -45,7 +45,7 @@ func benchE2B(cfg config) ([]row, error) {
 	if err != nil {
 		return nil, err
 	}
-	rt, stopRT, err := b.be.startRuntime(ctx, "bench-e2b", func(c *rtcontainerd.Config) { c.Slots, c.WarmSlots = 8, 4 })
+	rt, stopRT, err := b.be.startRuntime(ctx, "bench-e2b", func(c *noderuntime.Config) { c.Slots, c.WarmSlots = 8, 4 })
 	if err != nil {
 		return nil, err
 	}

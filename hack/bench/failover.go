@@ -8,7 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sandman-dev/sandman/runtime"
-	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
+	"github.com/sandman-dev/sandman/runtime/noderuntime"
 )
 
 // benchFailover measures sandman-vk's failover (issue 13): two replicas of
@@ -24,7 +24,7 @@ func benchFailover(cfg config) ([]row, error) {
 	}
 	defer done()
 	image := b.env["BUSYBOX_IMAGE"]
-	rt, stopRT, err := b.be.startRuntime(ctx, "bench-failover", func(c *rtcontainerd.Config) { c.Slots, c.WarmSlots = 32, 4 })
+	rt, stopRT, err := b.be.startRuntime(ctx, "bench-failover", func(c *noderuntime.Config) { c.Slots, c.WarmSlots = 32, 4 })
 	if err != nil {
 		return nil, err
 	}

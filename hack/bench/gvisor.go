@@ -9,7 +9,7 @@ import (
 	"github.com/sandman-dev/sandman/daemon/api"
 	"github.com/sandman-dev/sandman/daemon/client"
 	"github.com/sandman-dev/sandman/runtime"
-	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
+	"github.com/sandman-dev/sandman/runtime/noderuntime"
 	"github.com/sandman-dev/sandman/runtime/runtimetest"
 )
 
@@ -25,7 +25,7 @@ type handlerFigures struct {
 // the last one.
 func (b benchEnv) handlerBinds(ctx context.Context, node, image, handler, runc, runsc string, n int) (handlerFigures, error) {
 	var f handlerFigures
-	rt, stop, err := b.startRuntime(ctx, node, func(c *rtcontainerd.Config) {
+	rt, stop, err := b.startRuntime(ctx, node, func(c *noderuntime.Config) {
 		c.Slots, c.WarmSlots, c.RuncPath, c.RunscPath = 4, 2, runc, runsc
 	})
 	if err != nil {

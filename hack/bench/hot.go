@@ -24,7 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sandman-dev/sandman/runtime"
-	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
+	"github.com/sandman-dev/sandman/runtime/noderuntime"
 	"github.com/sandman-dev/sandman/runtime/runtimetest"
 )
 
@@ -204,7 +204,7 @@ func pushHotImages(registry, busybox string, n int) ([]string, error) {
 // budget (0: off).
 func (b benchEnv) hotBurst(ctx context.Context, sched []hotArrival, images []string, slots, warm, budget int) (hotRun, error) {
 	res := hotRun{budget: budget, perImageHot: make([]int, len(images)), perImageAfter: make([]int, len(images))}
-	rt, stop, err := b.startRuntime(ctx, "bench-hot-"+strconv.Itoa(budget), func(c *rtcontainerd.Config) {
+	rt, stop, err := b.startRuntime(ctx, "bench-hot-"+strconv.Itoa(budget), func(c *noderuntime.Config) {
 		c.Slots, c.WarmSlots, c.HotSlots, c.PrePull = slots, warm, budget, images
 	})
 	if err != nil {

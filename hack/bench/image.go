@@ -15,7 +15,7 @@ import (
 
 	"github.com/sandman-dev/sandman/nodeimage"
 	"github.com/sandman-dev/sandman/runtime"
-	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
+	"github.com/sandman-dev/sandman/runtime/noderuntime"
 	"github.com/sandman-dev/sandman/runtime/runtimetest"
 )
 
@@ -103,7 +103,7 @@ func benchImage(cfg config) ([]row, error) {
 		return nil, err
 	}
 	be := benchEnv{client: client, env: env, daemonBin: daemonBin, namespace: imageBenchNamespace}
-	rt, stop, err := be.startRuntime(ctx, "bench-image", func(c *rtcontainerd.Config) { c.Slots, c.WarmSlots = 4, 2 })
+	rt, stop, err := be.startRuntime(ctx, "bench-image", func(c *noderuntime.Config) { c.Slots, c.WarmSlots = 4, 2 })
 	if err != nil {
 		return nil, err
 	}

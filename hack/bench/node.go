@@ -24,7 +24,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/sandman-dev/sandman/runtime"
-	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
+	"github.com/sandman-dev/sandman/runtime/noderuntime"
 	"github.com/sandman-dev/sandman/runtime/runtimetest"
 )
 
@@ -91,8 +91,8 @@ func benchNode(cfg config) ([]row, error) {
 		id := "raw-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 		start := time.Now()
 		c, err := client.NewContainer(ctx, id, ctrd.WithNewSnapshot(id, img),
-			ctrd.WithNewSpec(oci.WithImageConfig(img), oci.WithProcessArgs(rtcontainerd.DaemonMountPath, "--allow-unauthenticated"),
-				oci.WithMounts([]specs.Mount{{Destination: rtcontainerd.DaemonMountPath, Type: "bind", Source: daemonBin, Options: []string{"rbind", "ro"}}})))
+			ctrd.WithNewSpec(oci.WithImageConfig(img), oci.WithProcessArgs(noderuntime.DaemonMountPath, "--allow-unauthenticated"),
+				oci.WithMounts([]specs.Mount{{Destination: noderuntime.DaemonMountPath, Type: "bind", Source: daemonBin, Options: []string{"rbind", "ro"}}})))
 		if err != nil {
 			return 0, err
 		}
@@ -112,7 +112,7 @@ func benchNode(cfg config) ([]row, error) {
 		return nil, fmt.Errorf("raw containerd: %w", err)
 	}
 
-	rt, stop, err := be.startRuntime(ctx, "bench", func(c *rtcontainerd.Config) { c.Slots, c.WarmSlots = 24, 8 })
+	rt, stop, err := be.startRuntime(ctx, "bench", func(c *noderuntime.Config) { c.Slots, c.WarmSlots = 24, 8 })
 	if err != nil {
 		return nil, err
 	}
@@ -140,7 +140,7 @@ func benchNode(cfg config) ([]row, error) {
 	// The isolation layers of issue 14, each against the same runtime
 	// without it, in the same run: the sandbox firewall (on above: its
 	// cost is in generic), and user namespaces with the pinned runc.
-	noFW, err := be.genericBinds(ctx, "bench-nofw", image, n, func(c *rtcontainerd.Config) { c.NoFirewall = true })
+	noFW, err := be.genericBinds(ctx, "bench-nofw", image, n, func(c *noderuntime.Config) { c.NoFirewall = true })
 	if err != nil {
 		return nil, fmt.Errorf("generic bind without the firewall: %w", err)
 	}
@@ -148,7 +148,7 @@ func benchNode(cfg config) ([]row, error) {
 	if runc == "" {
 		runc = filepath.Join(env["SANDMAN_CACHE"], "runc-"+env["RUNC_VERSION"], "runc")
 	}
-	pinned, err := be.genericBinds(ctx, "bench-runc", image, n, func(c *rtcontainerd.Config) { c.RuncPath = runc })
+	pinned, err := be.genericBinds(ctx, "bench-runc", image, n, func(c *noderuntime.Config) { c.RuncPath = runc })
 	if err != nil {
 		return nil, fmt.Errorf("generic bind, pinned runc: %w", err)
 	}
@@ -161,7 +161,7 @@ func benchNode(cfg config) ([]row, error) {
 			version = strings.SplitN(string(out), "\n", 2)[0]
 		}
 		crunRow.name = "generic bind, " + version + " (" + crun + "), node's users"
-		d, err := be.genericBinds(ctx, "bench-crun", image, n, func(c *rtcontainerd.Config) { c.RuncPath = crun })
+		d, err := be.genericBinds(ctx, "bench-crun", image, n, func(c *noderuntime.Config) { c.RuncPath = crun })
 		if err != nil {
 			// A crun too old for the runtime-spec version containerd
 			// writes refuses every container: say so, measure the rest.
@@ -170,8 +170,8 @@ func benchNode(cfg config) ([]row, error) {
 			crunRow.n, crunRow.p50, crunRow.p99, crunRow.ratio, crunRow.note = n, ms(d.p50()), ms(d.p99()), ratio(d.p50(), pinned.p50()), ""
 		}
 	}
-	userns, err := be.genericBinds(ctx, "bench-userns", image, n, func(c *rtcontainerd.Config) {
-		c.RuncPath, c.UserNamespaces = runc, rtcontainerd.UserNamespacesOn
+	userns, err := be.genericBinds(ctx, "bench-userns", image, n, func(c *noderuntime.Config) {
+		c.RuncPath, c.UserNamespaces = runc, noderuntime.UserNamespacesOn
 	})
 	if err != nil {
 		return nil, fmt.Errorf("generic bind in a user namespace: %w", err)
@@ -187,7 +187,7 @@ func benchNode(cfg config) ([]row, error) {
 	}
 
 	// Hot slots: the busybox image pinned, 4 started sandboxes waiting.
-	hotRT, stopHot, err := be.startRuntime(ctx, "bench-hot", func(c *rtcontainerd.Config) {
+	hotRT, stopHot, err := be.startRuntime(ctx, "bench-hot", func(c *noderuntime.Config) {
 		c.Slots, c.WarmSlots, c.HotSlots, c.HotImages = 6, 1, 4, []string{image}
 	})
 	if err != nil {
@@ -316,7 +316,7 @@ func (b benchEnv) memoryRows(ctx context.Context) ([]row, error) {
 		if size > 1 {
 			name = fmt.Sprintf("%d sandboxes per shim + holder", size)
 		}
-		if size == rtcontainerd.DefaultShimGroupSize {
+		if size == noderuntime.DefaultShimGroupSize {
 			name += " (default)"
 		}
 		pss, procs, err := b.groupedMemory(ctx, size)
@@ -340,7 +340,7 @@ func (b benchEnv) memoryRows(ctx context.Context) ([]row, error) {
 func (b benchEnv) groupedMemory(ctx context.Context, size int) (float64, int, error) {
 	b.namespace = benchNamespace + "-mem"
 	image := b.env["BUSYBOX_IMAGE"]
-	rt, stop, err := b.startRuntime(ctx, fmt.Sprintf("bench-mem-%d", size), func(c *rtcontainerd.Config) {
+	rt, stop, err := b.startRuntime(ctx, fmt.Sprintf("bench-mem-%d", size), func(c *noderuntime.Config) {
 		c.Slots, c.WarmSlots, c.ShimGroupSize = memSandboxes, memSandboxes, size
 	})
 	if err != nil {
@@ -377,12 +377,12 @@ type benchEnv struct {
 }
 
 // startRuntime starts a containerd runtime for a benchmark; stop destroys it.
-func (b benchEnv) startRuntime(ctx context.Context, node string, mutate func(*rtcontainerd.Config)) (*rtcontainerd.Runtime, func(), error) {
+func (b benchEnv) startRuntime(ctx context.Context, node string, mutate func(*noderuntime.Config)) (*noderuntime.Runtime, func(), error) {
 	ns := b.namespace
 	if ns == "" {
 		ns = benchNamespace
 	}
-	cfg := rtcontainerd.Config{
+	cfg := noderuntime.Config{
 		Client: b.client, Namespace: ns, Node: node,
 		StateDir: filepath.Join(b.env["SANDMAN_STATE"], node), DaemonPath: b.daemonBin,
 		CNIConfDir: b.env["CNI_CONF_DIR"], CNIBinDir: b.env["CNI_BIN_DIR"],
@@ -390,7 +390,7 @@ func (b benchEnv) startRuntime(ctx context.Context, node string, mutate func(*rt
 		Logger:    slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: benchLogLevel()})),
 	}
 	mutate(&cfg)
-	rt, err := rtcontainerd.New(ctx, cfg)
+	rt, err := noderuntime.New(ctx, cfg)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -433,8 +433,8 @@ func benchLogLevel() slog.Level {
 
 // genericBinds measures n generic binds (each released before the next) on
 // a runtime of its own, configured by mutate.
-func (b benchEnv) genericBinds(ctx context.Context, node, image string, n int, mutate func(*rtcontainerd.Config)) (durations, error) {
-	rt, stop, err := b.startRuntime(ctx, node, func(c *rtcontainerd.Config) {
+func (b benchEnv) genericBinds(ctx context.Context, node, image string, n int, mutate func(*noderuntime.Config)) (durations, error) {
+	rt, stop, err := b.startRuntime(ctx, node, func(c *noderuntime.Config) {
 		c.Slots, c.WarmSlots = 4, 2
 		mutate(c)
 	})

@@ -32,8 +32,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/sandman-dev/sandman/runtime"
-	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
 	"github.com/sandman-dev/sandman/runtime/fake"
+	"github.com/sandman-dev/sandman/runtime/noderuntime"
 	"github.com/sandman-dev/sandman/runtime/runtimetest"
 )
 
@@ -604,7 +604,7 @@ func (b *vkBench) markRunning(ctx context.Context, pod *corev1.Pod) error {
 func (b *vkBench) realScale(ctx context.Context, image string) ([]row, error) {
 	slots := max(scaleRealBurst, scaleRealMax)
 	warmSlots := min(16, slots)
-	rt, stop, err := b.be.startRuntime(ctx, "bench-scale-real", func(c *rtcontainerd.Config) {
+	rt, stop, err := b.be.startRuntime(ctx, "bench-scale-real", func(c *noderuntime.Config) {
 		c.Slots, c.WarmSlots, c.RefillConcurrency = slots, warmSlots, 2
 	})
 	if err != nil {

@@ -18,7 +18,7 @@ import (
 	"github.com/sandman-dev/sandman/daemon/api"
 	"github.com/sandman-dev/sandman/daemon/client"
 	"github.com/sandman-dev/sandman/runtime"
-	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
+	"github.com/sandman-dev/sandman/runtime/noderuntime"
 	"github.com/sandman-dev/sandman/runtime/runtimetest"
 )
 
@@ -68,7 +68,7 @@ func benchSnapshot(cfg config) ([]row, error) {
 	defer removeNamespace(cc, snapNamespace)
 	base := env["DEBIAN_IMAGE"]
 	be := benchEnv{client: cc, env: env, daemonBin: daemonBin, namespace: snapNamespace}
-	rt, stop, err := be.startRuntime(ctx, "bench-snap", func(c *rtcontainerd.Config) {
+	rt, stop, err := be.startRuntime(ctx, "bench-snap", func(c *noderuntime.Config) {
 		c.Slots, c.WarmSlots = 24, 21
 		c.SnapshotRegistry = env["REGISTRY"] + "/" + snapRepo
 	})

@@ -36,9 +36,9 @@ import (
 	daemonapi "github.com/sandman-dev/sandman/daemon/api"
 	"github.com/sandman-dev/sandman/daemon/client"
 	"github.com/sandman-dev/sandman/runtime"
-	rtcontainerd "github.com/sandman-dev/sandman/runtime/containerd"
 	"github.com/sandman-dev/sandman/runtime/fake"
 	"github.com/sandman-dev/sandman/runtime/nodeapi"
+	"github.com/sandman-dev/sandman/runtime/noderuntime"
 	"github.com/sandman-dev/sandman/runtime/runtimetest"
 )
 
@@ -74,7 +74,7 @@ func benchVK(cfg config) ([]row, error) {
 
 	// Generic warm slots.
 	if os.Getenv("BENCH_VK_SKIP_SINGLE") == "" {
-		rt, stop, err := b.be.startRuntime(ctx, "bench-vk-generic", func(c *rtcontainerd.Config) { c.Slots, c.WarmSlots = 8, 4 })
+		rt, stop, err := b.be.startRuntime(ctx, "bench-vk-generic", func(c *noderuntime.Config) { c.Slots, c.WarmSlots = 8, 4 })
 		if err != nil {
 			return nil, err
 		}
@@ -87,7 +87,7 @@ func benchVK(cfg config) ([]row, error) {
 	}
 	// Hot slots.
 	if os.Getenv("BENCH_VK_SKIP_SINGLE") == "" {
-		rt, stop, err := b.be.startRuntime(ctx, "bench-vk-hot", func(c *rtcontainerd.Config) {
+		rt, stop, err := b.be.startRuntime(ctx, "bench-vk-hot", func(c *noderuntime.Config) {
 			c.Slots, c.WarmSlots, c.HotSlots, c.HotImages = 6, 1, 3, []string{image}
 		})
 		if err != nil {
@@ -113,7 +113,7 @@ func benchVK(cfg config) ([]row, error) {
 	}
 	// A burst of 100 real sandboxes.
 	{
-		rt, stop, err := b.be.startRuntime(ctx, "bench-vk-burst", func(c *rtcontainerd.Config) { c.Slots, c.WarmSlots = 100, 16 })
+		rt, stop, err := b.be.startRuntime(ctx, "bench-vk-burst", func(c *noderuntime.Config) { c.Slots, c.WarmSlots = 100, 16 })
 		if err != nil {
 			return nil, err
 		}
@@ -421,7 +421,7 @@ type singleResult struct {
 // (so a hot or warm slot is there, as in steady state). sandman-vk logs
 // each pod's stages at debug level ("pod ready trace"); the preset pods'
 // are lined up with the bench's own times for the breakdown.
-func (b *vkBench) single(ctx context.Context, pool string, rt *rtcontainerd.Runtime, image string, n int, state runtime.SlotState, want int) (singleResult, error) {
+func (b *vkBench) single(ctx context.Context, pool string, rt *noderuntime.Runtime, image string, n int, state runtime.SlotState, want int) (singleResult, error) {
 	var res singleResult
 	if err := waitCount(ctx, rt, state, want); err != nil {
 		return res, err
@@ -911,7 +911,7 @@ func freeAddr(host string) string {
 // directly (baseline) and through kubectl exec (apiserver → the virtual
 // node's kubelet API → the daemon).
 func (b *vkBench) execLatency(ctx context.Context, image string, n int) ([]row, error) {
-	rt, stop, err := b.be.startRuntime(ctx, "bench-vk-exec", func(c *rtcontainerd.Config) { c.Slots, c.WarmSlots = 2, 1 })
+	rt, stop, err := b.be.startRuntime(ctx, "bench-vk-exec", func(c *noderuntime.Config) { c.Slots, c.WarmSlots = 2, 1 })
 	if err != nil {
 		return nil, err
 	}

@@ -1,4 +1,4 @@
 // Package runtimetest is the conformance suite of the runtime.Runtime
-// contract. runtime/containerd (root tier, real containerd) and runtime/fake
+// contract. runtime/noderuntime (root tier, real containerd) and runtime/fake
 // both run it: Suite(t, newHarness).
 package runtimetest

@@ -1,7 +1,0 @@
-// Package containerd is the real runtime.Runtime: slots on a worker's
-// containerd. A warm slot is a network namespace with an address from CNI
-// and a state directory; binding one creates the pod's containers from the
-// unmodified images with the daemon bind-mounted read-only as PID 1, in the
-// slot's namespace. Slot metadata lives in containerd labels and in the
-// state directory, so a restarted agent re-adopts running sandboxes.
-package containerd

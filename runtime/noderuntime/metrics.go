@@ -1,0 +1,175 @@
+package noderuntime
+
+import (
+	"context"
+	"maps"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sandman-dev/sandman/runtime"
+)
+
+// metrics are the node's slot metrics; every series carries the node label.
+type metrics struct {
+	bindSeconds    *prometheus.HistogramVec
+	releaseSeconds prometheus.Histogram
+	recycles       prometheus.Counter
+	failures       *prometheus.CounterVec
+	// Snapshots (snapshot_linux.go).
+	snapshots       *prometheus.CounterVec
+	snapshotSeconds prometheus.Histogram
+	frozenSeconds   prometheus.Histogram
+	// The hot pool (hot_linux.go): binds by path, hot-eligible binds that
+	// found no hot sandbox of their image, hot sandboxes cooled down for
+	// want of demand, and those removed for a bind of another image.
+	binds        *prometheus.CounterVec
+	hotMisses    prometheus.Counter
+	hotCooldowns prometheus.Counter
+	hotTakeovers prometheus.Counter
+}
+
+var durationBuckets = []float64{.005, .01, .025, .05, .1, .15, .2, .3, .5, .75, 1, 2, 5, 10, 30}
+
+func newMetrics(node string) *metrics {
+	l := prometheus.Labels{"node": node}
+	m := &metrics{
+		bindSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "sandman_node_bind_duration_seconds", ConstLabels: l, Buckets: durationBuckets,
+			Help: "Time to bind a pod into a slot, by phase: reserve, image, create, start, total (seconds).",
+		}, []string{"phase"}),
+		releaseSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "sandman_node_release_duration_seconds", ConstLabels: l, Buckets: durationBuckets,
+			Help: "Time to stop and remove a released pod's containers (seconds).",
+		}),
+		recycles: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sandman_node_slot_recycles_total", ConstLabels: l,
+			Help: "Slots returned to warm after a release.",
+		}),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sandman_node_bind_failures_total", ConstLabels: l,
+			Help: "Failed binds by reason (ImageNotFound, ErrImagePull, InvalidSpec, StartError, NoCapacity), and sandboxes stopped for their disk use (Evicted).",
+		}, []string{"reason"}),
+		snapshots: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sandman_node_snapshots_total", ConstLabels: l,
+			Help: "Snapshots of sandboxes by result: ok, or the class of the failure (not_found, failed_precondition, invalid_argument, registry_refused, unavailable, resource_exhausted: the disk filled, canceled, deadline_exceeded, error).",
+		}, []string{"result"}),
+		snapshotSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "sandman_node_snapshot_duration_seconds", ConstLabels: l,
+			Buckets: []float64{.25, .5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600},
+			Help:    "Time to take a snapshot of a sandbox, from the request to the image pushed (seconds).",
+		}),
+		frozenSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "sandman_node_snapshot_frozen_seconds", ConstLabels: l, Buckets: durationBuckets,
+			Help: "Time a sandbox was paused (cgroup freezer) while its changes were written (seconds).",
+		}),
+		binds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sandman_node_binds_total", ConstLabels: l,
+			Help: "Successful binds by path: hot (a started sandbox of the image assigned) or generic (containers created and started).",
+		}, []string{"path"}),
+		hotMisses: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sandman_node_hot_misses_total", ConstLabels: l,
+			Help: "Binds that could have used a hot sandbox but found none of their image (hot slots on).",
+		}),
+		hotCooldowns: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sandman_node_hot_cooldowns_total", ConstLabels: l,
+			Help: "Idle hot sandboxes removed because their image's demand fell below what was hot.",
+		}),
+		hotTakeovers: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sandman_node_hot_takeovers_total", ConstLabels: l,
+			Help: "Idle hot sandboxes removed by a bind of another image that found no other free slot.",
+		}),
+	}
+	for _, r := range runtime.SnapshotOutcomes {
+		m.snapshots.WithLabelValues(r)
+	}
+	for _, p := range []string{"hot", "generic"} {
+		m.binds.WithLabelValues(p)
+	}
+	// Every reason exists from the start, so dashboards show zeros, not gaps.
+	for _, r := range []string{runtime.ReasonImageNotFound, runtime.ReasonErrImagePull, runtime.ReasonInvalidSpec,
+		runtime.ReasonStartFailed, "NoCapacity", runtime.ReasonEvicted} {
+		m.failures.WithLabelValues(r)
+	}
+	return m
+}
+
+func (m *metrics) observePhase(phase string, start time.Time) {
+	m.bindSeconds.WithLabelValues(phase).Observe(time.Since(start).Seconds())
+}
+
+// Collector returns the runtime's metrics for a Prometheus registry: the
+// histograms and counters above, plus slots by state and capacity versus
+// allocated resources read from the inventory at scrape time.
+func (r *Runtime) Collector() prometheus.Collector { return &collector{r: r} }
+
+type collector struct{ r *Runtime }
+
+var (
+	slotsDesc    = prometheus.NewDesc("sandman_node_slots", "Slots by state (warm, hot, binding, bound, releasing, broken).", []string{"node", "state"}, nil)
+	capSlotsDesc = prometheus.NewDesc("sandman_node_capacity_slots", "Slot capacity of the node.", []string{"node"}, nil)
+	capCPUDesc   = prometheus.NewDesc("sandman_node_capacity_cpu_cores", "CPU the node offers sandboxes (cores).", []string{"node"}, nil)
+	capMemDesc   = prometheus.NewDesc("sandman_node_capacity_memory_bytes", "Memory the node offers sandboxes (bytes).", []string{"node"}, nil)
+	allocCPUDesc = prometheus.NewDesc("sandman_node_allocated_cpu_cores", "CPU requested by bound and binding pods (cores).", []string{"node"}, nil)
+	allocMemDesc = prometheus.NewDesc("sandman_node_allocated_memory_bytes", "Memory requested by bound and binding pods (bytes).", []string{"node"}, nil)
+	hotTargetDes = prometheus.NewDesc("sandman_node_hot_target_slots", "Hot sandboxes the node aims to keep per image, planned from the recent bind mix within its hot budget.", []string{"node", "image"}, nil)
+	hotBudgetDes = prometheus.NewDesc("sandman_node_hot_budget_slots", "The node's hot budget: at most this many slots hold a started sandbox waiting for a pod (0: hot slots off).", []string{"node"}, nil)
+)
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{slotsDesc, capSlotsDesc, capCPUDesc, capMemDesc, allocCPUDesc, allocMemDesc, hotTargetDes, hotBudgetDes} {
+		ch <- d
+	}
+	c.r.metrics.bindSeconds.Describe(ch)
+	c.r.metrics.releaseSeconds.Describe(ch)
+	c.r.metrics.recycles.Describe(ch)
+	c.r.metrics.failures.Describe(ch)
+	c.r.metrics.snapshots.Describe(ch)
+	c.r.metrics.snapshotSeconds.Describe(ch)
+	c.r.metrics.frozenSeconds.Describe(ch)
+	c.r.metrics.binds.Describe(ch)
+	c.r.metrics.hotMisses.Describe(ch)
+	c.r.metrics.hotCooldowns.Describe(ch)
+	c.r.metrics.hotTakeovers.Describe(ch)
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	inv, err := c.r.Inventory(context.Background())
+	if err == nil {
+		node := inv.Node
+		counts := inv.Count()
+		var alloc runtime.Resources
+		for _, s := range inv.Slots {
+			if s.State == runtime.StateBound || s.State == runtime.StateBinding || s.State == runtime.StateReleasing {
+				alloc = alloc.Add(s.Resources)
+			}
+		}
+		for _, st := range runtime.SlotStates {
+			ch <- prometheus.MustNewConstMetric(slotsDesc, prometheus.GaugeValue, float64(counts[st]), node, string(st))
+		}
+		ch <- prometheus.MustNewConstMetric(capSlotsDesc, prometheus.GaugeValue, float64(inv.Capacity.Slots), node)
+		ch <- prometheus.MustNewConstMetric(capCPUDesc, prometheus.GaugeValue, float64(inv.Capacity.Resources.MilliCPU)/1000, node)
+		ch <- prometheus.MustNewConstMetric(capMemDesc, prometheus.GaugeValue, float64(inv.Capacity.Resources.MemoryBytes), node)
+		ch <- prometheus.MustNewConstMetric(allocCPUDesc, prometheus.GaugeValue, float64(alloc.MilliCPU)/1000, node)
+		ch <- prometheus.MustNewConstMetric(allocMemDesc, prometheus.GaugeValue, float64(alloc.MemoryBytes), node)
+	}
+	c.r.mu.Lock()
+	plan := maps.Clone(c.r.hotPlan)
+	c.r.mu.Unlock()
+	node := c.r.cfg.Node
+	ch <- prometheus.MustNewConstMetric(hotBudgetDes, prometheus.GaugeValue, float64(c.r.cfg.HotSlots), node)
+	for img, n := range plan {
+		ch <- prometheus.MustNewConstMetric(hotTargetDes, prometheus.GaugeValue, float64(n), node, img)
+	}
+	c.r.metrics.bindSeconds.Collect(ch)
+	c.r.metrics.releaseSeconds.Collect(ch)
+	c.r.metrics.recycles.Collect(ch)
+	c.r.metrics.failures.Collect(ch)
+	c.r.metrics.snapshots.Collect(ch)
+	c.r.metrics.snapshotSeconds.Collect(ch)
+	c.r.metrics.frozenSeconds.Collect(ch)
+	c.r.metrics.binds.Collect(ch)
+	c.r.metrics.hotMisses.Collect(ch)
+	c.r.metrics.hotCooldowns.Collect(ch)
+	c.r.metrics.hotTakeovers.Collect(ch)
+}
