@@ -122,7 +122,7 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if startErr != nil {
-		_ = send(3, statusJSON(-1, classifyStart(cmd, startErr).Error()))
+		_ = send(3, statusJSON(-1, classify(classifyStart(cmd, startErr)).msg))
 		conn.Close(websocket.StatusNormalClosure, "")
 		return
 	}

@@ -216,7 +216,7 @@ func mkdirAll(dir string) (made []string, retErr error) {
 func (f *envdFilesystem) user(ctx context.Context) (envdFSUser, error) {
 	u, err := f.s.envdFSUserFor(envdUser(ctx))
 	if err != nil {
-		return u, envdFSError(err)
+		return u, asConnectError(err)
 	}
 	return u, nil
 }
@@ -229,51 +229,6 @@ func (f *envdFilesystem) path(ctx context.Context, p string) (envdFSUser, string
 	}
 	p, err = u.resolve(p)
 	return u, p, err
-}
-
-// envdFSError turns an error of the OS (or of this file) into a Connect
-// error; the message keeps the operation and path that failed.
-func envdFSError(err error) error {
-	if err == nil {
-		return nil
-	}
-	var ce *connect.Error
-	if errors.As(err, &ce) {
-		return err
-	}
-	code := connect.CodeInternal
-	switch {
-	case errors.Is(err, errUnknownUser):
-		code = connect.CodeUnauthenticated
-	case errors.Is(err, fs.ErrNotExist):
-		code = connect.CodeNotFound
-	case errors.Is(err, fs.ErrExist):
-		code = connect.CodeAlreadyExists
-	case errors.Is(err, fs.ErrPermission), errors.Is(err, syscall.EROFS):
-		code = connect.CodePermissionDenied
-	case errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.ENOTEMPTY),
-		errors.Is(err, syscall.EXDEV), errors.Is(err, syscall.ELOOP), errors.Is(err, syscall.EBUSY):
-		code = connect.CodeFailedPrecondition
-	case errors.Is(err, syscall.ENAMETOOLONG), errors.Is(err, syscall.EINVAL):
-		code = connect.CodeInvalidArgument
-	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
-		code = connect.CodeResourceExhausted
-		err = fmt.Errorf("%w (the sandbox's disk is full)", err)
-	}
-	return connect.NewError(code, explainErrno(err))
-}
-
-// explainErrno adds what to do to the errors whose bare text does not say.
-func explainErrno(err error) error {
-	switch {
-	case errors.Is(err, syscall.ENOTDIR):
-		return fmt.Errorf("%w: a component of the path is a file, not a directory", err)
-	case errors.Is(err, syscall.EXDEV):
-		return fmt.Errorf("%w: source and destination are on different filesystems; copy and remove instead", err)
-	case errors.Is(err, syscall.ELOOP):
-		return fmt.Errorf("%w: too many symbolic links (a loop?)", err)
-	}
-	return err
 }
 
 // envdNames turns uids and gids into names from the sandbox's /etc/passwd
@@ -428,7 +383,7 @@ func (f *envdFilesystem) Stat(ctx context.Context, req *connect.Request[filesyst
 		e, err = names.stat(p)
 		return err
 	}); err != nil {
-		return nil, envdFSError(err)
+		return nil, asConnectError(err)
 	}
 	return connect.NewResponse(&filesystem.StatResponse{Entry: e}), nil
 }
@@ -456,7 +411,7 @@ func (f *envdFilesystem) MakeDir(ctx context.Context, req *connect.Request[files
 		e, err = names.stat(p)
 		return err
 	}); err != nil {
-		return nil, envdFSError(err)
+		return nil, asConnectError(err)
 	}
 	return connect.NewResponse(&filesystem.MakeDirResponse{Entry: e}), nil
 }
@@ -503,7 +458,7 @@ func (f *envdFilesystem) Move(ctx context.Context, req *connect.Request[filesyst
 		e, err = names.stat(dst)
 		return err
 	}); err != nil {
-		return nil, envdFSError(err)
+		return nil, asConnectError(err)
 	}
 	return connect.NewResponse(&filesystem.MoveResponse{Entry: e}), nil
 }
@@ -528,7 +483,7 @@ func (f *envdFilesystem) ListDir(ctx context.Context, req *connect.Request[files
 		}
 		return l.walk(ctx, p, depth)
 	}); err != nil {
-		return nil, envdFSError(err)
+		return nil, asConnectError(err)
 	}
 	return connect.NewResponse(&filesystem.ListDirResponse{Entries: l.entries}), nil
 }
@@ -591,7 +546,7 @@ func (f *envdFilesystem) Remove(ctx context.Context, req *connect.Request[filesy
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("refusing to remove /"))
 	}
 	if err := u.do(func() error { return os.RemoveAll(p) }); err != nil {
-		return nil, envdFSError(err)
+		return nil, asConnectError(err)
 	}
 	return connect.NewResponse(&filesystem.RemoveResponse{}), nil
 }
@@ -622,7 +577,7 @@ func (f *envdFilesystem) watchTarget(ctx context.Context, path string, allowNetw
 		}
 		return nil
 	})
-	return u, p, envdFSError(err)
+	return u, p, asConnectError(err)
 }
 
 // acquireWatch takes a place for a new watch, reclaiming polling watchers
@@ -764,7 +719,7 @@ func newEnvdWatch(as envdFSUser, root string, recursive, includeEntry bool) (_ *
 		w.names = newEnvdNames()
 	}
 	if err := w.as.do(func() error { return w.add(root, nil) }); err != nil {
-		return nil, envdFSError(err)
+		return nil, asConnectError(err)
 	}
 	return w, nil
 }
@@ -824,7 +779,7 @@ func watchAddError(dir string, err error) error {
 	case errors.Is(err, fs.ErrNotExist):
 		return connect.NewError(connect.CodeNotFound, fmt.Errorf("watch %s: %w", dir, err))
 	}
-	return envdFSError(fmt.Errorf("watch %s: %w", dir, err))
+	return asConnectError(fmt.Errorf("watch %s: %w", dir, err))
 }
 
 // failure is the error that ends a watch after fsnotify reports err.
@@ -863,7 +818,7 @@ func (w *envdWatch) handle(e fsnotify.Event) (evs []*filesystem.FilesystemEvent,
 		return nil
 	})
 	if err != nil {
-		return nil, envdFSError(err)
+		return nil, asConnectError(err)
 	}
 	return evs, end
 }

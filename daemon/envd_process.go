@@ -761,34 +761,3 @@ func (u *sandboxUser) credential() (*syscall.Credential, error) {
 	return nil, connect.NewError(connect.CodePermissionDenied, fmt.Errorf(
 		"cannot run as user %q (uid %d): the daemon runs as uid %d, not root", u.name, u.uid, euid))
 }
-
-// asConnectError turns the daemon's errors into Connect errors with the
-// code of their class; Connect errors pass as they are.
-func asConnectError(err error) error {
-	if err == nil {
-		return nil
-	}
-	var ce *connect.Error
-	if errors.As(err, &ce) {
-		return err
-	}
-	ae := classify(err)
-	code := connect.CodeInternal
-	switch ae.code {
-	case api.CodeBadRequest, api.CodeNotADirectory, api.CodeIsADirectory:
-		code = connect.CodeInvalidArgument
-	case api.CodeUnauthorized:
-		code = connect.CodeUnauthenticated
-	case api.CodeForbidden:
-		code = connect.CodePermissionDenied
-	case api.CodeNotFound:
-		code = connect.CodeNotFound
-	case api.CodeConflict, api.CodeNoShell:
-		code = connect.CodeFailedPrecondition
-	case api.CodeTooLarge, api.CodeTooManyRequests, api.CodeNoSpace:
-		code = connect.CodeResourceExhausted
-	case api.CodeUnavailable:
-		code = connect.CodeUnavailable
-	}
-	return connect.NewError(code, errors.New(ae.msg))
-}

@@ -25,6 +25,8 @@ import (
 
 	"connectrpc.com/connect"
 	"golang.org/x/sys/unix"
+
+	"github.com/sandman-dev/sandman/daemon/internal/oserr"
 )
 
 // envdRESTRoutes adds envd's REST paths: /files, /health, /envs, /init,
@@ -185,27 +187,6 @@ func (x *envdREST) restUser(w http.ResponseWriter, r *http.Request) (envdFSUser,
 	return u, true
 }
 
-// envdRESTStatus is the HTTP status for an error of a /files call.
-func envdRESTStatus(err error) int {
-	var mbe *http.MaxBytesError
-	switch {
-	case errors.As(err, &mbe), errors.Is(err, errUploadTooLarge):
-		return http.StatusRequestEntityTooLarge
-	case errors.Is(err, errBadBody):
-		return http.StatusBadRequest
-	case errors.Is(err, fs.ErrNotExist):
-		return http.StatusNotFound
-	case errors.Is(err, fs.ErrPermission), errors.Is(err, syscall.EROFS):
-		return http.StatusForbidden
-	case errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.ENAMETOOLONG),
-		errors.Is(err, syscall.ELOOP), errors.Is(err, syscall.EINVAL):
-		return http.StatusBadRequest
-	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
-		return http.StatusInsufficientStorage
-	}
-	return http.StatusInternalServerError
-}
-
 // errorText is err's message without a Connect code prefix.
 func errorText(err error) string {
 	var ce *connect.Error
@@ -239,7 +220,7 @@ func (x *envdREST) download(w http.ResponseWriter, r *http.Request) {
 			writeEnvdJSONError(w, http.StatusNotFound, "path '%s' does not exist", p)
 			return
 		}
-		writeEnvdJSONError(w, envdRESTStatus(err), "%s", explainErrno(err))
+		writeEnvdJSONError(w, envdRESTStatus(err), "%s", oserr.Explain(err))
 		return
 	}
 	defer f.Close()
@@ -448,7 +429,7 @@ func (x *envdREST) upload(w http.ResponseWriter, r *http.Request) {
 	mediaType, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	written := []envdWriteInfo{}
 	fail := func(err error, dst string) {
-		msg := errorText(explainErrno(err))
+		msg := errorText(oserr.Explain(err))
 		status := envdRESTStatus(err)
 		switch status {
 		case http.StatusRequestEntityTooLarge:

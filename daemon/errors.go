@@ -2,39 +2,47 @@ package daemon
 
 import (
 	"errors"
-	"io/fs"
-	"net/http"
-	"os/exec"
-	"syscall"
+	"fmt"
 
 	"github.com/sandman-dev/sandman/daemon/api"
+	"github.com/sandman-dev/sandman/daemon/internal/oserr"
 )
 
-// classify maps an error from the OS to an API error. Messages keep the
-// operation and path that failed.
+// classify maps an error from the OS to a v1 API error: the HTTP status of
+// its class (oserr) and the class's API code. Messages keep the operation
+// and path that failed, and name the sandbox limit the error ran into.
 func classify(err error) *apiError {
 	var ae *apiError
 	if errors.As(err, &ae) {
 		return ae
 	}
+	c := oserr.Of(err)
 	msg := err.Error()
-	switch {
-	case errors.Is(err, fs.ErrNotExist), errors.Is(err, exec.ErrNotFound):
-		return &apiError{http.StatusNotFound, api.CodeNotFound, msg}
-	case errors.Is(err, fs.ErrPermission), errors.Is(err, syscall.EROFS):
-		return &apiError{http.StatusForbidden, api.CodeForbidden, msg}
-	case errors.Is(err, syscall.ENOTDIR):
-		return &apiError{http.StatusBadRequest, api.CodeNotADirectory, msg}
-	case errors.Is(err, syscall.EISDIR):
-		return &apiError{http.StatusBadRequest, api.CodeIsADirectory, msg}
-	case errors.Is(err, fs.ErrExist), errors.Is(err, syscall.ENOTEMPTY):
-		return &apiError{http.StatusConflict, api.CodeConflict, msg}
-	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
-		return &apiError{http.StatusInsufficientStorage, api.CodeNoSpace, msg + " (the sandbox's disk is full)"}
-	case errors.Is(err, syscall.EAGAIN), errors.Is(err, syscall.ENOMEM):
-		return &apiError{http.StatusTooManyRequests, api.CodeTooManyRequests, msg + " (the sandbox's process or memory limit)"}
-	case errors.Is(err, syscall.ENAMETOOLONG), errors.Is(err, syscall.EINVAL), errors.Is(err, syscall.ELOOP):
-		return &apiError{http.StatusBadRequest, api.CodeBadRequest, msg}
+	if l := c.Limit(); l != "" {
+		msg = fmt.Sprintf("%s (%s)", msg, l)
 	}
-	return &apiError{http.StatusInternalServerError, api.CodeInternal, msg}
+	return &apiError{c.HTTPStatus(), v1Code(c), msg}
+}
+
+// v1Code is the v1 API's error code for a class of OS errors.
+func v1Code(c oserr.Class) string {
+	switch c {
+	case oserr.NotFound:
+		return api.CodeNotFound
+	case oserr.Permission:
+		return api.CodeForbidden
+	case oserr.NotADirectory:
+		return api.CodeNotADirectory
+	case oserr.IsADirectory:
+		return api.CodeIsADirectory
+	case oserr.Exists, oserr.NotEmpty:
+		return api.CodeConflict
+	case oserr.NoSpace:
+		return api.CodeNoSpace
+	case oserr.Exhausted:
+		return api.CodeTooManyRequests
+	case oserr.Invalid, oserr.Loop:
+		return api.CodeBadRequest
+	}
+	return api.CodeInternal
 }

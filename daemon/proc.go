@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -256,9 +257,7 @@ func childPipe(toChild bool) (ours, theirs *os.File, err error) {
 var devNull = sync.OnceValues(func() (*os.File, error) { return os.Open(os.DevNull) })
 
 func classifyStart(cmd *exec.Cmd, err error) error {
-	ae := classify(err)
-	ae.msg = "start " + cmd.Path + ": " + ae.msg
-	return ae
+	return fmt.Errorf("start %s: %w", cmd.Path, err)
 }
 
 // signal sends sig to p's process group.
