@@ -26,8 +26,8 @@ import (
 
 	"github.com/sandman-dev/sandman/daemon/api"
 	"github.com/sandman-dev/sandman/e2e/framework"
+	"github.com/sandman-dev/sandman/podcontract"
 	"github.com/sandman-dev/sandman/runtime"
-	"github.com/sandman-dev/sandman/vk"
 )
 
 // tenant is one team: a namespace and the E2B API key that maps to it.
@@ -359,8 +359,8 @@ func TestTenants(t *testing.T) {
 			t.Fatal(err)
 		}
 		got := p.waitPodIn(nsC, intruder.Name, time.Minute, "Failed", func(pod *corev1.Pod) bool { return pod.Status.Phase == corev1.PodFailed })
-		if got.Status.Reason != vk.ReasonNamespaceNotAllowed || !strings.Contains(got.Status.Message, nsC) {
-			t.Errorf("a pod of namespace %s: reason %q message %q, want %s", nsC, got.Status.Reason, got.Status.Message, vk.ReasonNamespaceNotAllowed)
+		if got.Status.Reason != podcontract.ReasonNamespaceNotAllowed || !strings.Contains(got.Status.Message, nsC) {
+			t.Errorf("a pod of namespace %s: reason %q message %q, want %s", nsC, got.Status.Reason, got.Status.Message, podcontract.ReasonNamespaceNotAllowed)
 		}
 
 		// Tenant B's pods asking for what the pool does not allow.
@@ -457,4 +457,72 @@ func deleteNamespaceWithPods(t *testing.T, s *framework.Stack, ns string) {
 		return err == nil && len(l.Items) == 0, nil
 	})
 	_ = s.Kube.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})
+}
+
+// TestTenantsShareAPool: a freed slot goes first to the namespace holding
+// the fewest, however many job labels the other gives its pods, and one
+// namespace cannot fill the pool's queue (--max-queued-per-namespace).
+func TestTenantsShareAPool(t *testing.T) {
+	s := framework.Get(t)
+	ctx := t.Context()
+	nsB := "share-b-" + rand.String(5)
+	p := startPoolWith(t, s, poolOptions{agents: 1, slots: 2,
+		vkArgs: func(*vpool) []string { return []string{"--max-queued-per-namespace", "3"} }})
+	if _, err := s.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: nsB}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s.NamespaceReady(t, nsB)
+	t.Cleanup(func() { deleteNamespaceWithPods(t, s, nsB) })
+	create := func(ns, name, job string) {
+		t.Helper()
+		pod := p.newPod(name, s.BusyboxImage, func(pod *corev1.Pod) {
+			pod.Namespace = ns
+			pod.Labels["sandman.io/job"] = job
+			pod.Spec.NodeName = p.node
+		})
+		if _, err := s.Kube.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waiting := func(pod *corev1.Pod) string {
+		if cs := pod.Status.ContainerStatuses; len(cs) == 1 && cs[0].State.Waiting != nil && cs[0].State.Waiting.Reason == "WaitingForSlot" {
+			return cs[0].State.Waiting.Message
+		}
+		return ""
+	}
+
+	// Tenant B holds both slots and queues four more pods, each with a job
+	// of its own: three fit its share of the queue, the fourth waits
+	// outside it.
+	for i := range 2 {
+		create(nsB, fmt.Sprintf("b-run-%d", i), fmt.Sprintf("b-job-run-%d", i))
+	}
+	for i := range 2 {
+		p.waitPodIn(nsB, fmt.Sprintf("b-run-%d", i), 2*time.Minute, "Ready", podReady)
+	}
+	for i := range 4 {
+		create(nsB, fmt.Sprintf("b-wait-%d", i), fmt.Sprintf("b-job-wait-%d", i))
+		p.waitPodIn(nsB, fmt.Sprintf("b-wait-%d", i), time.Minute, "WaitingForSlot", func(pod *corev1.Pod) bool { return waiting(pod) != "" })
+	}
+	over := p.waitPodIn(nsB, "b-wait-3", 30*time.Second, "to wait beyond its namespace's share of the queue", func(pod *corev1.Pod) bool {
+		return strings.Contains(waiting(pod), "the most one namespace may queue")
+	})
+	t.Logf("tenant B's fourth queued pod: %s", waiting(over))
+
+	// Tenant A queues one pod last; the next freed slot is A's.
+	create(p.ns, "a-0", "a")
+	p.waitPod("a-0", time.Minute, "WaitingForSlot", func(pod *corev1.Pod) bool { return waiting(pod) != "" })
+	if err := s.Kube.CoreV1().Pods(nsB).Delete(ctx, "b-run-0", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p.waitPod("a-0", 2*time.Minute, "Ready (the freed slot)", podReady)
+	for i := range 4 {
+		pod, err := s.Kube.CoreV1().Pods(nsB).Get(ctx, fmt.Sprintf("b-wait-%d", i), metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pod.Status.Phase != corev1.PodPending {
+			t.Errorf("%s is %s: the slot freed by tenant B went to B, not to A holding none", pod.Name, pod.Status.Phase)
+		}
+	}
 }
