@@ -15,24 +15,8 @@ import (
 
 	"github.com/sandman-dev/sandman/nodeimage"
 	"github.com/sandman-dev/sandman/runtime"
+	"github.com/sandman-dev/sandman/runtime/sandboxnet"
 )
-
-// Labels on every container sandman makes; recovery reads them back.
-const (
-	LabelNode         = "sandman.io/node"
-	LabelSlot         = "sandman.io/slot"
-	LabelPodUID       = "sandman.io/pod-uid"
-	LabelPodNamespace = "sandman.io/pod-namespace"
-	LabelPodName      = "sandman.io/pod-name"
-	LabelVirtualNode  = "sandman.io/virtual-node"
-	LabelContainer    = "sandman.io/container"
-	LabelIndex        = "sandman.io/container-index"
-	LabelImage        = "sandman.io/image"
-	LabelHot          = "sandman.io/hot"
-)
-
-// DaemonMountPath is where the daemon binary appears in every sandbox.
-const DaemonMountPath = "/.sandman/sandman-daemon"
 
 // Config configures a Runtime.
 type Config struct {
@@ -187,6 +171,12 @@ type Config struct {
 	// Clock tells the time and times retries, polls and the refill and
 	// disk-check tickers (default clock.RealClock).
 	Clock clock.WithTicker
+}
+
+// PolicySource answers the NetworkPolicy rules of a sandbox pod
+// (runtime/netpolicy.Engine).
+type PolicySource interface {
+	Rules(namespace, name string, daemonPorts []uint16) (ingress, egress []sandboxnet.Rule)
 }
 
 // DomainResolver is the node's DNS resolver for sandboxes whose pods

@@ -14,8 +14,6 @@ import (
 	"github.com/sandman-dev/sandman/runtime"
 )
 
-var _ runtime.Drainer = (*Runtime)(nil)
-
 // Drain empties the node for good or for a while (the worker cordoned,
 // sandman uninstalled): binds are refused with why, every bound sandbox is
 // stopped and released with an Evicted exit that says why, and the warm

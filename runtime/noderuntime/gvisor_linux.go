@@ -41,9 +41,6 @@ import (
 // never takes a hot slot (hot sandboxes run under runc), and a node
 // started without --runsc refuses it.
 
-// LabelRuntimeHandler marks the containers gVisor runs (runsc).
-const LabelRuntimeHandler = "sandman.io/runtime-handler"
-
 // isGVisor reports whether gVisor runs container c (its label, from the
 // metadata loaded with it: no call to containerd).
 func (r *Runtime) isGVisor(ctx context.Context, c ctrd.Container) bool {

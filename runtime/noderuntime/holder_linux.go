@@ -27,13 +27,6 @@ import (
 // default seccomp profile, a network namespace of its own (empty) and small
 // pids and memory limits.
 
-// Labels of a holder (beside LabelNode): LabelHolder "true" and the group it
-// holds.
-const (
-	LabelHolder    = "sandman.io/holder"
-	LabelShimGroup = "sandman.io/shim-group"
-)
-
 // groupAnnotation puts a container on its group's runc shim.
 const groupAnnotation = "io.containerd.runc.v2.group"
 

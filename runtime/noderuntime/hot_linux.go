@@ -31,9 +31,6 @@ import (
 	"github.com/sandman-dev/sandman/runtime"
 )
 
-// hotSuffix ends the container ID of a slot's hot sandbox.
-const hotSuffix = "-hot"
-
 // heat plans the hot pool from the bind mix (hotTargets), cools down idle
 // hot sandboxes of images over their target (hotSurplus) and starts hot
 // sandboxes in warm slots where an image is short, within HotSlots in all,
@@ -441,16 +438,4 @@ func updateCgroupV1(path string, res *specs.LinuxResources) error {
 		}
 	}
 	return nil
-}
-
-// hotFailure is an image whose hot sandbox failed to start: none is
-// started again before until.
-type hotFailure struct {
-	until time.Time
-	delay time.Duration
-}
-
-// nextHotBackoff doubles a hot start's back-off, from 1 s to 5 min.
-func nextHotBackoff(d time.Duration) time.Duration {
-	return min(max(2*d, time.Second), 5*time.Minute)
 }

@@ -154,3 +154,18 @@ func hotSurplus(targets, have map[string]int) map[string]int {
 func hotCoolAfter(halfLife time.Duration) time.Duration {
 	return min(halfLife/10, 30*time.Second)
 }
+
+// hotSuffix ends the container ID of a slot's hot sandbox.
+const hotSuffix = "-hot"
+
+// hotFailure is an image whose hot sandbox failed to start: none is
+// started again before until.
+type hotFailure struct {
+	until time.Time
+	delay time.Duration
+}
+
+// nextHotBackoff doubles a hot start's back-off, from 1 s to 5 min.
+func nextHotBackoff(d time.Duration) time.Duration {
+	return min(max(2*d, time.Second), 5*time.Minute)
+}

@@ -17,12 +17,6 @@ import (
 	"github.com/sandman-dev/sandman/runtime/sandboxnet"
 )
 
-// PolicySource answers the NetworkPolicy rules of a sandbox pod
-// (runtime/netpolicy.Engine).
-type PolicySource interface {
-	Rules(namespace, name string, daemonPorts []uint16) (ingress, egress []sandboxnet.Rule)
-}
-
 // nodeAddrs are this node's IPv4 addresses, each a /32.
 func nodeAddrs() []netip.Prefix {
 	var out []netip.Prefix

@@ -17,10 +17,6 @@ import (
 	"github.com/sandman-dev/sandman/runtime"
 )
 
-// LabelRequests keeps the pod's summed requests ("milliCPU,bytes") so a
-// restarted agent accounts for them.
-const LabelRequests = "sandman.io/requests"
-
 // recover rebuilds the slots from containerd's labels and the state
 // directory: slots whose containers all run are re-adopted as bound (their
 // sandboxes never stopped); warm slots whose namespace is intact are kept;

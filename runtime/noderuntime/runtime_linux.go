@@ -30,8 +30,6 @@ import (
 	"github.com/sandman-dev/sandman/runtime/sandboxnet"
 )
 
-var _ runtime.Runtime = (*Runtime)(nil)
-
 // Runtime keeps a worker's slots on containerd. Create it with New, run
 // its background work (refilling warm slots, hot sandboxes, disk checks,
 // images) with Run, and end it with Close (or Destroy).

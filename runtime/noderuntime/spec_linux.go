@@ -26,10 +26,6 @@ import (
 // written on the host, so a chatty sandbox cannot fill the node's disk.
 var nullIO = cio.NullIO
 
-// DaemonStateDir is the daemon's own tmpfs in every sandbox (its
-// --state-dir): a read-only root filesystem leaves it somewhere to write.
-const DaemonStateDir = "/.sandman/state"
-
 // daemonStateBytes bounds the daemon's tmpfs (session command files).
 const daemonStateBytes = 16 << 20
 

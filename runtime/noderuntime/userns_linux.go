@@ -36,10 +36,6 @@ import (
 // its host ids. The daemon's bind mount (root's, 0755 on the node) shows
 // up as owned by nobody and stays executable.
 
-// LabelUserNS is the host uid of a sandbox's user namespace (its slot's
-// range), so a restarted agent keeps the range taken.
-const LabelUserNS = "sandman.io/userns-base"
-
 // capaRemapIDs is the snapshotter capability of idmapped mounts.
 const capaRemapIDs = "remap-ids"
 

@@ -2,15 +2,26 @@ package noderuntime
 
 import (
 	"archive/tar"
+	"crypto/rand"
 	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"path"
 	"strings"
+	"syscall"
+	"time"
 
+	remoteerrors "github.com/containerd/containerd/v2/core/remotes/errors"
 	"github.com/containerd/errdefs"
 	"github.com/distribution/reference"
+	digest "github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/sandman-dev/sandman/nodeimage"
 )
 
 // The parts of a snapshot (snapshot_linux.go) that need no node: the name
@@ -160,4 +171,94 @@ func unmapLayer(dst io.Writer, src io.Reader, base uint32) error {
 		}
 	}
 	return tw.Close()
+}
+
+// snapshotConfig is a base image config (raw) with one more layer: its
+// diff ID appended to rootfs.diff_ids, a history entry, the creation time.
+// Every other field (Docker's too) is kept as it was.
+func snapshotConfig(raw []byte, diffID digest.Digest, baseLayers int, createdBy string, now time.Time) ([]byte, error) {
+	var cfg map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		return nil, err
+	}
+	var rootfs ocispec.RootFS
+	if err := json.Unmarshal(cfg["rootfs"], &rootfs); err != nil {
+		return nil, fmt.Errorf("rootfs: %w", err)
+	}
+	if len(rootfs.DiffIDs) != baseLayers {
+		return nil, fmt.Errorf("%d diff IDs for %d layers", len(rootfs.DiffIDs), baseLayers)
+	}
+	rootfs.DiffIDs = append(rootfs.DiffIDs, diffID)
+	var history []ocispec.History
+	if h, ok := cfg["history"]; ok {
+		if err := json.Unmarshal(h, &history); err != nil {
+			return nil, fmt.Errorf("history: %w", err)
+		}
+	}
+	history = append(history, ocispec.History{Created: &now, CreatedBy: createdBy})
+	for k, v := range map[string]any{"rootfs": rootfs, "history": history, "created": now} {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return nil, err
+		}
+		cfg[k] = b
+	}
+	return json.Marshal(cfg)
+}
+
+// pushError classes a failed push: the registry refused it
+// (Unauthenticated without or with wrong credentials, PermissionDenied
+// when they may not push there), did not answer (Unavailable), or the rest.
+func pushError(registry, name string, err error) error {
+	var status remoteerrors.ErrUnexpectedStatus
+	switch nodeimage.Classify(err) {
+	case nodeimage.KindUnauthorized:
+		if errors.As(err, &status) && status.StatusCode == http.StatusForbidden {
+			return fmt.Errorf("the snapshot registry %s refused the push of %s: %v: give sandman-node credentials that may push there (--snapshot-push-config): %w",
+				registry, name, err, errdefs.ErrPermissionDenied)
+		}
+		return fmt.Errorf("the snapshot registry %s refused the push of %s: %v: give sandman-node credentials for it (--snapshot-push-config): %w",
+			registry, name, err, errdefs.ErrUnauthenticated)
+	case nodeimage.KindNotFound:
+		if errors.As(err, &status) {
+			// The registry's 404 (NAME_UNKNOWN): no such repository for these credentials.
+			return fmt.Errorf("the snapshot registry %s refused the push of %s: %v: %w", registry, name, err, errdefs.ErrPermissionDenied)
+		}
+		// A blob missing from the node's content store (a base layer the
+		// node discarded after unpacking): not the registry's doing.
+		return fmt.Errorf("push %s to the snapshot registry %s: %v: %w", name, registry, err, errdefs.ErrFailedPrecondition)
+	case nodeimage.KindUnreachable:
+		return fmt.Errorf("push %s: the snapshot registry %s did not answer: %v: %w", name, registry, err, errdefs.ErrUnavailable)
+	}
+	return fmt.Errorf("push %s to the snapshot registry %s: %w", name, registry, err)
+}
+
+// diskFull says whether err is the disk (or a quota) filling up, here or
+// in containerd (whose errors keep only the message).
+func diskFull(err error) bool {
+	msg := err.Error()
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) ||
+		strings.Contains(msg, "no space left on device") || strings.Contains(msg, "disk quota exceeded")
+}
+
+// progressWriter counts what goes through it and reports the count at
+// most every `every`.
+type progressWriter struct {
+	w      io.Writer
+	n      int64
+	every  time.Duration
+	last   time.Time
+	report func(int64)
+}
+
+// countWriter counts what goes through it.
+type countWriter struct {
+	w io.Writer
+	n int64
+}
+
+func randomHex() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
