@@ -37,6 +37,7 @@ import (
 	"github.com/sandman-dev/sandman/daemon/envd/spec/process"
 	"github.com/sandman-dev/sandman/daemon/envd/spec/process/processconnect"
 	"github.com/sandman-dev/sandman/e2e/framework"
+	"github.com/sandman-dev/sandman/podcontract"
 	"github.com/sandman-dev/sandman/runtime"
 	"github.com/sandman-dev/sandman/runtime/noderuntime"
 	"github.com/sandman-dev/sandman/vk"
@@ -54,7 +55,7 @@ const (
 	deployPoolMemory = "8Gi"
 	// deployPoolLabel on a namespace admits its pods to the pool
 	// (--allowed-namespace-selector).
-	deployPoolLabel = "pools.sandman.io/deployed"
+	deployPoolLabel = podcontract.PoolAccessLabelPrefix + "deployed"
 )
 
 // deployed is sandman as an operator installs it on the stack.
@@ -153,7 +154,7 @@ func (d *deployed) install() {
 		c := n.Status.Capacity
 		owned := len(n.OwnerReferences) == 1 && n.OwnerReferences[0].Kind == "Namespace" && n.OwnerReferences[0].Name == deployNS
 		// The pool share, scaled by the queue room the node advertises.
-		room, _ := strconv.Atoi(n.Annotations[vk.AnnotationQueueRoom])
+		room, _ := strconv.Atoi(n.Annotations[podcontract.AnnotationQueueRoom])
 		share := resource.MustParse(deployPoolMemory)
 		pods, milliCPU, mem := vk.Advertised(runtime.Capacity{Slots: deployPoolSlots,
 			Resources: runtime.Resources{MilliCPU: 1000, MemoryBytes: share.Value()}}, room)

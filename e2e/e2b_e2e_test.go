@@ -27,7 +27,7 @@ import (
 	"github.com/sandman-dev/sandman/daemon/envd/spec/process"
 	"github.com/sandman-dev/sandman/e2e/e2bsdk"
 	"github.com/sandman-dev/sandman/e2e/framework"
-	"github.com/sandman-dev/sandman/vk"
+	"github.com/sandman-dev/sandman/podcontract"
 )
 
 var (
@@ -138,10 +138,10 @@ func TestE2BSDK(t *testing.T) {
 	}
 	expired := false
 	for _, ev := range evs.Items {
-		expired = expired || ev.Reason == vk.ReasonExpired
+		expired = expired || ev.Reason == podcontract.ReasonExpired
 	}
 	if !expired {
-		t.Errorf("no %s event on %s: %+v", vk.ReasonExpired, ids.Expiring, evs.Items)
+		t.Errorf("no %s event on %s: %+v", podcontract.ReasonExpired, ids.Expiring, evs.Items)
 	}
 }
 

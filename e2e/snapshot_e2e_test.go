@@ -29,6 +29,7 @@ import (
 	"github.com/sandman-dev/sandman/daemon/api"
 	"github.com/sandman-dev/sandman/daemon/client"
 	"github.com/sandman-dev/sandman/e2e/framework"
+	"github.com/sandman-dev/sandman/podcontract"
 	"github.com/sandman-dev/sandman/runtime"
 	vkapi "github.com/sandman-dev/sandman/vk/api"
 	vkclient "github.com/sandman-dev/sandman/vk/client"
@@ -289,10 +290,10 @@ func TestSnapshotForks(t *testing.T) {
 				return false, err
 			}
 			var recs []vkapi.SnapshotRecord
-			err = json.Unmarshal([]byte(pod.Annotations[vkapi.AnnotationSnapshots]), &recs)
+			err = json.Unmarshal([]byte(pod.Annotations[podcontract.AnnotationSnapshots]), &recs)
 			return err == nil && len(recs) == 1 && recs[0].Image == image && recs[0].Digest == digest && !recs[0].Time.IsZero(), nil
 		}
-		framework.Eventually(t, 30*time.Second, "annotation "+vkapi.AnnotationSnapshots+" to name the snapshot", recorded)
+		framework.Eventually(t, 30*time.Second, "annotation "+podcontract.AnnotationSnapshots+" to name the snapshot", recorded)
 		framework.Eventually(t, 30*time.Second, "the Snapshotted event", func(ctx context.Context) (bool, error) {
 			evs, err := s.Kube.CoreV1().Events(pa.ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=orig,reason=Snapshotted"})
 			return err == nil && len(evs.Items) == 1 && evs.Items[0].Type == corev1.EventTypeNormal &&
@@ -406,7 +407,7 @@ func TestSnapshotForks(t *testing.T) {
 		}
 		// The record stays on the original through everything since.
 		if ok, err := recorded(ctx); !ok {
-			t.Errorf("annotation %s lost on the original (%v)", vkapi.AnnotationSnapshots, err)
+			t.Errorf("annotation %s lost on the original (%v)", podcontract.AnnotationSnapshots, err)
 		}
 	})
 }

@@ -29,10 +29,10 @@ import (
 	"github.com/sandman-dev/sandman/daemon/api"
 	"github.com/sandman-dev/sandman/daemon/client"
 	"github.com/sandman-dev/sandman/e2e/framework"
+	"github.com/sandman-dev/sandman/podcontract"
 	"github.com/sandman-dev/sandman/runtime"
 	"github.com/sandman-dev/sandman/runtime/nodeapi"
 	"github.com/sandman-dev/sandman/runtime/noderuntime"
-	"github.com/sandman-dev/sandman/vk"
 )
 
 // The trainer's token in these tests, and the hash its pods carry.
@@ -412,12 +412,12 @@ func TestVKPodsBecomeSandboxes(t *testing.T) {
 	}
 	// 2 agents × 4 slots, plus the queue room the node advertises (and
 	// says it does).
-	room, _ := strconv.Atoi(n.Annotations[vk.AnnotationQueueRoom])
+	room, _ := strconv.Atoi(n.Annotations[podcontract.AnnotationQueueRoom])
 	if got := n.Status.Capacity.Pods().Value(); got != int64(8+room) {
 		t.Fatalf("node capacity: %d pods, want 8 slots (2 agents × 4) + %d queue room", got, room)
 	}
-	if room > 0 && !strings.HasPrefix(n.Annotations[vk.AnnotationSlots], "8 slots, ") {
-		t.Fatalf("annotation %s = %q, want the 8 slots", vk.AnnotationSlots, n.Annotations[vk.AnnotationSlots])
+	if room > 0 && !strings.HasPrefix(n.Annotations[podcontract.AnnotationSlots], "8 slots, ") {
+		t.Fatalf("annotation %s = %q, want the 8 slots", podcontract.AnnotationSlots, n.Annotations[podcontract.AnnotationSlots])
 	}
 	if n.Labels["sandman.io/pool"] != p.name || n.Labels["type"] != "virtual-kubelet" || len(n.Spec.Taints) == 0 {
 		t.Fatalf("node labels %v taints %v", n.Labels, n.Spec.Taints)

@@ -18,6 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/sandman-dev/sandman/podcontract"
 )
 
 // headerAPIKey carries the API key (the SDK sends X-API-KEY; header names
@@ -517,13 +519,13 @@ func (g *Gateway) serveConnect(w http.ResponseWriter, r *http.Request, key Key, 
 		writeError(w, err)
 		return
 	}
-	token, ok := g.cfg.Tokens.Recover(pod.Namespace, pod.Name, pod.Annotations[AnnotationTokenHash])
+	token, ok := g.cfg.Tokens.Recover(pod.Namespace, pod.Name, pod.Annotations[podcontract.AnnotationTokenSHA256])
 	if !ok {
 		writeError(w, fmt.Errorf("sandbox %s: its access token cannot be derived again (the gateway's token key changed since it was made); kill it and create a new one", pod.Name))
 		return
 	}
 	writeJSON(w, http.StatusOK, sandboxJSON{
-		SandboxID: pod.Name, TemplateID: pod.Annotations[AnnotationTemplate], Alias: pod.Annotations[AnnotationAlias],
+		SandboxID: pod.Name, TemplateID: pod.Annotations[podcontract.AnnotationE2BTemplate], Alias: pod.Annotations[podcontract.AnnotationE2BAlias],
 		ClientID: clientID, EnvdVersion: EnvdVersion, EnvdAccessToken: token, Domain: g.domain(),
 	})
 }
@@ -554,7 +556,7 @@ func (g *Gateway) setExpiry(ctx context.Context, key Key, id string, next func(t
 		}
 		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
 			"resourceVersion": pod.ResourceVersion,
-			"annotations":     map[string]string{AnnotationExpiresAt: end.Format(time.RFC3339)},
+			"annotations":     map[string]string{podcontract.AnnotationExpiresAt: end.Format(time.RFC3339)},
 		}})
 		pod, err = g.cfg.Client.CoreV1().Pods(key.Namespace).Patch(ctx, id, types.MergePatchType, patch, metav1.PatchOptions{})
 		if apierrors.IsConflict(err) && attempt < 5 {

@@ -15,6 +15,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/sandman-dev/sandman/podcontract"
 )
 
 func TestAuth(t *testing.T) {
@@ -107,13 +109,13 @@ func TestCreateReady(t *testing.T) {
 	if !idPattern.MatchString(pod.Name) {
 		t.Errorf("pod name %q is not an E2B-like sandbox ID", pod.Name)
 	}
-	if got := pod.Spec.NodeSelector[LabelPool]; got != "pool-a" {
+	if got := pod.Spec.NodeSelector[podcontract.LabelPool]; got != "pool-a" {
 		t.Errorf("nodeSelector %v", pod.Spec.NodeSelector)
 	}
-	if len(pod.Spec.Tolerations) != 1 || pod.Spec.Tolerations[0] != (corev1.Toleration{Key: LabelPool, Operator: corev1.TolerationOpEqual, Value: "pool-a", Effect: corev1.TaintEffectNoSchedule}) {
+	if len(pod.Spec.Tolerations) != 1 || pod.Spec.Tolerations[0] != (corev1.Toleration{Key: podcontract.LabelPool, Operator: corev1.TolerationOpEqual, Value: "pool-a", Effect: corev1.TaintEffectNoSchedule}) {
 		t.Errorf("tolerations %+v", pod.Spec.Tolerations)
 	}
-	wantLabels := map[string]string{LabelSandbox: pod.Name, LabelJob: "e2b-alice", LabelKey: "alice"}
+	wantLabels := map[string]string{podcontract.LabelE2BSandbox: pod.Name, podcontract.LabelJob: "e2b-alice", podcontract.LabelE2BKey: "alice"}
 	for k, v := range wantLabels {
 		if pod.Labels[k] != v {
 			t.Errorf("label %s=%q, want %q", k, pod.Labels[k], v)
@@ -135,18 +137,18 @@ func TestCreateReady(t *testing.T) {
 	if pod.Spec.AutomountServiceAccountToken == nil || *pod.Spec.AutomountServiceAccountToken {
 		t.Error("the sandbox would get a service account token")
 	}
-	if got := pod.Annotations[AnnotationExpiresAt]; got != testNow.Add(120*time.Second).Format(time.RFC3339) {
+	if got := pod.Annotations[podcontract.AnnotationExpiresAt]; got != testNow.Add(120*time.Second).Format(time.RFC3339) {
 		t.Errorf("expires-at %q", got)
 	}
-	if got := pod.Annotations[AnnotationTemplate]; got != "base" {
+	if got := pod.Annotations[podcontract.AnnotationE2BTemplate]; got != "base" {
 		t.Errorf("template annotation %q", got)
 	}
 	var meta map[string]string
-	if err := json.Unmarshal([]byte(pod.Annotations[AnnotationMetadata]), &meta); err != nil || meta["user"] != "alice" || meta["run"] != "7" {
-		t.Errorf("metadata annotation %q", pod.Annotations[AnnotationMetadata])
+	if err := json.Unmarshal([]byte(pod.Annotations[podcontract.AnnotationE2BMetadata]), &meta); err != nil || meta["user"] != "alice" || meta["run"] != "7" {
+		t.Errorf("metadata annotation %q", pod.Annotations[podcontract.AnnotationE2BMetadata])
 	}
-	if pod.Annotations[AnnotationInternet] != "false" {
-		t.Errorf("allow-internet-access annotation %q", pod.Annotations[AnnotationInternet])
+	if pod.Annotations[podcontract.AnnotationE2BInternet] != "false" {
+		t.Errorf("allow-internet-access annotation %q", pod.Annotations[podcontract.AnnotationE2BInternet])
 	}
 
 	// Not ready yet: no answer.
@@ -174,8 +176,8 @@ func TestCreateReady(t *testing.T) {
 	if sb.SandboxID != pod.Name || sb.TemplateID != "base" || sb.EnvdVersion != EnvdVersion || sb.ClientID == "" || sb.Alias != "base" {
 		t.Errorf("answer %+v", sb)
 	}
-	if sb.EnvdAccessToken == "" || TokenHash(sb.EnvdAccessToken) != pod.Annotations[AnnotationTokenHash] {
-		t.Errorf("token %q does not match the pod's hash %q", sb.EnvdAccessToken, pod.Annotations[AnnotationTokenHash])
+	if sb.EnvdAccessToken == "" || TokenHash(sb.EnvdAccessToken) != pod.Annotations[podcontract.AnnotationTokenSHA256] {
+		t.Errorf("token %q does not match the pod's hash %q", sb.EnvdAccessToken, pod.Annotations[podcontract.AnnotationTokenSHA256])
 	}
 	stored, _ := json.Marshal(pod)
 	if strings.Contains(string(stored), sb.EnvdAccessToken) {
@@ -492,7 +494,7 @@ func TestTimeouts(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return p.Annotations[AnnotationExpiresAt]
+		return p.Annotations[podcontract.AnnotationExpiresAt]
 	}
 	at := func(d time.Duration) string { return testNow.Add(d).Format(time.RFC3339) }
 	if got := expiry(); got != at(600*time.Second) {

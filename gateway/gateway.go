@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	daemonapi "github.com/sandman-dev/sandman/daemon/api"
+	"github.com/sandman-dev/sandman/podcontract"
 	"github.com/sandman-dev/sandman/runtime"
 	vkapi "github.com/sandman-dev/sandman/vk/api"
 )
@@ -189,8 +190,8 @@ func New(cfg Config) (*Gateway, error) {
 			return err
 		}
 		if err := inf.AddIndexers(cache.Indexers{indexSandboxID: func(obj any) ([]string, error) {
-			if pod, ok := obj.(*corev1.Pod); ok && pod.Labels[LabelSandbox] != "" {
-				return []string{pod.Labels[LabelSandbox]}, nil
+			if pod, ok := obj.(*corev1.Pod); ok && pod.Labels[podcontract.LabelE2BSandbox] != "" {
+				return []string{pod.Labels[podcontract.LabelE2BSandbox]}, nil
 			}
 			return nil, nil
 		}}); err != nil {
@@ -404,7 +405,7 @@ func (g *Gateway) podChanged(obj any, deleted bool) {
 	if !ok {
 		return
 	}
-	id := pod.Labels[LabelSandbox]
+	id := pod.Labels[podcontract.LabelE2BSandbox]
 	if deleted && id != "" && gatewayMade(pod, id) && g.keys.hasNamespace(pod.Namespace) {
 		g.tomb.add(id, g.cfg.Now())
 	}

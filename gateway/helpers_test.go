@@ -22,6 +22,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/sandman-dev/sandman/podcontract"
 )
 
 // TestMain fails the package's tests if a goroutine they started outlives
@@ -207,7 +209,7 @@ func (e *env) call(method, path, key string, body any) response {
 
 // sandboxPods lists the gateway's pods in ns, by name.
 func (e *env) sandboxPods(ns string) []corev1.Pod {
-	l, err := e.client.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: LabelSandbox})
+	l, err := e.client.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: podcontract.LabelE2BSandbox})
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -10,6 +10,8 @@ import (
 	"sync"
 
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/sandman-dev/sandman/podcontract"
 )
 
 // Key is what one API key grants: sandboxes in Namespace, placed on Pool.
@@ -79,13 +81,13 @@ func parseKey(name string, raw []byte) (Key, error) {
 	}
 	copy(k.hash[:], h)
 	if errs := validation.IsValidLabelValue(jobLabel(name)); len(errs) > 0 || name == "" {
-		return Key{}, fmt.Errorf("the name must be usable in a label value (%s=%s): %v", LabelJob, jobLabel(name), errs)
+		return Key{}, fmt.Errorf("the name must be usable in a label value (%s=%s): %v", podcontract.LabelJob, jobLabel(name), errs)
 	}
 	if errs := validation.IsDNS1123Label(e.Namespace); len(errs) > 0 {
 		return Key{}, fmt.Errorf("namespace %q: %v", e.Namespace, errs)
 	}
 	if errs := validation.IsValidLabelValue(e.Pool); len(errs) > 0 || e.Pool == "" {
-		return Key{}, fmt.Errorf("pool %q: want a pool name (the virtual node's %s label): %v", e.Pool, LabelPool, errs)
+		return Key{}, fmt.Errorf("pool %q: want a pool name (the virtual node's %s label): %v", e.Pool, podcontract.LabelPool, errs)
 	}
 	return k, nil
 }

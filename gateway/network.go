@@ -7,24 +7,8 @@ import (
 
 	"github.com/containerd/errdefs"
 	"k8s.io/apimachinery/pkg/util/validation"
-)
 
-// The node's per-pod egress contract (vk, runtime/sandboxnet): what a
-// sandbox's pod may reach beyond the pool's own rules, which these only
-// narrow.
-const (
-	// AnnotationEgress narrows the sandbox's internet egress to these
-	// comma-separated IPv4 CIDRs; egressNone allows it none.
-	AnnotationEgress = "sandman.io/egress"
-	// AnnotationEgressDeny are comma-separated IPv4 CIDRs the sandbox may
-	// never reach.
-	AnnotationEgressDeny = "sandman.io/egress-deny"
-	// AnnotationEgressDomains narrows internet egress to the addresses the
-	// node's resolver answers for these comma-separated names (exact, or
-	// *.example.com for any name under it), besides AnnotationEgress's.
-	AnnotationEgressDomains = "sandman.io/egress-domains"
-
-	egressNone = "none"
+	"github.com/sandman-dev/sandman/podcontract"
 )
 
 // egressAnnotations maps E2B's allow_internet_access and
@@ -72,13 +56,13 @@ func egressAnnotations(internet *bool, n *networkConfig) (map[string]string, err
 	if denyAll {
 		out := map[string]string{}
 		if len(allow) > 0 {
-			out[AnnotationEgress] = joinPrefixes(allow)
+			out[podcontract.AnnotationEgress] = joinPrefixes(allow)
 		}
 		if len(domains) > 0 {
-			out[AnnotationEgressDomains] = strings.Join(domains, ",")
+			out[podcontract.AnnotationEgressDomains] = strings.Join(domains, ",")
 		}
 		if len(out) == 0 {
-			out[AnnotationEgress] = egressNone
+			out[podcontract.AnnotationEgress] = podcontract.EgressNone
 		}
 		return out, nil
 	}
@@ -106,7 +90,7 @@ func egressAnnotations(internet *bool, n *networkConfig) (map[string]string, err
 	if len(kept) == 0 {
 		return nil, nil
 	}
-	return map[string]string{AnnotationEgressDeny: joinPrefixes(kept)}, nil
+	return map[string]string{podcontract.AnnotationEgressDeny: joinPrefixes(kept)}, nil
 }
 
 // egressEntries reads one of E2B's lists: IPv4 CIDRs and addresses, as

@@ -10,40 +10,13 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/sandman-dev/sandman/podcontract"
 )
 
-// The pod contract (docs/trainer-guide.md, vk): what a sandbox pod made by
-// the gateway carries.
-const (
-	// LabelSandbox holds the sandbox ID (also the pod's name); the gateway
-	// watches pods with this label and routes sandbox traffic by it.
-	LabelSandbox = "sandman.io/e2b-sandbox"
-	// LabelKey is the name of the API key that made the sandbox.
-	LabelKey = "sandman.io/e2b-key"
-	// LabelJob is sandman's fairness unit: e2b-<key name>.
-	LabelJob = "sandman.io/job"
-	// LabelPool is the virtual node's label and taint key.
-	LabelPool = "sandman.io/pool"
-
-	// AnnotationTokenHash is the hex SHA-256 of the daemon access token.
-	AnnotationTokenHash = "sandman.io/token-sha256"
-	// AnnotationExpiresAt is when the sandbox ends (RFC 3339), E2B's
-	// timeout; the virtual node deletes the pod then.
-	AnnotationExpiresAt = "sandman.io/expires-at"
-	// AnnotationMetadata is the sandbox's E2B metadata, as JSON.
-	AnnotationMetadata = "e2b.sandman.io/metadata"
-	// AnnotationTemplate is the template ID the sandbox was made from.
-	AnnotationTemplate = "e2b.sandman.io/template"
-	// AnnotationAlias is the ConfigMap template name ("" for an image).
-	AnnotationAlias = "e2b.sandman.io/alias"
-	// AnnotationInternet records allow_internet_access as asked
-	// ("true"/"false"; absent: not asked), for GET /sandboxes/{id}. What
-	// enforces it is AnnotationEgress (see egressAnnotations).
-	AnnotationInternet = "e2b.sandman.io/allow-internet-access"
-
-	// ContainerName is the name of the sandbox pod's one container.
-	ContainerName = "task"
-)
+// ContainerName is the name of the sandbox pod's one container. The pod's
+// labels and annotations are package podcontract's.
+const ContainerName = "task"
 
 // EnvdVersion is the envd version the gateway reports for every sandbox:
 // the version of E2B's in-sandbox API the sandman daemon speaks. The SDK
@@ -112,16 +85,16 @@ func buildPod(s podSpec) (*corev1.Pod, error) {
 		env = append(env, corev1.EnvVar{Name: k, Value: s.env[k]})
 	}
 	annotations := map[string]string{
-		AnnotationTokenHash: s.tokenHash,
-		AnnotationExpiresAt: s.expiresAt.UTC().Format(time.RFC3339),
-		AnnotationMetadata:  string(metaJSON),
-		AnnotationTemplate:  s.templateID,
+		podcontract.AnnotationTokenSHA256: s.tokenHash,
+		podcontract.AnnotationExpiresAt:   s.expiresAt.UTC().Format(time.RFC3339),
+		podcontract.AnnotationE2BMetadata: string(metaJSON),
+		podcontract.AnnotationE2BTemplate: s.templateID,
 	}
 	if s.template.Name != "" {
-		annotations[AnnotationAlias] = s.template.Name
+		annotations[podcontract.AnnotationE2BAlias] = s.template.Name
 	}
 	if s.internet != nil {
-		annotations[AnnotationInternet] = strconv.FormatBool(*s.internet)
+		annotations[podcontract.AnnotationE2BInternet] = strconv.FormatBool(*s.internet)
 	}
 	for k, v := range s.egress {
 		annotations[k] = v
@@ -132,16 +105,16 @@ func buildPod(s podSpec) (*corev1.Pod, error) {
 			Name:      s.id,
 			Namespace: s.key.Namespace,
 			Labels: map[string]string{
-				LabelSandbox: s.id,
-				LabelJob:     jobLabel(s.key.Name),
-				LabelKey:     s.key.Name,
+				podcontract.LabelE2BSandbox: s.id,
+				podcontract.LabelJob:        jobLabel(s.key.Name),
+				podcontract.LabelE2BKey:     s.key.Name,
 			},
 			Annotations: annotations,
 		},
 		Spec: corev1.PodSpec{
-			NodeSelector: map[string]string{LabelPool: s.key.Pool},
+			NodeSelector: map[string]string{podcontract.LabelPool: s.key.Pool},
 			Tolerations: []corev1.Toleration{{
-				Key: LabelPool, Operator: corev1.TolerationOpEqual, Value: s.key.Pool, Effect: corev1.TaintEffectNoSchedule,
+				Key: podcontract.LabelPool, Operator: corev1.TolerationOpEqual, Value: s.key.Pool, Effect: corev1.TaintEffectNoSchedule,
 			}},
 			// Sandbox code is hostile: no service account token, no
 			// environment describing the cluster's services.
@@ -162,7 +135,7 @@ func buildPod(s podSpec) (*corev1.Pod, error) {
 
 // isSandboxPod says whether a pod is the gateway's sandbox id.
 func isSandboxPod(pod *corev1.Pod, id string) bool {
-	return pod.Labels[LabelSandbox] == id && pod.Name == id
+	return pod.Labels[podcontract.LabelE2BSandbox] == id && pod.Name == id
 }
 
 // gatewayMade says whether a pod looks as buildPod makes sandbox id: named
@@ -171,9 +144,9 @@ func isSandboxPod(pod *corev1.Pod, id string) bool {
 // proxy also asks for the namespace to be a key's and the caller's token
 // to be that pod's (see Gateway.tokenCheck).
 func gatewayMade(pod *corev1.Pod, id string) bool {
-	key := pod.Labels[LabelKey]
-	return isSandboxPod(pod, id) && key != "" && pod.Labels[LabelJob] == jobLabel(key) &&
-		pod.Annotations[AnnotationTokenHash] != ""
+	key := pod.Labels[podcontract.LabelE2BKey]
+	return isSandboxPod(pod, id) && key != "" && pod.Labels[podcontract.LabelJob] == jobLabel(key) &&
+		pod.Annotations[podcontract.AnnotationTokenSHA256] != ""
 }
 
 // alive is a sandbox that is not gone: not being deleted, not ended.
@@ -260,7 +233,7 @@ func nonEmpty(s, def string) string {
 
 // expiresAt is the sandbox's end; zero when the pod has none.
 func expiresAt(pod *corev1.Pod) time.Time {
-	t, err := time.Parse(time.RFC3339, pod.Annotations[AnnotationExpiresAt])
+	t, err := time.Parse(time.RFC3339, pod.Annotations[podcontract.AnnotationExpiresAt])
 	if err != nil {
 		return time.Time{}
 	}
@@ -271,8 +244,8 @@ func expiresAt(pod *corev1.Pod) time.Time {
 func view(pod *corev1.Pod) listedSandbox {
 	s := listedSandbox{
 		SandboxID:   pod.Name,
-		TemplateID:  pod.Annotations[AnnotationTemplate],
-		Alias:       pod.Annotations[AnnotationAlias],
+		TemplateID:  pod.Annotations[podcontract.AnnotationE2BTemplate],
+		Alias:       pod.Annotations[podcontract.AnnotationE2BAlias],
 		ClientID:    clientID,
 		StartedAt:   pod.CreationTimestamp.UTC().Truncate(time.Second),
 		EndAt:       expiresAt(pod),
@@ -299,7 +272,7 @@ func view(pod *corev1.Pod) listedSandbox {
 
 func podMetadata(pod *corev1.Pod) map[string]string {
 	m := map[string]string{}
-	if raw := pod.Annotations[AnnotationMetadata]; raw != "" {
+	if raw := pod.Annotations[podcontract.AnnotationE2BMetadata]; raw != "" {
 		_ = json.Unmarshal([]byte(raw), &m)
 	}
 	return m
@@ -307,7 +280,7 @@ func podMetadata(pod *corev1.Pod) map[string]string {
 
 func detail(pod *corev1.Pod) sandboxDetail {
 	d := sandboxDetail{listedSandbox: view(pod), Lifecycle: lifecycle{AutoResume: false, OnTimeout: "kill"}}
-	if v, err := strconv.ParseBool(pod.Annotations[AnnotationInternet]); err == nil {
+	if v, err := strconv.ParseBool(pod.Annotations[podcontract.AnnotationE2BInternet]); err == nil {
 		d.AllowInternetAccess = &v
 	}
 	return d

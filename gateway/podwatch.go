@@ -10,6 +10,8 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/sandman-dev/sandman/podcontract"
 )
 
 // podWatch is the gateway's watch of sandbox pods (label
@@ -61,7 +63,7 @@ func (w *podWatch) set(namespaces []string) error {
 		}
 		f := informers.NewSharedInformerFactoryWithOptions(w.client, 0,
 			informers.WithNamespace(ns),
-			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelSandbox }))
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = podcontract.LabelE2BSandbox }))
 		nw := &nsWatch{inf: f.Core().V1().Pods().Informer()}
 		if err := w.setup(nw.inf); err != nil {
 			return err

@@ -12,6 +12,8 @@ import (
 
 	"connectrpc.com/connect"
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/sandman-dev/sandman/podcontract"
 )
 
 // The SDK's single-endpoint mode (E2B_SANDBOX_URL) sends every daemon call
@@ -83,7 +85,7 @@ func (g *Gateway) tokenCheck(pod *corev1.Pod, id, token string) verdict {
 	if token == "" {
 		return tokenMatches // only for tokenless calls; see routeRequest
 	}
-	if g.cfg.Tokens.Verify(pod.Namespace, id, token) && hashMatches(token, pod.Annotations[AnnotationTokenHash]) {
+	if g.cfg.Tokens.Verify(pod.Namespace, id, token) && hashMatches(token, pod.Annotations[podcontract.AnnotationTokenSHA256]) {
 		return tokenMatches
 	}
 	return wrongToken

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandman-dev/sandman/podcontract"
 	"github.com/sandman-dev/sandman/runtime"
 )
 
@@ -323,7 +324,7 @@ func (p *Pool) resync(n *node, inv runtime.Inventory) {
 			continue
 		}
 		p.unplaceLocked(uid)
-		updates = append(updates, Update{Kind: Lost, UID: uid, Node: n.name, Time: now, Reason: "SandboxLost",
+		updates = append(updates, Update{Kind: Lost, UID: uid, Node: n.name, Time: now, Reason: podcontract.ReasonSandboxLost,
 			Message: "node agent " + n.name + " no longer holds the sandbox (it restarted without it)"})
 	}
 	p.mu.Unlock()
@@ -406,7 +407,7 @@ func (p *Pool) checkLost() {
 	for uid, pl := range p.placed {
 		if _, ok := p.nodes[pl.node]; !ok && !pl.binding {
 			p.unplaceLocked(uid)
-			updates = append(updates, Update{Kind: Lost, UID: uid, Node: pl.node, Time: now, Reason: "NodeLost",
+			updates = append(updates, Update{Kind: Lost, UID: uid, Node: pl.node, Time: now, Reason: podcontract.ReasonNodeLost,
 				Message: "node agent " + pl.node + " left the pool"})
 		}
 	}
@@ -429,7 +430,7 @@ func (p *Pool) checkLost() {
 			if n.err != nil {
 				msg += ": " + n.err.Error()
 			}
-			updates = append(updates, Update{Kind: Lost, UID: uid, Node: n.name, Time: now, Reason: "NodeLost", Message: msg})
+			updates = append(updates, Update{Kind: Lost, UID: uid, Node: n.name, Time: now, Reason: podcontract.ReasonNodeLost, Message: msg})
 			lost++
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/containerd/errdefs"
 	"k8s.io/utils/clock"
 
+	"github.com/sandman-dev/sandman/podcontract"
 	"github.com/sandman-dev/sandman/runtime"
 )
 
@@ -403,7 +404,7 @@ func (p *Pool) dispatch(ctx context.Context) {
 	for _, req := range p.queue.takeFresh() {
 		metricPlacements.WithLabelValues("waiting").Inc()
 		queued = append(queued, Update{Kind: Queued, UID: req.Bind.Pod.UID, Time: p.cfg.Clock.Now(),
-			Reason: "WaitingForSlot", Message: p.noFitMessageLocked(req)})
+			Reason: podcontract.ReasonWaitingForSlot, Message: p.noFitMessageLocked(req)})
 	}
 	// Told without the pool's lock, as every update is: the receiver takes
 	// its own lock, under which it calls the pool (the provider's

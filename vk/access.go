@@ -10,11 +10,6 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 )
 
-// ReasonNamespaceNotAllowed is the reason of a pod failed because its
-// namespace may not use the pool (Config.AllowedNamespaces,
-// Config.AllowedNamespaceSelector).
-const ReasonNamespaceNotAllowed = "NamespaceNotAllowed"
-
 // poolOpen says whether every namespace may place pods on the pool.
 func (c *Config) poolOpen() bool {
 	return len(c.AllowedNamespaces) == 0 && c.AllowedNamespaceSelector == nil

@@ -15,6 +15,8 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
+
+	"github.com/sandman-dev/sandman/podcontract"
 )
 
 // TestPoolAccess: a pod of a namespace the pool's access rule leaves out
@@ -79,8 +81,8 @@ func TestPoolAccess(t *testing.T) {
 				return
 			}
 			got := h.wait(t, pod.UID, "Failed", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed })
-			if got.Status.Reason != ReasonNamespaceNotAllowed {
-				t.Fatalf("reason %q, want %s", got.Status.Reason, ReasonNamespaceNotAllowed)
+			if got.Status.Reason != podcontract.ReasonNamespaceNotAllowed {
+				t.Fatalf("reason %q, want %s", got.Status.Reason, podcontract.ReasonNamespaceNotAllowed)
 			}
 			for _, w := range tc.want {
 				if !strings.Contains(got.Status.Message, w) {
@@ -89,7 +91,7 @@ func TestPoolAccess(t *testing.T) {
 			}
 			select {
 			case ev := <-rec.Events:
-				if !strings.HasPrefix(ev, "Warning "+ReasonNamespaceNotAllowed+" ") || !strings.Contains(ev, "namespace "+tc.ns) {
+				if !strings.HasPrefix(ev, "Warning "+podcontract.ReasonNamespaceNotAllowed+" ") || !strings.Contains(ev, "namespace "+tc.ns) {
 					t.Errorf("event %q", ev)
 				}
 			default:

@@ -12,6 +12,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/sandman-dev/sandman/podcontract"
 )
 
 // The pod contract's annotations and labels (sandman.io/idle-timeout,
@@ -49,13 +51,13 @@ func FuzzAnnotations(f *testing.F) {
 				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "busybox"}}},
 			}
 			if idle != "" {
-				pod.Annotations[AnnotationIdleTimeout] = idle
+				pod.Annotations[podcontract.AnnotationIdleTimeout] = idle
 			}
 			if tokens != "" {
-				pod.Annotations[AnnotationTokenSHA256] = tokens
+				pod.Annotations[podcontract.AnnotationTokenSHA256] = tokens
 			}
 			if job != "" {
-				pod.Labels[LabelJob] = job
+				pod.Labels[podcontract.LabelJob] = job
 			}
 			if ownerKind != "" || ownerName != "" {
 				pod.OwnerReferences = []metav1.OwnerReference{{Kind: ownerKind, Name: ownerName, UID: "owner", Controller: &controller}}
@@ -78,7 +80,7 @@ func FuzzAnnotations(f *testing.F) {
 				t.Fatalf("no idle timeout: %v, %v", d, err)
 			}
 		case err != nil:
-			if !strings.Contains(err.Error(), AnnotationIdleTimeout) || !strings.Contains(err.Error(), fmt.Sprintf("%q", idle)) {
+			if !strings.Contains(err.Error(), podcontract.AnnotationIdleTimeout) || !strings.Contains(err.Error(), fmt.Sprintf("%q", idle)) {
 				t.Fatalf("idle timeout %q: error %q does not name the annotation and its value", idle, err)
 			}
 		case d <= 0:
@@ -111,7 +113,7 @@ func FuzzAnnotations(f *testing.F) {
 				t.Fatal("a pod without a token hash was accepted by a node that requires one")
 			}
 		case !wellFormed:
-			if err == nil || !strings.Contains(err.Error(), AnnotationTokenSHA256) {
+			if err == nil || !strings.Contains(err.Error(), podcontract.AnnotationTokenSHA256) {
 				t.Fatalf("token annotation %q: error %v, want one naming the annotation", tokens, err)
 			}
 		case err != nil:
@@ -130,7 +132,7 @@ func FuzzAnnotations(f *testing.F) {
 			t.Fatalf("jobs %q and %q of pods in team-a and team-b", ja, jb)
 		}
 		if job != "" && ja != "team-a/"+job {
-			t.Fatalf("label %s=%q: job %q", LabelJob, job, ja)
+			t.Fatalf("label %s=%q: job %q", podcontract.LabelJob, job, ja)
 		}
 
 		// spec.activeDeadlineSeconds, counted from creation (or from when

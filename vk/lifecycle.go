@@ -14,11 +14,8 @@ import (
 
 	daemonapi "github.com/sandman-dev/sandman/daemon/api"
 	"github.com/sandman-dev/sandman/daemon/client"
+	"github.com/sandman-dev/sandman/podcontract"
 )
-
-// ReasonDeadlineExceeded is kubelet's reason for a pod past its
-// spec.activeDeadlineSeconds.
-const ReasonDeadlineExceeded = "DeadlineExceeded"
 
 // deadlineOf is when a pod's spec.activeDeadlineSeconds runs out, counted
 // from its start as a kubelet does; zero when it has none.
@@ -61,7 +58,7 @@ func (p *Provider) expire(uid string) {
 		return
 	}
 	msg := fmt.Sprintf("Pod was active on the node longer than the specified deadline (%ds)", *sb.pod.Spec.ActiveDeadlineSeconds)
-	sb.fail(ReasonDeadlineExceeded, msg, p.cfg.Now())
+	sb.fail(podcontract.ReasonDeadlineExceeded, msg, p.cfg.Now())
 	pod, node := sb.pod, sb.node
 	grace := 30 * time.Second
 	if g := pod.Spec.TerminationGracePeriodSeconds; g != nil {
@@ -70,31 +67,21 @@ func (p *Provider) expire(uid string) {
 	p.mu.Unlock()
 	key := podKey(pod.Namespace, pod.Name)
 	p.log.Info("deadline exceeded", "pod", key)
-	p.cfg.Recorder.Event(pod, corev1.EventTypeWarning, ReasonDeadlineExceeded, msg)
-	metricReclaims.WithLabelValues(ReasonDeadlineExceeded, node).Inc()
+	p.cfg.Recorder.Event(pod, corev1.EventTypeWarning, podcontract.ReasonDeadlineExceeded, msg)
+	metricReclaims.WithLabelValues(podcontract.ReasonDeadlineExceeded, node).Inc()
 	p.push(uid)
 	p.goOwned(func() { p.release(key, uid, grace, false) })
 }
 
-// AnnotationExpiresAt reclaims a sandbox at a time (RFC 3339, e.g.
-// 2026-11-30T18:00:00Z): its pod is deleted then. Unlike
-// spec.activeDeadlineSeconds, which Kubernetes lets only shrink, it may be
-// moved either way while the pod runs; sandman-gateway keeps E2B's sandbox
-// timeout in it.
-const AnnotationExpiresAt = "sandman.io/expires-at"
-
-// ReasonExpired is the event reason of a reclaim at expires-at.
-const ReasonExpired = "Expired"
-
 // expiresAt parses a pod's expiry; zero when it has none.
 func expiresAt(pod *corev1.Pod) (time.Time, error) {
-	v := pod.Annotations[AnnotationExpiresAt]
+	v := pod.Annotations[podcontract.AnnotationExpiresAt]
 	if v == "" {
 		return time.Time{}, nil
 	}
 	t, err := time.Parse(time.RFC3339, v)
 	if err != nil {
-		return time.Time{}, fmt.Errorf("annotation %s: %q is not an RFC 3339 time such as 2026-11-30T18:00:00Z", AnnotationExpiresAt, v)
+		return time.Time{}, fmt.Errorf("annotation %s: %q is not an RFC 3339 time such as 2026-11-30T18:00:00Z", podcontract.AnnotationExpiresAt, v)
 	}
 	return t, nil
 }
@@ -120,10 +107,10 @@ func (p *Provider) reclaimExpired(ctx context.Context, uid string) {
 	}
 	pod, at := sb.pod, sb.expiresAt
 	p.mu.Unlock()
-	msg := fmt.Sprintf("the sandbox expired at %s (annotation %s): it was reclaimed", at.UTC().Format(time.RFC3339), AnnotationExpiresAt)
+	msg := fmt.Sprintf("the sandbox expired at %s (annotation %s): it was reclaimed", at.UTC().Format(time.RFC3339), podcontract.AnnotationExpiresAt)
 	p.log.Info("expired", "pod", podKey(pod.Namespace, pod.Name), "at", at)
-	p.cfg.Recorder.Event(pod, corev1.EventTypeNormal, ReasonExpired, msg)
-	metricReclaims.WithLabelValues(ReasonExpired, p.nodeOf(pod.UID)).Inc()
+	p.cfg.Recorder.Event(pod, corev1.EventTypeNormal, podcontract.ReasonExpired, msg)
+	metricReclaims.WithLabelValues(podcontract.ReasonExpired, p.nodeOf(pod.UID)).Inc()
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	puid := pod.UID
@@ -134,23 +121,15 @@ func (p *Provider) reclaimExpired(ctx context.Context, uid string) {
 	}
 }
 
-// AnnotationIdleTimeout reclaims a sandbox after that long (a Go duration,
-// e.g. 30m) with no authenticated daemon call and nothing running in it. A
-// trainer thinking for longer renews (POST /v1/renew on the daemon).
-const AnnotationIdleTimeout = "sandman.io/idle-timeout"
-
-// ReasonIdleTimeout is the event reason of an idle reclaim.
-const ReasonIdleTimeout = "IdleTimeout"
-
 // idleTimeout parses a pod's idle timeout; zero when it has none.
 func idleTimeout(pod *corev1.Pod) (time.Duration, error) {
-	v := pod.Annotations[AnnotationIdleTimeout]
+	v := pod.Annotations[podcontract.AnnotationIdleTimeout]
 	if v == "" {
 		return 0, nil
 	}
 	d, err := time.ParseDuration(v)
 	if err != nil || d <= 0 {
-		return 0, fmt.Errorf("annotation %s: %q is not a positive duration such as 30m", AnnotationIdleTimeout, v)
+		return 0, fmt.Errorf("annotation %s: %q is not a positive duration such as 30m", podcontract.AnnotationIdleTimeout, v)
 	}
 	return d, nil
 }
@@ -240,10 +219,10 @@ func (p *Provider) idleHealth(ctx context.Context, addr, uid string, known []byt
 // reclaimIdle deletes an idle sandbox's pod and says why.
 func (p *Provider) reclaimIdle(ctx context.Context, pod *corev1.Pod, idle time.Duration) {
 	msg := fmt.Sprintf("no daemon call and nothing running for %s (annotation %s=%s): the sandbox was reclaimed",
-		idle.Round(time.Second), AnnotationIdleTimeout, pod.Annotations[AnnotationIdleTimeout])
+		idle.Round(time.Second), podcontract.AnnotationIdleTimeout, pod.Annotations[podcontract.AnnotationIdleTimeout])
 	p.log.Info("idle timeout", "pod", podKey(pod.Namespace, pod.Name), "idle", idle)
-	p.cfg.Recorder.Event(pod, corev1.EventTypeWarning, ReasonIdleTimeout, msg)
-	metricReclaims.WithLabelValues(ReasonIdleTimeout, p.nodeOf(pod.UID)).Inc()
+	p.cfg.Recorder.Event(pod, corev1.EventTypeWarning, podcontract.ReasonIdleTimeout, msg)
+	metricReclaims.WithLabelValues(podcontract.ReasonIdleTimeout, p.nodeOf(pod.UID)).Inc()
 	uid := pod.UID
 	err := p.cfg.Client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {

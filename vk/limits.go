@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/sandman-dev/sandman/podcontract"
 	"github.com/sandman-dev/sandman/runtime"
 )
 
@@ -73,7 +74,7 @@ func (p *Provider) poolLimits(c corev1.Container, cs *runtime.ContainerSpec) err
 }
 
 // Bandwidth is a sandbox's traffic cap each way, in bits per second (0:
-// none), as AnnotationIngressBandwidth and AnnotationEgressBandwidth say it.
+// none), as podcontract.AnnotationIngressBandwidth and podcontract.AnnotationEgressBandwidth say it.
 type Bandwidth struct {
 	Ingress, Egress int64
 }
@@ -117,8 +118,8 @@ func (p *Provider) poolBandwidth(pod *corev1.Pod, req *runtime.BindRequest) erro
 		to           *int64
 		def, ceiling int64
 	}{
-		{AnnotationIngressBandwidth, &req.IngressBandwidth, p.cfg.DefaultBandwidth.Ingress, p.cfg.MaxBandwidth.Ingress},
-		{AnnotationEgressBandwidth, &req.EgressBandwidth, p.cfg.DefaultBandwidth.Egress, p.cfg.MaxBandwidth.Egress},
+		{podcontract.AnnotationIngressBandwidth, &req.IngressBandwidth, p.cfg.DefaultBandwidth.Ingress, p.cfg.MaxBandwidth.Ingress},
+		{podcontract.AnnotationEgressBandwidth, &req.EgressBandwidth, p.cfg.DefaultBandwidth.Egress, p.cfg.MaxBandwidth.Egress},
 	} {
 		v, ok := pod.Annotations[bw.key]
 		if !ok {

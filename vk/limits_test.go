@@ -3,6 +3,8 @@ package vk
 import (
 	"strings"
 	"testing"
+
+	"github.com/sandman-dev/sandman/podcontract"
 )
 
 // TestPoolBandwidth: a pod's bandwidth annotations reach the node agent
@@ -32,10 +34,10 @@ func TestPoolBandwidth(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			pod := testPod("p", "img")
 			if tc.ingress != "" {
-				pod.Annotations[AnnotationIngressBandwidth] = tc.ingress
+				pod.Annotations[podcontract.AnnotationIngressBandwidth] = tc.ingress
 			}
 			if tc.egress != "" {
-				pod.Annotations[AnnotationEgressBandwidth] = tc.egress
+				pod.Annotations[podcontract.AnnotationEgressBandwidth] = tc.egress
 			}
 			req, err := translator(func(c *Config) { c.DefaultBandwidth, c.MaxBandwidth = tc.def, tc.ceiling }).bindRequest(pod)
 			if tc.err != "" {

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 
+	"github.com/sandman-dev/sandman/podcontract"
 	"github.com/sandman-dev/sandman/pool"
 	"github.com/sandman-dev/sandman/runtime"
 )
@@ -33,21 +34,10 @@ type NodeConfig struct {
 	// queue holds the pods beyond the slots (WaitingForSlot) instead of
 	// kube-scheduler retrying each on back-off. CPU and memory are scaled
 	// in the same proportion, so a pod mix that fits the slots fits the
-	// advertised node alike. The node says so (AnnotationSlots,
-	// AnnotationQueueRoom and the condition ConditionQueueRoom).
+	// advertised node alike. The node says so (podcontract.AnnotationSlots,
+	// podcontract.AnnotationQueueRoom and the condition podcontract.ConditionQueueRoom).
 	QueueRoom int
 }
-
-// What a virtual node with queue room says about its capacity.
-const (
-	// AnnotationSlots is the pool's real capacity: slots, CPU and memory
-	// of its healthy workers ("1000 slots, 4000 CPU, 16Ti memory").
-	AnnotationSlots = "sandman.io/slots"
-	// AnnotationQueueRoom is the room advertised beyond the slots.
-	AnnotationQueueRoom = "sandman.io/queue-room"
-	// ConditionQueueRoom says in words what the capacity includes.
-	ConditionQueueRoom corev1.NodeConditionType = "SandmanQueueRoom"
-)
 
 // NodeSpec is the virtual node as it is registered: labels for the node
 // selector, a taint sandboxes tolerate, addresses, and the capacity of the
@@ -57,7 +47,7 @@ func NodeSpec(cfg NodeConfig, capa runtime.Capacity, agents int) corev1.Node {
 		ObjectMeta: metav1.ObjectMeta{
 			Name: cfg.Name,
 			Labels: map[string]string{
-				LabelPool:                cfg.PoolName,
+				podcontract.LabelPool:    cfg.PoolName,
 				"type":                   "virtual-kubelet",
 				"kubernetes.io/os":       "linux",
 				"kubernetes.io/arch":     "amd64",
@@ -66,7 +56,7 @@ func NodeSpec(cfg NodeConfig, capa runtime.Capacity, agents int) corev1.Node {
 			},
 		},
 		Spec: corev1.NodeSpec{
-			Taints: []corev1.Taint{{Key: LabelPool, Value: cfg.PoolName, Effect: corev1.TaintEffectNoSchedule}},
+			Taints: []corev1.Taint{{Key: podcontract.LabelPool, Value: cfg.PoolName, Effect: corev1.TaintEffectNoSchedule}},
 		},
 		Status: corev1.NodeStatus{
 			Phase: corev1.NodeRunning,
@@ -123,10 +113,10 @@ func setCapacity(n *corev1.Node, capa runtime.Capacity, agents, room int) {
 	}
 	n.Status.Capacity, n.Status.Allocatable = rl, rl.DeepCopy()
 	now := metav1.Now()
-	agentsReady := corev1.NodeCondition{Type: "NodeAgentsReady", Status: corev1.ConditionTrue, Reason: "NodeAgentsReachable",
+	agentsReady := corev1.NodeCondition{Type: podcontract.ConditionNodeAgentsReady, Status: corev1.ConditionTrue, Reason: podcontract.ReasonNodeAgentsReachable,
 		Message: strconv.Itoa(agents) + " node agents reachable", LastHeartbeatTime: now, LastTransitionTime: now}
 	if agents == 0 {
-		agentsReady.Status, agentsReady.Reason, agentsReady.Message = corev1.ConditionFalse, "NoNodeAgents", "no node agent is reachable: pods wait for a slot"
+		agentsReady.Status, agentsReady.Reason, agentsReady.Message = corev1.ConditionFalse, podcontract.ReasonNoNodeAgents, "no node agent is reachable: pods wait for a slot"
 	}
 	n.Status.Conditions = []corev1.NodeCondition{
 		{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", Message: "sandman virtual node is ready", LastHeartbeatTime: now, LastTransitionTime: now},
@@ -142,10 +132,10 @@ func setCapacity(n *corev1.Node, capa runtime.Capacity, agents, room int) {
 		if n.Annotations == nil {
 			n.Annotations = map[string]string{}
 		}
-		n.Annotations[AnnotationSlots] = truth
-		n.Annotations[AnnotationQueueRoom] = strconv.Itoa(room)
-		n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: ConditionQueueRoom, Status: corev1.ConditionTrue,
-			Reason: "QueueRoomAdvertised", LastHeartbeatTime: now, LastTransitionTime: now,
+		n.Annotations[podcontract.AnnotationSlots] = truth
+		n.Annotations[podcontract.AnnotationQueueRoom] = strconv.Itoa(room)
+		n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: podcontract.ConditionQueueRoom, Status: corev1.ConditionTrue,
+			Reason: podcontract.ReasonQueueRoomAdvertised, LastHeartbeatTime: now, LastTransitionTime: now,
 			Message: fmt.Sprintf("capacity includes room for %d queued pods beyond the pool's %s (pods, CPU and memory scaled alike): "+
 				"pods beyond the slots wait in the pool's fair admission queue (event WaitingForSlot), not in kube-scheduler", room, truth)})
 	}

@@ -6,6 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/sandman-dev/sandman/podcontract"
 	"github.com/sandman-dev/sandman/runtime"
 )
 
@@ -19,11 +20,11 @@ func TestQueueRoom(t *testing.T) {
 	if got := n.Status.Capacity.Pods().Value(); got != 1000 {
 		t.Errorf("truthful: pods %d, want 1000", got)
 	}
-	if _, ok := n.Annotations[AnnotationQueueRoom]; ok {
+	if _, ok := n.Annotations[podcontract.AnnotationQueueRoom]; ok {
 		t.Error("truthful: a queue-room annotation")
 	}
 	for _, c := range n.Status.Conditions {
-		if c.Type == ConditionQueueRoom {
+		if c.Type == podcontract.ConditionQueueRoom {
 			t.Error("truthful: a queue-room condition")
 		}
 	}
@@ -40,12 +41,12 @@ func TestQueueRoom(t *testing.T) {
 	if got := st.Allocatable.Memory().Value(); got != 5<<40 {
 		t.Errorf("memory %d, want 5Ti", got)
 	}
-	if n.Annotations[AnnotationQueueRoom] != "4000" || !strings.HasPrefix(n.Annotations[AnnotationSlots], "1000 slots, 250 CPU, 1Ti memory") {
+	if n.Annotations[podcontract.AnnotationQueueRoom] != "4000" || !strings.HasPrefix(n.Annotations[podcontract.AnnotationSlots], "1000 slots, 250 CPU, 1Ti memory") {
 		t.Errorf("annotations %v", n.Annotations)
 	}
 	var cond *corev1.NodeCondition
 	for i, c := range st.Conditions {
-		if c.Type == ConditionQueueRoom {
+		if c.Type == podcontract.ConditionQueueRoom {
 			cond = &st.Conditions[i]
 		}
 	}

@@ -31,46 +31,11 @@ import (
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 
+	"github.com/sandman-dev/sandman/podcontract"
 	"github.com/sandman-dev/sandman/pool"
 	"github.com/sandman-dev/sandman/runtime"
 	"github.com/sandman-dev/sandman/runtime/sandboxdns"
 	"github.com/sandman-dev/sandman/runtime/sandboxnet"
-)
-
-// Pod contract annotations and labels.
-const (
-	// AnnotationTokenSHA256 is the hex SHA-256 of the bearer token the pod's
-	// creator keeps (several may be given, separated by commas).
-	AnnotationTokenSHA256 = "sandman.io/token-sha256"
-	// AnnotationEgress narrows what the sandbox may reach on the internet
-	// to these comma-separated IPv4 CIDRs (or addresses), within what its
-	// pool allows; EgressNone: nothing at all.
-	AnnotationEgress = "sandman.io/egress"
-	// EgressNone as AnnotationEgress: the sandbox reaches nothing, not
-	// even the pool's exceptions (AnnotationEgressDeny 0.0.0.0/0), on any
-	// pool.
-	EgressNone = "none"
-	// AnnotationEgressDeny lists comma-separated IPv4 CIDRs (or addresses)
-	// the sandbox may never reach, the pool's exceptions included. It only
-	// narrows, so any pool takes it.
-	AnnotationEgressDeny = "sandman.io/egress-deny"
-	// AnnotationEgressDomains lists comma-separated DNS names the sandbox
-	// may reach: exact (api.example.com) or a wildcard first label
-	// (*.example.com: any name under example.com, not example.com). Its
-	// DNS then goes to the node's resolver, which answers only these, and
-	// it reaches what they resolve to (and AnnotationEgress's CIDRs, if
-	// given), within what its pool allows; a pool without internet egress
-	// refuses it.
-	AnnotationEgressDomains = "sandman.io/egress-domains"
-	// AnnotationIngressBandwidth and AnnotationEgressBandwidth cap the
-	// sandbox's traffic in bits per second (e.g. 10M), the CNI bandwidth
-	// plugin's convention.
-	AnnotationIngressBandwidth = "kubernetes.io/ingress-bandwidth"
-	AnnotationEgressBandwidth  = "kubernetes.io/egress-bandwidth"
-	// LabelJob names the trainer job a pod belongs to, for fair admission.
-	LabelJob = "sandman.io/job"
-	// LabelPool is the virtual node's pool label and taint key.
-	LabelPool = "sandman.io/pool"
 )
 
 // Config configures a Provider.
@@ -131,14 +96,14 @@ type Config struct {
 	// AllowedNamespaces and AllowedNamespaceSelector are the pool's access
 	// rule: a pod may be placed on the pool when its namespace is named in
 	// AllowedNamespaces or its labels match AllowedNamespaceSelector; any
-	// other fails (ReasonNamespaceNotAllowed) whatever way it reached the
+	// other fails (podcontract.ReasonNamespaceNotAllowed) whatever way it reached the
 	// virtual node. Neither set: every namespace may. Namespaces reads the
 	// namespaces' labels (required with a selector).
 	AllowedNamespaces        []string
 	AllowedNamespaceSelector labels.Selector
 	Namespaces               corev1listers.NamespaceLister
 	// DefaultBandwidth caps the traffic of a sandbox whose pod sets no
-	// AnnotationIngressBandwidth / AnnotationEgressBandwidth (zero: none;
+	// podcontract.AnnotationIngressBandwidth / podcontract.AnnotationEgressBandwidth (zero: none;
 	// with no default, the maximum); a pod that asks for more than
 	// MaxBandwidth is refused (zero: no maximum).
 	DefaultBandwidth, MaxBandwidth Bandwidth
@@ -474,9 +439,9 @@ func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	p.byUID[uid] = sb
 	p.byKey[podKey(pod.Namespace, pod.Name)] = uid
 	if notAllowed != nil {
-		sb.fail(ReasonNamespaceNotAllowed, notAllowed.Error(), p.cfg.Now())
+		sb.fail(podcontract.ReasonNamespaceNotAllowed, notAllowed.Error(), p.cfg.Now())
 		p.mu.Unlock()
-		p.cfg.Recorder.Event(pod, corev1.EventTypeWarning, ReasonNamespaceNotAllowed, notAllowed.Error())
+		p.cfg.Recorder.Event(pod, corev1.EventTypeWarning, podcontract.ReasonNamespaceNotAllowed, notAllowed.Error())
 		p.push(uid)
 		return nil
 	}
@@ -492,9 +457,9 @@ func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 		return nil
 	}
 	if lostWhileRunning(pod) {
-		sb.fail("SandboxLost", "the sandbox of this pod no longer exists on any node agent (it was lost while the virtual node was restarting)", p.cfg.Now())
+		sb.fail(podcontract.ReasonSandboxLost, "the sandbox of this pod no longer exists on any node agent (it was lost while the virtual node was restarting)", p.cfg.Now())
 		p.mu.Unlock()
-		p.cfg.Recorder.Event(pod, corev1.EventTypeWarning, "SandboxLost", sb.message)
+		p.cfg.Recorder.Event(pod, corev1.EventTypeWarning, podcontract.ReasonSandboxLost, sb.message)
 		p.push(uid)
 		return nil
 	}
@@ -503,7 +468,7 @@ func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 		sb.idleTimeout, err = idleTimeout(pod)
 	}
 	if err == nil && sb.idleTimeout > 0 && !req.AllowUnauthenticated && p.cfg.ControlKeys == nil {
-		err = fmt.Errorf("annotation %s: virtual node %s has no control key, so it holds no token to ask the sandbox how long it has been idle: remove the annotation or give sandman-vk a control key", AnnotationIdleTimeout, p.cfg.NodeName)
+		err = fmt.Errorf("annotation %s: virtual node %s has no control key, so it holds no token to ask the sandbox how long it has been idle: remove the annotation or give sandman-vk a control key", podcontract.AnnotationIdleTimeout, p.cfg.NodeName)
 	}
 	if err == nil {
 		sb.expiresAt, err = expiresAt(pod)
@@ -554,7 +519,7 @@ func (p *Provider) submit(uid string) {
 	if err := p.cfg.Pool.Submit(req); err != nil && !errdefs.IsAlreadyExists(err) {
 		p.mu.Lock()
 		sb.submitted = false
-		sb.wait("WaitingForSlot", err.Error())
+		sb.wait(podcontract.ReasonWaitingForSlot, err.Error())
 		p.mu.Unlock()
 		p.push(uid)
 	}
@@ -857,7 +822,7 @@ func (p *Provider) OnUpdate(u pool.Update) {
 			sb.fail(u.Reason, u.Message, u.Time)
 		} else {
 			resubmitAfter = time.Millisecond
-			sb.wait("WaitingForSlot", u.Message)
+			sb.wait(podcontract.ReasonWaitingForSlot, u.Message)
 		}
 		event = func() { p.cfg.Recorder.Event(pod, corev1.EventTypeWarning, u.Reason, u.Message) }
 	}
@@ -921,11 +886,11 @@ func (p *Provider) bindRequest(pod *corev1.Pod) (runtime.BindRequest, error) {
 		}
 		req.Containers = append(req.Containers, cs)
 	}
-	if v := pod.Annotations[AnnotationTokenSHA256]; v != "" {
+	if v := pod.Annotations[podcontract.AnnotationTokenSHA256]; v != "" {
 		for h := range strings.SplitSeq(v, ",") {
 			h = strings.ToLower(strings.TrimSpace(h))
 			if b, err := hex.DecodeString(h); err != nil || len(b) != sha256.Size {
-				return req, fmt.Errorf("annotation %s: %q is not a hex SHA-256 (64 hex digits): give sha256(token) of the token you will send", AnnotationTokenSHA256, h)
+				return req, fmt.Errorf("annotation %s: %q is not a hex SHA-256 (64 hex digits): give sha256(token) of the token you will send", podcontract.AnnotationTokenSHA256, h)
 			}
 			req.TokenHashes = append(req.TokenHashes, h)
 		}
@@ -933,8 +898,8 @@ func (p *Provider) bindRequest(pod *corev1.Pod) (runtime.BindRequest, error) {
 	if err := p.poolBandwidth(pod, &req); err != nil {
 		return req, err
 	}
-	if v, ok := pod.Annotations[AnnotationEgress]; ok {
-		if strings.EqualFold(strings.TrimSpace(v), EgressNone) {
+	if v, ok := pod.Annotations[podcontract.AnnotationEgress]; ok {
+		if strings.EqualFold(strings.TrimSpace(v), podcontract.EgressNone) {
 			// Everything denied by the pod itself, which wins over the
 			// pool's exceptions; it narrows, so any pool takes it.
 			req.EgressDeny = append(req.EgressDeny, "0.0.0.0/0")
@@ -944,26 +909,26 @@ func (p *Provider) bindRequest(pod *corev1.Pod) (runtime.BindRequest, error) {
 				err = errors.New("it lists nothing")
 			}
 			if err != nil {
-				return req, fmt.Errorf("annotation %s: %v: give the IPv4 CIDRs the sandbox may reach, or %s alone for no egress at all", AnnotationEgress, err, EgressNone)
+				return req, fmt.Errorf("annotation %s: %v: give the IPv4 CIDRs the sandbox may reach, or %s alone for no egress at all", podcontract.AnnotationEgress, err, podcontract.EgressNone)
 			}
 			for _, p := range prefixes {
 				req.Egress = append(req.Egress, p.String())
 			}
 		}
 	}
-	if v, ok := pod.Annotations[AnnotationEgressDeny]; ok {
+	if v, ok := pod.Annotations[podcontract.AnnotationEgressDeny]; ok {
 		prefixes, err := sandboxnet.ParsePrefixes(v)
 		if err == nil && len(prefixes) == 0 {
 			err = errors.New("it lists nothing")
 		}
 		if err != nil {
-			return req, fmt.Errorf("annotation %s: %v: give the IPv4 CIDRs the sandbox may never reach, or remove it", AnnotationEgressDeny, err)
+			return req, fmt.Errorf("annotation %s: %v: give the IPv4 CIDRs the sandbox may never reach, or remove it", podcontract.AnnotationEgressDeny, err)
 		}
 		for _, p := range prefixes {
 			req.EgressDeny = append(req.EgressDeny, p.String())
 		}
 	}
-	if v, ok := pod.Annotations[AnnotationEgressDomains]; ok {
+	if v, ok := pod.Annotations[podcontract.AnnotationEgressDomains]; ok {
 		for name := range strings.SplitSeq(v, ",") {
 			if name = strings.TrimSuffix(strings.ToLower(strings.TrimSpace(name)), "."); name != "" {
 				req.EgressDomains = append(req.EgressDomains, name)
@@ -974,12 +939,12 @@ func (p *Provider) bindRequest(pod *corev1.Pod) (runtime.BindRequest, error) {
 			err = errors.New("it lists nothing")
 		}
 		if err != nil {
-			return req, fmt.Errorf("annotation %s: %v: give the DNS names the sandbox may reach, such as api.example.com,*.pypi.org", AnnotationEgressDomains, err)
+			return req, fmt.Errorf("annotation %s: %v: give the DNS names the sandbox may reach, such as api.example.com,*.pypi.org", podcontract.AnnotationEgressDomains, err)
 		}
 	}
 	if len(req.TokenHashes) == 0 {
 		if !p.cfg.AllowUnauthenticated {
-			return req, fmt.Errorf("pod %s/%s has no %s annotation and pool %s does not allow unauthenticated sandboxes: add the annotation with the hex SHA-256 of a token you keep", pod.Namespace, pod.Name, AnnotationTokenSHA256, p.cfg.NodeName)
+			return req, fmt.Errorf("pod %s/%s has no %s annotation and pool %s does not allow unauthenticated sandboxes: add the annotation with the hex SHA-256 of a token you keep", pod.Namespace, pod.Name, podcontract.AnnotationTokenSHA256, p.cfg.NodeName)
 		}
 		req.AllowUnauthenticated = true
 	}
@@ -1002,7 +967,7 @@ func (p *Provider) bindRequest(pod *corev1.Pod) (runtime.BindRequest, error) {
 // jobOf names the trainer job of a pod: its sandman.io/job label, else its
 // controller owner, else its namespace.
 func jobOf(pod *corev1.Pod) string {
-	if j := pod.Labels[LabelJob]; j != "" {
+	if j := pod.Labels[podcontract.LabelJob]; j != "" {
 		return pod.Namespace + "/" + j
 	}
 	if o := metav1.GetControllerOf(pod); o != nil {

@@ -26,6 +26,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 
+	"github.com/sandman-dev/sandman/podcontract"
 	"github.com/sandman-dev/sandman/pool"
 	"github.com/sandman-dev/sandman/runtime"
 	"github.com/sandman-dev/sandman/runtime/fake"
@@ -158,7 +159,7 @@ func sha(s string) string {
 func testPod(name, image string) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID("uid-" + name),
-			Annotations: map[string]string{AnnotationTokenSHA256: sha("t")}},
+			Annotations: map[string]string{podcontract.AnnotationTokenSHA256: sha("t")}},
 		Spec: corev1.PodSpec{NodeName: "vn", Containers: []corev1.Container{{Name: "task", Image: image,
 			Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("250m")}}}}},
 	}
@@ -252,7 +253,7 @@ func TestBadPodsFailWithAReason(t *testing.T) {
 		want   string
 	}{
 		{"no token", func(p *corev1.Pod) { p.Annotations = nil }, "sandman.io/token-sha256"},
-		{"bad token hash", func(p *corev1.Pod) { p.Annotations[AnnotationTokenSHA256] = "xyz" }, "64 hex digits"},
+		{"bad token hash", func(p *corev1.Pod) { p.Annotations[podcontract.AnnotationTokenSHA256] = "xyz" }, "64 hex digits"},
 		{"tiny memory", func(p *corev1.Pod) {
 			p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Mi")}
 		}, "4 MiB"},
@@ -334,10 +335,10 @@ func TestNodeCapacityIsThePools(t *testing.T) {
 	if n.Status.Capacity.Pods().Value() != 3 || n.Status.Allocatable.Cpu().MilliValue() != 3000 || agents != 1 {
 		t.Fatalf("capacity %v allocatable %v agents %d", n.Status.Capacity, n.Status.Allocatable, agents)
 	}
-	if n.Labels[LabelPool] != "t" || n.Labels["type"] != "virtual-kubelet" || n.Labels["kubernetes.io/os"] != "linux" {
+	if n.Labels[podcontract.LabelPool] != "t" || n.Labels["type"] != "virtual-kubelet" || n.Labels["kubernetes.io/os"] != "linux" {
 		t.Fatalf("labels %v", n.Labels)
 	}
-	if len(n.Spec.Taints) != 1 || n.Spec.Taints[0].Key != LabelPool {
+	if len(n.Spec.Taints) != 1 || n.Spec.Taints[0].Key != podcontract.LabelPool {
 		t.Fatalf("taints %v", n.Spec.Taints)
 	}
 }
@@ -348,7 +349,7 @@ func TestJobOf(t *testing.T) {
 		pod  corev1.Pod
 		want string
 	}{
-		{corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "n", Labels: map[string]string{LabelJob: "j1"}}}, "n/j1"},
+		{corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "n", Labels: map[string]string{podcontract.LabelJob: "j1"}}}, "n/j1"},
 		{corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "n", OwnerReferences: []metav1.OwnerReference{{Kind: "Job", Name: "train", Controller: &ctrl}}}}, "n/Job/train"},
 		{corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "n"}}, "n"},
 	} {
@@ -377,7 +378,7 @@ func TestActiveDeadlineFailsThePod(t *testing.T) {
 	}
 	clk.Step(time.Second)
 	got := h.wait(t, pod.UID, "Failed", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed })
-	if got.Status.Reason != ReasonDeadlineExceeded || !strings.Contains(got.Status.Message, "deadline") {
+	if got.Status.Reason != podcontract.ReasonDeadlineExceeded || !strings.Contains(got.Status.Message, "deadline") {
 		t.Fatalf("reason %q message %q", got.Status.Reason, got.Status.Message)
 	}
 	poll(t, "the slot freed after the deadline", func() bool { return h.warmSlots(t) == 1 })
@@ -496,7 +497,7 @@ func TestExpiresAtReclaimsAndMoves(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Now())
 	h := newHarness(t, 1, func(c *Config) { c.Clock = clk })
 	pod := testPod("expiring", "img")
-	pod.Annotations[AnnotationExpiresAt] = clk.Now().Add(time.Minute).UTC().Format(time.RFC3339)
+	pod.Annotations[podcontract.AnnotationExpiresAt] = clk.Now().Add(time.Minute).UTC().Format(time.RFC3339)
 	if _, err := h.client.CoreV1().Pods("ns").Create(t.Context(), pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -505,7 +506,7 @@ func TestExpiresAtReclaimsAndMoves(t *testing.T) {
 	}
 	h.wait(t, pod.UID, "Ready", isReady)
 	moved := pod.DeepCopy()
-	moved.Annotations[AnnotationExpiresAt] = clk.Now().Add(3 * time.Minute).UTC().Format(time.RFC3339)
+	moved.Annotations[podcontract.AnnotationExpiresAt] = clk.Now().Add(3 * time.Minute).UTC().Format(time.RFC3339)
 	if err := h.p.UpdatePod(t.Context(), moved); err != nil {
 		t.Fatal(err)
 	}
@@ -523,12 +524,12 @@ func TestExpiresAtReclaimsAndMoves(t *testing.T) {
 	poll(t, "the pod deleted at its moved expiry", func() bool { return !exists() })
 
 	bad := testPod("bad-expiry", "img")
-	bad.Annotations[AnnotationExpiresAt] = "in an hour"
+	bad.Annotations[podcontract.AnnotationExpiresAt] = "in an hour"
 	if err := h.p.CreatePod(t.Context(), bad); err != nil {
 		t.Fatal(err)
 	}
 	got := h.wait(t, bad.UID, "Failed", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed })
-	if !strings.Contains(got.Status.Message, AnnotationExpiresAt) {
+	if !strings.Contains(got.Status.Message, podcontract.AnnotationExpiresAt) {
 		t.Fatalf("message %q does not name the annotation", got.Status.Message)
 	}
 }

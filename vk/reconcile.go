@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 
+	"github.com/sandman-dev/sandman/podcontract"
 	"github.com/sandman-dev/sandman/pool"
 	"github.com/sandman-dev/sandman/runtime"
 )
@@ -115,9 +116,9 @@ func (p *Provider) settleAwaiting(now time.Time, slots []pool.BoundSlot) {
 		}
 		sb.awaiting = false
 		msg := "the sandbox of this pod no longer exists on any node agent (it was lost while the virtual node was restarting)"
-		reason := "SandboxLost"
+		reason := podcontract.ReasonSandboxLost
 		if len(unsynced) > 0 {
-			reason = "NodeLost"
+			reason = podcontract.ReasonNodeLost
 			msg = fmt.Sprintf("node agents %s have not answered since the virtual node started %v ago; the sandbox of this pod was on none of the others", strings.Join(unsynced, ", "), now.Sub(p.started).Round(time.Second))
 		}
 		sb.fail(reason, msg, now)

@@ -8,8 +8,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
 
+	"github.com/sandman-dev/sandman/podcontract"
 	"github.com/sandman-dev/sandman/runtime"
-	vkapi "github.com/sandman-dev/sandman/vk/api"
 )
 
 // sandbox is the provider's record of one pod: what it asked for and where
@@ -32,7 +32,7 @@ type sandbox struct {
 	// Waiting: reason and message for the containers (and the pod when
 	// failed).
 	reason, message string
-	// snapshots is the vkapi.AnnotationSnapshots value this provider wrote
+	// snapshots is the podcontract.AnnotationSnapshots value this provider wrote
 	// last (recordSnapshot). Every pod handed over with a status carries
 	// it: virtual-kubelet writes statuses through pods/status, which
 	// writes the pod's annotations too, and a pod copied before the
@@ -211,7 +211,7 @@ func (s *sandbox) podWithStatus(nodeIP string) *corev1.Pod {
 		if pod.Annotations == nil {
 			pod.Annotations = map[string]string{}
 		}
-		pod.Annotations[vkapi.AnnotationSnapshots] = s.snapshots
+		pod.Annotations[podcontract.AnnotationSnapshots] = s.snapshots
 	}
 	if s.awaiting {
 		// Not known yet: the status stays what the last provider wrote.
@@ -285,7 +285,7 @@ func (s *sandbox) containerStatus(c corev1.Container) corev1.ContainerStatus {
 		cs.State.Terminated = &corev1.ContainerStateTerminated{ExitCode: int32(e.code), Reason: e.reason, Message: e.message,
 			StartedAt: started, FinishedAt: metav1.NewTime(e.at.Truncate(time.Second)), ContainerID: cs.ContainerID}
 	case s.started() && !s.releasedAt.IsZero():
-		cs.State.Terminated = &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Released",
+		cs.State.Terminated = &corev1.ContainerStateTerminated{ExitCode: 0, Reason: podcontract.ReasonReleased,
 			Message: "the sandbox was released because its pod was deleted", StartedAt: started,
 			FinishedAt: metav1.NewTime(s.releasedAt.Truncate(time.Second)), ContainerID: cs.ContainerID}
 	case s.started() && !s.failed:

@@ -17,14 +17,11 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 
+	"github.com/sandman-dev/sandman/podcontract"
 	"github.com/sandman-dev/sandman/pool"
 	"github.com/sandman-dev/sandman/runtime"
 	vkapi "github.com/sandman-dev/sandman/vk/api"
 )
-
-// ReasonSnapshotted is the Normal event recorded on a pod after a snapshot
-// of it.
-const ReasonSnapshotted = "Snapshotted"
 
 // snapshotHeartbeat is how often the snapshot stream repeats its last line
 // while nothing changes, so the caller sees the call alive (and its
@@ -195,7 +192,7 @@ func (p *Provider) recordSnapshot(ctx context.Context, pod *corev1.Pod, res runt
 		if cur.UID != pod.UID {
 			return errGone
 		}
-		list := appendSnapshotRecord(cur.Annotations[vkapi.AnnotationSnapshots], rec)
+		list := appendSnapshotRecord(cur.Annotations[podcontract.AnnotationSnapshots], rec)
 		value, err := json.Marshal(list)
 		if err != nil {
 			return err
@@ -210,7 +207,7 @@ func (p *Provider) recordSnapshot(ctx context.Context, pod *corev1.Pod, res runt
 		// is read again and retried.
 		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
 			"resourceVersion": cur.ResourceVersion,
-			"annotations":     map[string]string{vkapi.AnnotationSnapshots: string(value)},
+			"annotations":     map[string]string{podcontract.AnnotationSnapshots: string(value)},
 		}})
 		if err != nil {
 			return err
@@ -224,7 +221,7 @@ func (p *Provider) recordSnapshot(ctx context.Context, pod *corev1.Pod, res runt
 	if err != nil {
 		p.log.Warn("could not record a snapshot on its pod", "pod", podKey(pod.Namespace, pod.Name), "image", res.Image, "digest", res.Digest, "err", err)
 	}
-	p.cfg.Recorder.Event(pod, corev1.EventTypeNormal, ReasonSnapshotted, snapshotMessage(res))
+	p.cfg.Recorder.Event(pod, corev1.EventTypeNormal, podcontract.ReasonSnapshotted, snapshotMessage(res))
 }
 
 func snapshotMessage(res runtime.SnapshotResult) string {

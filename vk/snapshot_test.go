@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/record"
 
+	"github.com/sandman-dev/sandman/podcontract"
 	"github.com/sandman-dev/sandman/runtime"
 	"github.com/sandman-dev/sandman/runtime/fake"
 	vkapi "github.com/sandman-dev/sandman/vk/api"
@@ -127,7 +128,7 @@ func TestSnapshotStreamsAndRecords(t *testing.T) {
 		earlier = append(earlier, vkapi.SnapshotRecord{Image: fmt.Sprintf("old:%d", i), Digest: "sha256:0"})
 	}
 	b, _ := json.Marshal(earlier)
-	pod.Annotations[vkapi.AnnotationSnapshots] = string(b)
+	pod.Annotations[podcontract.AnnotationSnapshots] = string(b)
 	h.run(t, pod, true)
 
 	status, lines, st := h.call(t, vkapi.SnapshotRequest{Namespace: "ns", Pod: "a", Image: "envs/prepared:v1"})
@@ -157,18 +158,18 @@ func TestSnapshotStreamsAndRecords(t *testing.T) {
 		t.Fatal(err)
 	}
 	var list []vkapi.SnapshotRecord
-	if err := json.Unmarshal([]byte(got.Annotations[vkapi.AnnotationSnapshots]), &list); err != nil {
+	if err := json.Unmarshal([]byte(got.Annotations[podcontract.AnnotationSnapshots]), &list); err != nil {
 		t.Fatal(err)
 	}
 	if len(list) != vkapi.MaxSnapshotRecords || list[0].Image != "old:1" ||
 		list[len(list)-1].Image != "reg.local/envs/prepared:v1" || list[len(list)-1].Digest != "sha256:feed" || list[len(list)-1].Time.IsZero() {
-		t.Fatalf("annotation %s", got.Annotations[vkapi.AnnotationSnapshots])
+		t.Fatalf("annotation %s", got.Annotations[podcontract.AnnotationSnapshots])
 	}
 	// The pod the provider hands over with its status carries it too:
 	// virtual-kubelet writes it through pods/status, annotations included.
 	mine, err := h.p.GetPod(t.Context(), "ns", "a")
-	if err != nil || mine.Annotations[vkapi.AnnotationSnapshots] != got.Annotations[vkapi.AnnotationSnapshots] {
-		t.Fatalf("the provider's pod: %v %q, want the annotation written", err, mine.Annotations[vkapi.AnnotationSnapshots])
+	if err != nil || mine.Annotations[podcontract.AnnotationSnapshots] != got.Annotations[podcontract.AnnotationSnapshots] {
+		t.Fatalf("the provider's pod: %v %q, want the annotation written", err, mine.Annotations[podcontract.AnnotationSnapshots])
 	}
 	select {
 	case ev := <-h.events:
@@ -196,7 +197,7 @@ func TestSnapshotErrorAfterTheStreamBeganIsTheLastLine(t *testing.T) {
 		t.Fatalf("last line %+v", end)
 	}
 	got, _ := h.client.CoreV1().Pods("ns").Get(t.Context(), "a", metav1.GetOptions{})
-	if v := got.Annotations[vkapi.AnnotationSnapshots]; v != "" {
+	if v := got.Annotations[podcontract.AnnotationSnapshots]; v != "" {
 		t.Fatalf("a failed snapshot was recorded: %s", v)
 	}
 }
@@ -292,7 +293,7 @@ func TestSnapshotThroughTheClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := h.client.CoreV1().Nodes().Create(t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "vn",
-		Labels: map[string]string{LabelPool: "t"}}}, metav1.CreateOptions{}); err != nil {
+		Labels: map[string]string{podcontract.LabelPool: "t"}}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	vnode := http.NewServeMux()

@@ -14,6 +14,8 @@ import (
 	ktesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
+
+	"github.com/sandman-dev/sandman/podcontract"
 )
 
 // TestStatusOnlyPods: the status virtual-kubelet writes with the provider's
@@ -25,7 +27,7 @@ func TestStatusOnlyPods(t *testing.T) {
 	stored := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{
 		Namespace: "ns", Name: "p", UID: "u1", ResourceVersion: "6",
 		Labels:      map[string]string{"team": "rl"},
-		Annotations: map[string]string{AnnotationExpiresAt: "2026-12-01T10:00:03Z"},
+		Annotations: map[string]string{podcontract.AnnotationExpiresAt: "2026-12-01T10:00:03Z"},
 		Finalizers:  []string{"example.com/keep"},
 	}}
 	client := fake.NewClientset(stored.DeepCopy())
@@ -40,7 +42,7 @@ func TestStatusOnlyPods(t *testing.T) {
 	// resourceVersion.
 	stale := stored.DeepCopy()
 	stale.Labels = nil
-	stale.Annotations = map[string]string{AnnotationExpiresAt: "2026-12-01T10:05:00Z"}
+	stale.Annotations = map[string]string{podcontract.AnnotationExpiresAt: "2026-12-01T10:05:00Z"}
 	stale.Finalizers = nil
 	stale.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.0.0.7"}
 	if _, err := pods.Pods("ns").UpdateStatus(ctx, stale, metav1.UpdateOptions{}); err != nil {
@@ -53,7 +55,7 @@ func TestStatusOnlyPods(t *testing.T) {
 	if got.Status.Phase != corev1.PodRunning || got.Status.PodIP != "10.0.0.7" {
 		t.Errorf("status not written: %+v", got.Status)
 	}
-	if got.Annotations[AnnotationExpiresAt] != "2026-12-01T10:00:03Z" || got.Labels["team"] != "rl" || len(got.Finalizers) != 1 {
+	if got.Annotations[podcontract.AnnotationExpiresAt] != "2026-12-01T10:00:03Z" || got.Labels["team"] != "rl" || len(got.Finalizers) != 1 {
 		t.Errorf("the status write changed the pod's metadata: annotations %v labels %v finalizers %v", got.Annotations, got.Labels, got.Finalizers)
 	}
 

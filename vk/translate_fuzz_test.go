@@ -18,6 +18,7 @@ import (
 	corev1listers "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/sandman-dev/sandman/podcontract"
 	"github.com/sandman-dev/sandman/runtime"
 )
 
@@ -104,8 +105,8 @@ func checkTranslation(t *testing.T, p *Provider, pod *corev1.Pod) {
 	if len(req.PullSecrets) != wantSecrets {
 		t.Fatalf("%d pull secrets in the request, want %d (pod refs %+v)", len(req.PullSecrets), wantSecrets, pod.Spec.ImagePullSecrets)
 	}
-	if pod.Annotations[AnnotationIdleTimeout] != "" && idle <= 0 {
-		t.Fatalf("idle timeout annotation %q accepted as %v", pod.Annotations[AnnotationIdleTimeout], idle)
+	if pod.Annotations[podcontract.AnnotationIdleTimeout] != "" && idle <= 0 {
+		t.Fatalf("idle timeout annotation %q accepted as %v", pod.Annotations[podcontract.AnnotationIdleTimeout], idle)
 	}
 }
 
@@ -224,7 +225,7 @@ func quantityOf(l corev1.ResourceList, name corev1.ResourceName) string {
 // none, unauthenticated, where the node allows it.
 func checkTokens(t *testing.T, p *Provider, pod *corev1.Pod, req runtime.BindRequest) {
 	t.Helper()
-	v := pod.Annotations[AnnotationTokenSHA256]
+	v := pod.Annotations[podcontract.AnnotationTokenSHA256]
 	if v == "" {
 		if len(req.TokenHashes) != 0 || !req.AllowUnauthenticated || !p.cfg.AllowUnauthenticated {
 			t.Fatalf("no token annotation: hashes %q, unauthenticated %v (node allows: %v)", req.TokenHashes, req.AllowUnauthenticated, p.cfg.AllowUnauthenticated)
@@ -334,10 +335,10 @@ func FuzzPodFields(f *testing.F) {
 			Spec:       corev1.PodSpec{RestartPolicy: corev1.RestartPolicy(restart), Hostname: hostname},
 		}
 		if tokens != "" {
-			pod.Annotations[AnnotationTokenSHA256] = tokens
+			pod.Annotations[podcontract.AnnotationTokenSHA256] = tokens
 		}
 		if idle != "" {
-			pod.Annotations[AnnotationIdleTimeout] = idle
+			pod.Annotations[podcontract.AnnotationIdleTimeout] = idle
 		}
 		if pullSecret != "" {
 			pod.Spec.ImagePullSecrets = []corev1.LocalObjectReference{{Name: pullSecret}, {Name: "regcred"}}

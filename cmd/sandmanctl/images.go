@@ -17,15 +17,16 @@ import (
 	"golang.org/x/term"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/sandman-dev/sandman/podcontract"
 	"github.com/sandman-dev/sandman/runtime"
 	vkapi "github.com/sandman-dev/sandman/vk/api"
 )
 
 // virtualNode finds the virtual node of pool (or the only one).
 func (c *ctl) virtualNode(ctx context.Context, pool string) (string, error) {
-	sel := "type=virtual-kubelet,sandman.io/pool"
+	sel := "type=virtual-kubelet," + podcontract.LabelPool
 	if pool != "" {
-		sel = "type=virtual-kubelet,sandman.io/pool=" + pool
+		sel = "type=virtual-kubelet," + podcontract.LabelPool + "=" + pool
 	}
 	nodes, err := c.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: sel})
 	if err != nil {
@@ -39,7 +40,7 @@ func (c *ctl) virtualNode(ctx context.Context, pool string) (string, error) {
 	}
 	var names []string
 	for _, n := range nodes.Items {
-		names = append(names, n.Labels["sandman.io/pool"])
+		names = append(names, n.Labels[podcontract.LabelPool])
 	}
 	return "", fail(exitUsage, "several pools (%s): choose one with --pool", strings.Join(names, ", "))
 }

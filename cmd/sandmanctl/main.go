@@ -37,6 +37,7 @@ import (
 	"github.com/sandman-dev/sandman/daemon/api"
 	"github.com/sandman-dev/sandman/daemon/archive"
 	"github.com/sandman-dev/sandman/daemon/client"
+	"github.com/sandman-dev/sandman/podcontract"
 )
 
 const usage = `usage: sandmanctl [global flags] COMMAND [flags] [args]
@@ -192,12 +193,12 @@ func (c *ctl) dispatch(ctx context.Context, cmd string, args []string) error {
 func (c *ctl) run(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	fs.SetOutput(c.errw)
-	pool := fs.String("pool", "default", "the pool (node selector sandman.io/pool)")
+	pool := fs.String("pool", "default", "the pool (node selector "+podcontract.LabelPool+")")
 	image := fs.String("image", "", "the image, e.g. a snapshot's IMAGE@DIGEST (else the first argument)")
 	count := fs.Int("count", 1, "how many sandboxes to create at once (generated names)")
 	name := fs.String("name", "", "pod name (default: sandbox-<random>); with --count, the names' prefix")
-	job := fs.String("job", "", "trainer job (label sandman.io/job)")
-	idle := fs.String("idle-timeout", "", "idle lease, e.g. 30m (annotation sandman.io/idle-timeout)")
+	job := fs.String("job", "", "trainer job (label "+podcontract.LabelJob+")")
+	idle := fs.String("idle-timeout", "", "idle lease, e.g. 30m (annotation "+podcontract.AnnotationIdleTimeout+")")
 	deadline := fs.Duration("deadline", 0, "hard deadline (spec.activeDeadlineSeconds)")
 	cpu := fs.String("cpu", "", "CPU request, e.g. 500m")
 	memory := fs.String("memory", "", "memory request and limit, e.g. 1Gi")
@@ -218,8 +219,8 @@ func (c *ctl) run(ctx context.Context, args []string) error {
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: c.namespace, Annotations: map[string]string{}},
 		Spec: corev1.PodSpec{
-			NodeSelector: map[string]string{"sandman.io/pool": *pool},
-			Tolerations:  []corev1.Toleration{{Key: "sandman.io/pool", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
+			NodeSelector: map[string]string{podcontract.LabelPool: *pool},
+			Tolerations:  []corev1.Toleration{{Key: podcontract.LabelPool, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
 			Containers:   []corev1.Container{{Name: "task", Image: img, Command: command}},
 		},
 	}
@@ -235,12 +236,12 @@ func (c *ctl) run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	pod.Labels = map[string]string{labelRun: id}
+	pod.Labels = map[string]string{podcontract.LabelRun: id}
 	if *job != "" {
-		pod.Labels["sandman.io/job"] = *job
+		pod.Labels[podcontract.LabelJob] = *job
 	}
 	if *idle != "" {
-		pod.Annotations["sandman.io/idle-timeout"] = *idle
+		pod.Annotations[podcontract.AnnotationIdleTimeout] = *idle
 	}
 	if *deadline > 0 {
 		s := int64(deadline.Seconds())
@@ -268,7 +269,7 @@ func (c *ctl) run(ctx context.Context, args []string) error {
 	}
 	var waitErr error
 	if *wait > 0 {
-		waitErr = c.waitAllReady(ctx, boxes, labelRun+"="+id, *wait)
+		waitErr = c.waitAllReady(ctx, boxes, podcontract.LabelRun+"="+id, *wait)
 	}
 	for _, b := range boxes {
 		if b.err == nil {
@@ -277,9 +278,6 @@ func (c *ctl) run(ctx context.Context, args []string) error {
 	}
 	return waitErr
 }
-
-// labelRun marks the sandboxes one run created together.
-const labelRun = "sandman.io/run"
 
 // createFanOut caps the sandboxes created at once.
 const createFanOut = 16
@@ -320,7 +318,7 @@ func (c *ctl) createSandboxes(ctx context.Context, pod *corev1.Pod, count int) (
 			}
 			sum := sha256.Sum256([]byte(token))
 			p := pod.DeepCopy()
-			p.Annotations["sandman.io/token-sha256"] = hex.EncodeToString(sum[:])
+			p.Annotations[podcontract.AnnotationTokenSHA256] = hex.EncodeToString(sum[:])
 			created, err := c.kube.CoreV1().Pods(c.namespace).Create(gctx, p, metav1.CreateOptions{})
 			if err != nil {
 				if count > 1 {
@@ -727,7 +725,7 @@ func (c *ctl) get(ctx context.Context, args []string) error {
 		if len(args) > 0 && pod.Name != args[0] {
 			continue
 		}
-		if pod.Spec.NodeSelector["sandman.io/pool"] == "" && pod.Annotations["sandman.io/token-sha256"] == "" {
+		if pod.Spec.NodeSelector[podcontract.LabelPool] == "" && pod.Annotations[podcontract.AnnotationTokenSHA256] == "" {
 			continue
 		}
 		found = true

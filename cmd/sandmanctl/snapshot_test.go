@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/rest"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/sandman-dev/sandman/podcontract"
 	"github.com/sandman-dev/sandman/runtime"
 	vkapi "github.com/sandman-dev/sandman/vk/api"
 )
@@ -86,7 +87,7 @@ func TestRunCountCreatesAndWaitsForAll(t *testing.T) {
 	hashes, runs := map[string]bool{}, map[string]bool{}
 	for _, p := range pods.Items {
 		hashes[p.Annotations["sandman.io/token-sha256"]] = true
-		runs[p.Labels[labelRun]] = true
+		runs[p.Labels[podcontract.LabelRun]] = true
 		if c := p.Spec.Containers[0]; c.Image != snap || !slices.Equal(c.Command, []string{"sleep", "1d"}) || p.Labels["sandman.io/job"] != "j" ||
 			!strings.HasPrefix(p.Name, "sandbox-") {
 			t.Fatalf("pod %s: %+v", p.Name, p)

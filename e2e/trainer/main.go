@@ -47,12 +47,10 @@ import (
 
 	"github.com/sandman-dev/sandman/daemon/api"
 	"github.com/sandman-dev/sandman/daemon/client"
+	"github.com/sandman-dev/sandman/podcontract"
 )
 
 const (
-	labelJob   = "sandman.io/job"
-	labelPool  = "sandman.io/pool"
-	annToken   = "sandman.io/token-sha256"
 	nsFile     = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 	parallel   = 8
 	checkLimit = 2 * time.Minute
@@ -184,7 +182,7 @@ func run(ctx context.Context, log *slog.Logger, pods typedcorev1.PodInterface, o
 
 	// Wait until each is Ready, has failed, or the timeout passes.
 	wctx, cancel := context.WithTimeout(ctx, o.timeout)
-	werr := waitReady(wctx, pods, labelJob+"="+o.podName, sbs)
+	werr := waitReady(wctx, pods, podcontract.LabelJob+"="+o.podName, sbs)
 	cancel()
 	for _, sb := range sbs {
 		if sb.err == nil && sb.ready.IsZero() {
@@ -215,17 +213,17 @@ func sandboxPod(o options, tokenHash string) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			GenerateName: o.podName + "-sb-",
-			Labels:       map[string]string{labelJob: o.podName},
-			Annotations:  map[string]string{annToken: tokenHash},
+			Labels:       map[string]string{podcontract.LabelJob: o.podName},
+			Annotations:  map[string]string{podcontract.AnnotationTokenSHA256: tokenHash},
 			OwnerReferences: []metav1.OwnerReference{{
 				APIVersion: "v1", Kind: "Pod", Name: o.podName, UID: types.UID(o.podUID),
 				BlockOwnerDeletion: new(false),
 			}},
 		},
 		Spec: corev1.PodSpec{
-			NodeSelector: map[string]string{labelPool: o.pool},
+			NodeSelector: map[string]string{podcontract.LabelPool: o.pool},
 			Tolerations: []corev1.Toleration{{
-				Key: labelPool, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule,
+				Key: podcontract.LabelPool, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule,
 			}},
 			Containers: []corev1.Container{{Name: "task", Image: o.image}},
 		},

@@ -13,18 +13,20 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/sandman-dev/sandman/podcontract"
 )
 
 func TestSandboxPod(t *testing.T) {
 	o := options{image: "img", pool: "p1", podName: "trainer-x", podUID: "uid-1"}
 	p := sandboxPod(o, "abc")
-	if p.GenerateName != "trainer-x-sb-" || p.Labels[labelJob] != "trainer-x" || p.Annotations[annToken] != "abc" {
+	if p.GenerateName != "trainer-x-sb-" || p.Labels[podcontract.LabelJob] != "trainer-x" || p.Annotations[podcontract.AnnotationTokenSHA256] != "abc" {
 		t.Errorf("metadata: %+v", p.ObjectMeta)
 	}
 	if or := p.OwnerReferences; len(or) != 1 || or[0].Kind != "Pod" || or[0].UID != "uid-1" || *or[0].BlockOwnerDeletion {
 		t.Errorf("owner references: %+v", or)
 	}
-	if p.Spec.NodeSelector[labelPool] != "p1" || len(p.Spec.Tolerations) != 1 || p.Spec.Containers[0].Image != "img" || p.Spec.Containers[0].Command != nil {
+	if p.Spec.NodeSelector[podcontract.LabelPool] != "p1" || len(p.Spec.Tolerations) != 1 || p.Spec.Containers[0].Image != "img" || p.Spec.Containers[0].Command != nil {
 		t.Errorf("spec: %+v", p.Spec)
 	}
 }
@@ -37,7 +39,7 @@ func TestWaitReady(t *testing.T) {
 	pods := kube.CoreV1().Pods("ns")
 	var sbs []*sandbox
 	for _, n := range []string{"a", "b", "c"} {
-		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: n, Namespace: "ns", Labels: map[string]string{labelJob: "t"}}}
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: n, Namespace: "ns", Labels: map[string]string{podcontract.LabelJob: "t"}}}
 		if _, err := pods.Create(t.Context(), p, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -67,7 +69,7 @@ func TestWaitReady(t *testing.T) {
 	}()
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
-	if err := waitReady(ctx, pods, labelJob+"=t", sbs); err != nil {
+	if err := waitReady(ctx, pods, podcontract.LabelJob+"=t", sbs); err != nil {
 		t.Fatal(err)
 	}
 	if sbs[0].ready.IsZero() || sbs[1].ip != "10.0.0.1" || sbs[2].err == nil || !strings.Contains(sbs[2].err.Error(), "InvalidSpec") {

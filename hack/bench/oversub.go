@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 
+	"github.com/sandman-dev/sandman/podcontract"
 	"github.com/sandman-dev/sandman/runtime"
 	"github.com/sandman-dev/sandman/runtime/fake"
 )
@@ -194,7 +195,7 @@ func (b *vkBench) oversubRun(ctx context.Context, image string, m oversubMode) (
 		}
 		podFor = func(name, job string) *corev1.Pod {
 			p := b.pod(name, pool, image, nodeName)
-			p.Labels = map[string]string{"sandman.io/job": job}
+			p.Labels = map[string]string{podcontract.LabelJob: job}
 			return p
 		}
 	} else {
@@ -207,7 +208,7 @@ func (b *vkBench) oversubRun(ctx context.Context, image string, m oversubMode) (
 		res.slots, res.pods = m.nodes*oversubPerNode, m.nodes*oversubPerNode
 		podFor = func(name, job string) *corev1.Pod {
 			return &corev1.Pod{
-				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: b.ns, Labels: map[string]string{"sandman.io/job": job}},
+				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: b.ns, Labels: map[string]string{podcontract.LabelJob: job}},
 				Spec: corev1.PodSpec{
 					NodeSelector:                  map[string]string{label: "true"},
 					TerminationGracePeriodSeconds: ptr.To[int64](0),

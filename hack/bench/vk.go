@@ -35,6 +35,7 @@ import (
 
 	daemonapi "github.com/sandman-dev/sandman/daemon/api"
 	"github.com/sandman-dev/sandman/daemon/client"
+	"github.com/sandman-dev/sandman/podcontract"
 	"github.com/sandman-dev/sandman/runtime"
 	"github.com/sandman-dev/sandman/runtime/fake"
 	"github.com/sandman-dev/sandman/runtime/nodeapi"
@@ -212,7 +213,7 @@ func newVKBench(cfg config, tmpPrefix string) (_ *vkBench, _ context.Context, do
 	ctx := namespaces.WithNamespace(context.Background(), benchNamespace)
 	// The label admits the namespace to the deployed pool (deploy/overlays/local's
 	// --allowed-namespace-selector); host-process pools admit every namespace.
-	nsObj := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: b.ns, Labels: map[string]string{"pools.sandman.io/deployed": "true"}}}
+	nsObj := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: b.ns, Labels: map[string]string{podcontract.PoolAccessLabelPrefix + "deployed": "true"}}}
 	if _, err := kube.CoreV1().Namespaces().Create(ctx, nsObj, metav1.CreateOptions{}); err != nil {
 		return nil, nil, nil, err
 	}
@@ -314,10 +315,10 @@ func (b *vkBench) pod(name, pool, image, nodeName string) *corev1.Pod {
 	sum := sha256.Sum256([]byte("bench"))
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: b.ns,
-			Annotations: map[string]string{"sandman.io/token-sha256": hex.EncodeToString(sum[:])}},
+			Annotations: map[string]string{podcontract.AnnotationTokenSHA256: hex.EncodeToString(sum[:])}},
 		Spec: corev1.PodSpec{
-			NodeSelector:                  map[string]string{"sandman.io/pool": pool},
-			Tolerations:                   []corev1.Toleration{{Key: "sandman.io/pool", Operator: corev1.TolerationOpExists}},
+			NodeSelector:                  map[string]string{podcontract.LabelPool: pool},
+			Tolerations:                   []corev1.Toleration{{Key: podcontract.LabelPool, Operator: corev1.TolerationOpExists}},
 			TerminationGracePeriodSeconds: new(int64),
 			Containers: []corev1.Container{{Name: "task", Image: image, Resources: corev1.ResourceRequirements{
 				Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("16Mi")}}}},

@@ -19,11 +19,9 @@ import (
 	netlisters "k8s.io/client-go/listers/networking/v1"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/sandman-dev/sandman/podcontract"
 	"github.com/sandman-dev/sandman/runtime/sandboxnet"
 )
-
-// poolSelector marks a sandbox pod: its nodeSelector names a sandman pool.
-const poolSelector = "sandman.io/pool"
 
 // Config configures an Engine.
 type Config struct {
@@ -142,7 +140,8 @@ func maps(a, b map[string]string) bool {
 	return true
 }
 
-func isSandbox(p *corev1.Pod) bool { return p.Spec.NodeSelector[poolSelector] != "" }
+// isSandbox: a sandbox pod's nodeSelector names a sandman pool.
+func isSandbox(p *corev1.Pod) bool { return p.Spec.NodeSelector[podcontract.LabelPool] != "" }
 
 func (e *Engine) changed() {
 	select {

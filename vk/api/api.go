@@ -3,6 +3,7 @@ package api
 import (
 	"time"
 
+	"github.com/sandman-dev/sandman/podcontract"
 	"github.com/sandman-dev/sandman/runtime"
 )
 
@@ -38,13 +39,17 @@ type PrePullLine struct {
 // AnnotationSnapshots names the snapshots taken of a pod: a JSON list of
 // SnapshotRecord, newest last, at most MaxSnapshotRecords (the oldest
 // dropped). The virtual node writes it after each successful snapshot.
-const AnnotationSnapshots = "sandman.io/snapshots"
+//
+// Deprecated: use podcontract.AnnotationSnapshots, where every name of the
+// pod contract is defined; this alias stays for trainer code written
+// against vk/api.
+const AnnotationSnapshots = podcontract.AnnotationSnapshots
 
-// MaxSnapshotRecords bounds the AnnotationSnapshots list.
+// MaxSnapshotRecords bounds the podcontract.AnnotationSnapshots list.
 const MaxSnapshotRecords = 20
 
-// SnapshotRecord is one snapshot of a pod, as AnnotationSnapshots lists
-// it: Image@Digest pins the image it made.
+// SnapshotRecord is one snapshot of a pod, as podcontract.AnnotationSnapshots
+// lists it: Image@Digest pins the image it made.
 type SnapshotRecord struct {
 	Image  string    `json:"image"`
 	Digest string    `json:"digest"`

@@ -89,8 +89,9 @@ func TestDependsOnLittle(t *testing.T) {
 		t.Fatalf("go list -deps: %v\n%s", err, out)
 	}
 	allowed := map[string]bool{
-		"github.com/sandman-dev/sandman/vk/api":  true,
-		"github.com/sandman-dev/sandman/runtime": true,
+		"github.com/sandman-dev/sandman/vk/api":      true,
+		"github.com/sandman-dev/sandman/runtime":     true,
+		"github.com/sandman-dev/sandman/podcontract": true,
 		// runtime's own small dependencies.
 		"github.com/containerd/errdefs":       true,
 		"github.com/distribution/reference":   true,

@@ -11,12 +11,17 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/rest"
 
+	"github.com/sandman-dev/sandman/podcontract"
 	"github.com/sandman-dev/sandman/runtime"
 	"github.com/sandman-dev/sandman/vk/api"
 )
 
 // LabelPool is the label every sandman virtual node carries (its pool).
-const LabelPool = "sandman.io/pool"
+//
+// Deprecated: use podcontract.LabelPool, where every name of the pod
+// contract is defined; this alias stays for trainer code written against
+// vk/client.
+const LabelPool = podcontract.LabelPool
 
 // NodeProxyPath is the apiserver's path to route (e.g. "snapshot") on the
 // virtual node named node.
@@ -66,9 +71,9 @@ func PodNode(ctx context.Context, rc rest.Interface, namespace, pod string) (str
 	if err := json.Unmarshal(raw, &n); err != nil {
 		return "", &api.Error{Code: api.CodeInternal, Message: fmt.Sprintf("reading node %s: %v", node, err)}
 	}
-	if _, ok := n.Metadata.Labels[LabelPool]; !ok {
+	if _, ok := n.Metadata.Labels[podcontract.LabelPool]; !ok {
 		return "", &api.Error{Code: api.CodeInvalidArgument,
-			Message: fmt.Sprintf("pod %s/%s runs on node %s, which is not a sandman virtual node (no %s label)", namespace, pod, node, LabelPool)}
+			Message: fmt.Sprintf("pod %s/%s runs on node %s, which is not a sandman virtual node (no %s label)", namespace, pod, node, podcontract.LabelPool)}
 	}
 	return node, nil
 }
@@ -129,7 +134,7 @@ func Snapshot(ctx context.Context, rc rest.Interface, node string, req api.Snaps
 	}
 	return runtime.SnapshotResult{}, &api.Error{Code: api.CodeUnavailable,
 		Message: fmt.Sprintf("%s: the stream ended at phase %q without a result (%s); the snapshot may still have been made: see the pod's %s annotation",
-			what, last.Phase, why, api.AnnotationSnapshots)}
+			what, last.Phase, why, podcontract.AnnotationSnapshots)}
 }
 
 // callError is an *api.Error for a call client-go answered with err: a

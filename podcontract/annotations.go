@@ -1,0 +1,75 @@
+package podcontract
+
+// A sandbox pod's annotations, written by its creator.
+const (
+	// AnnotationTokenSHA256 is the hex SHA-256 of the bearer token the
+	// pod's creator keeps (several may be given, separated by commas).
+	AnnotationTokenSHA256 = "sandman.io/token-sha256"
+	// AnnotationExpiresAt reclaims a sandbox at a time (RFC 3339, e.g.
+	// 2026-11-30T18:00:00Z): its pod is deleted then. Unlike
+	// spec.activeDeadlineSeconds, which Kubernetes lets only shrink, it may
+	// be moved either way while the pod runs; sandman-gateway keeps E2B's
+	// sandbox timeout in it.
+	AnnotationExpiresAt = "sandman.io/expires-at"
+	// AnnotationIdleTimeout reclaims a sandbox after that long (a Go
+	// duration, e.g. 30m) with no authenticated daemon call and nothing
+	// running in it. A trainer thinking for longer renews (POST /v1/renew
+	// on the daemon).
+	AnnotationIdleTimeout = "sandman.io/idle-timeout"
+
+	// AnnotationEgress narrows what the sandbox may reach on the internet
+	// to these comma-separated IPv4 CIDRs (or addresses), within what its
+	// pool allows; EgressNone: nothing at all.
+	AnnotationEgress = "sandman.io/egress"
+	// EgressNone as AnnotationEgress: the sandbox reaches nothing, not
+	// even the pool's exceptions (AnnotationEgressDeny 0.0.0.0/0), on any
+	// pool.
+	EgressNone = "none"
+	// AnnotationEgressDeny lists comma-separated IPv4 CIDRs (or addresses)
+	// the sandbox may never reach, the pool's exceptions included. It only
+	// narrows, so any pool takes it.
+	AnnotationEgressDeny = "sandman.io/egress-deny"
+	// AnnotationEgressDomains lists comma-separated DNS names the sandbox
+	// may reach: exact (api.example.com) or a wildcard first label
+	// (*.example.com: any name under example.com, not example.com). Its
+	// DNS then goes to the node's resolver, which answers only these, and
+	// it reaches what they resolve to (and AnnotationEgress's CIDRs, if
+	// given), within what its pool allows; a pool without internet egress
+	// refuses it.
+	AnnotationEgressDomains = "sandman.io/egress-domains"
+	// AnnotationIngressBandwidth and AnnotationEgressBandwidth cap the
+	// sandbox's traffic in bits per second (e.g. 10M), the CNI bandwidth
+	// plugin's convention.
+	AnnotationIngressBandwidth = "kubernetes.io/ingress-bandwidth"
+	AnnotationEgressBandwidth  = "kubernetes.io/egress-bandwidth"
+)
+
+// AnnotationSnapshots names the snapshots taken of a pod: a JSON list of
+// vk/api's SnapshotRecord, newest last, at most vk/api's
+// MaxSnapshotRecords (the oldest dropped). The virtual node writes it after
+// each successful snapshot.
+const AnnotationSnapshots = "sandman.io/snapshots"
+
+// What a virtual node with queue room says about its capacity, on its Node.
+const (
+	// AnnotationSlots is the pool's real capacity: slots, CPU and memory
+	// of its healthy workers ("1000 slots, 4000 CPU, 16Ti memory").
+	AnnotationSlots = "sandman.io/slots"
+	// AnnotationQueueRoom is the room advertised beyond the slots.
+	AnnotationQueueRoom = "sandman.io/queue-room"
+)
+
+// What a sandbox pod made by sandman-gateway carries besides the above.
+const (
+	// AnnotationE2BMetadata is the sandbox's E2B metadata, as JSON.
+	AnnotationE2BMetadata = "e2b.sandman.io/metadata"
+	// AnnotationE2BTemplate is the template ID the sandbox was made from.
+	AnnotationE2BTemplate = "e2b.sandman.io/template"
+	// AnnotationE2BAlias is the gateway's ConfigMap template name ("" for
+	// an image).
+	AnnotationE2BAlias = "e2b.sandman.io/alias"
+	// AnnotationE2BInternet records E2B's allow_internet_access as asked
+	// ("true"/"false"; absent: not asked), for GET /sandboxes/{id}. What
+	// enforces it is AnnotationEgress.
+	AnnotationE2BInternet = "e2b.sandman.io/allow-internet-access"
+)

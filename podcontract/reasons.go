@@ -1,0 +1,48 @@
+package podcontract
+
+// Reasons the virtual node gives a sandbox pod: its status's reason (a
+// failed pod's, or a pending one's PodScheduled condition), its container's
+// waiting or terminated reason, and the reason of the events it records.
+const (
+	// ReasonWaitingForSlot: the pod waits in the pool's fair admission
+	// queue for a slot (Normal event; pending pod).
+	ReasonWaitingForSlot = "WaitingForSlot"
+	// ReasonNamespaceNotAllowed fails a pod whose namespace may not use
+	// the pool (sandman-vk --allowed-namespace, --allowed-namespace-selector).
+	ReasonNamespaceNotAllowed = "NamespaceNotAllowed"
+	// ReasonDeadlineExceeded is kubelet's reason for a pod past its
+	// spec.activeDeadlineSeconds.
+	ReasonDeadlineExceeded = "DeadlineExceeded"
+	// ReasonExpired is the event reason of a reclaim at AnnotationExpiresAt.
+	ReasonExpired = "Expired"
+	// ReasonIdleTimeout is the event reason of a reclaim after
+	// AnnotationIdleTimeout.
+	ReasonIdleTimeout = "IdleTimeout"
+	// ReasonSnapshotted is the Normal event recorded on a pod after a
+	// snapshot of it.
+	ReasonSnapshotted = "Snapshotted"
+	// ReasonSandboxLost fails a started pod whose sandbox no node agent
+	// has any more.
+	ReasonSandboxLost = "SandboxLost"
+	// ReasonNodeLost fails a started pod whose node agent stopped
+	// answering.
+	ReasonNodeLost = "NodeLost"
+	// ReasonReleased terminates the container of a sandbox released
+	// because its pod was deleted.
+	ReasonReleased = "Released"
+)
+
+// A virtual node's own condition types and their reasons, beside the
+// kubelet's standard ones.
+const (
+	// ConditionNodeAgentsReady says whether any node agent of the pool is
+	// reachable: ReasonNodeAgentsReachable or ReasonNoNodeAgents.
+	ConditionNodeAgentsReady  = "NodeAgentsReady"
+	ReasonNodeAgentsReachable = "NodeAgentsReachable"
+	ReasonNoNodeAgents        = "NoNodeAgents"
+	// ConditionQueueRoom says in words what the advertised capacity
+	// includes (ReasonQueueRoomAdvertised): AnnotationQueueRoom pods
+	// beyond the slots.
+	ConditionQueueRoom        = "SandmanQueueRoom"
+	ReasonQueueRoomAdvertised = "QueueRoomAdvertised"
+)
