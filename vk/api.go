@@ -15,19 +15,15 @@ import (
 // AttachAPI adds sandman's routes to mux (the kubelet API's, so they are
 // authorized as the kubelet port's other paths, by vk/kubeletauth: nodes/proxy
 // get to read, create to pre-pull and snapshot): images, pre-pull,
-// snapshot, capacity (JSON), and the capacity page. Their wire types are in package vk/api.
+// snapshot, capacity (JSON), and the capacity page. Their wire types are in package vk/api;
+// a call they refuse is answered by statusError, in the one shape clients
+// read as a *vkapi.Error.
 func (p *Provider) AttachAPI(mux *http.ServeMux) {
 	mux.HandleFunc("GET "+vkapi.APIPrefix+"images", p.serveImages)
 	mux.HandleFunc("POST "+vkapi.APIPrefix+"prepull", p.servePrePull)
 	mux.HandleFunc("POST "+vkapi.APIPrefix+"snapshot", p.serveSnapshot)
 	mux.HandleFunc("GET "+vkapi.APIPrefix+"capacity", p.serveCapacity)
 	p.AttachCapacity(mux)
-}
-
-func apiError(w http.ResponseWriter, status int, format string, args ...any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]string{"error": fmt.Sprintf(format, args...)})
 }
 
 func flatten(all []pool.NodeImages, only map[string]bool) []vkapi.NodeImage {
@@ -57,7 +53,7 @@ func (p *Provider) serveImages(w http.ResponseWriter, r *http.Request) {
 func (p *Provider) servePrePull(w http.ResponseWriter, r *http.Request) {
 	var req vkapi.ImagesRequest
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&req); err != nil || len(req.Images) == 0 {
-		apiError(w, http.StatusBadRequest, `want {"images": ["ref", ...]}`)
+		statusError(w, vkapi.CodeInvalidArgument, `want {"images": ["ref", ...]}`)
 		return
 	}
 	interval := durationParam(r, "interval", 500*time.Millisecond)
@@ -66,7 +62,7 @@ func (p *Provider) servePrePull(w http.ResponseWriter, r *http.Request) {
 	for _, ref := range req.Images {
 		name, err := runtime.NormalizeImage(ref)
 		if err != nil {
-			apiError(w, http.StatusBadRequest, "image %q: %v", ref, err)
+			statusError(w, vkapi.CodeInvalidArgument, fmt.Sprintf("image %q: %v", ref, err))
 			return
 		}
 		names[name] = true
@@ -74,7 +70,7 @@ func (p *Provider) servePrePull(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	results := p.cfg.Pool.PrePull(ctx, req.Images)
 	if len(results) == 0 {
-		apiError(w, http.StatusServiceUnavailable, "the pool has no node agents")
+		statusError(w, vkapi.CodeUnavailable, "the pool has no node agents")
 		return
 	}
 	rc := http.NewResponseController(w)
