@@ -9,6 +9,7 @@ import (
 
 	"github.com/sandman-dev/sandman/daemon/api"
 	"github.com/sandman-dev/sandman/daemon/internal/oserr"
+	"github.com/sandman-dev/sandman/daemon/internal/sandboxuser"
 )
 
 // asConnectError turns an error into a Connect error. Connect errors pass
@@ -24,8 +25,11 @@ func asConnectError(err error) error {
 	if errors.As(err, &ce) {
 		return err
 	}
-	if errors.Is(err, errUnknownUser) {
+	switch {
+	case errors.Is(err, sandboxuser.ErrUnknown):
 		return connect.NewError(connect.CodeUnauthenticated, err)
+	case errors.Is(err, sandboxuser.ErrMalformed):
+		return connect.NewError(connect.CodeFailedPrecondition, err)
 	}
 	var ae *apiError
 	if errors.As(err, &ae) {

@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -23,6 +22,7 @@ import (
 
 	"github.com/sandman-dev/sandman/daemon/envd/spec/filesystem"
 	"github.com/sandman-dev/sandman/daemon/envd/spec/filesystem/filesystemconnect"
+	"github.com/sandman-dev/sandman/daemon/internal/sandboxuser"
 )
 
 // Limits of the filesystem service.
@@ -44,15 +44,9 @@ const (
 	envdKeepalive = 50 * time.Second
 )
 
-// The sandbox's account databases, for user and group names.
-const (
-	envdPasswdFile = "/etc/passwd"
-	envdGroupFile  = "/etc/group"
-)
-
 // envdFilesystem serves envd's filesystem service. Paths are absolute or
-// relative to the caller's base directory (see envdFSUser.resolve); a call
-// that names a user acts with that user's credentials (envdFSUser.do), so
+// relative to the caller's base directory (see sandboxuser.User.Resolve); a call
+// that names a user acts with that user's credentials (sandboxuser.User.Do), so
 // the kernel checks its permissions and what it creates is the user's;
 // directory watches use inotify through fsnotify, streamed (WatchDir) or
 // collected for polling (CreateWatcher). Watchers live in memory and end
@@ -71,104 +65,6 @@ type envdFilesystem struct {
 }
 
 var _ filesystemconnect.FilesystemHandler = (*envdFilesystem)(nil)
-
-// envdFSUser is who a filesystem call acts as.
-type envdFSUser struct {
-	name     string // "" for the daemon's own user
-	uid, gid int
-	// cred is what the call's file operations run with (nil: the
-	// daemon's own credentials).
-	cred *fsCred
-	home string // what "~" means
-	base string // where relative paths start
-}
-
-// envdFSUserFor looks up the user a call names ("" for the default: the
-// daemon's own user, with relative paths starting at the sandbox's working
-// directory, where commands start too). A named user comes from the
-// sandbox's /etc/passwd, with its supplementary groups from /etc/group;
-// relative paths start at their home, as in envd.
-func (s *Server) envdFSUserFor(name string) (envdFSUser, error) {
-	if name == "" {
-		a := s.access.Load()
-		home := envValue(a.env, "HOME")
-		if home == "" {
-			home = a.dir
-		}
-		return envdFSUser{uid: os.Geteuid(), gid: os.Getegid(), home: home, base: a.dir}, nil
-	}
-	uid, gid, home, err := lookupPasswd(envdPasswdFile, name)
-	if err != nil {
-		return envdFSUser{}, err
-	}
-	if home == "" {
-		home = "/"
-	}
-	cred := &fsCred{uid: uid, gid: gid, groups: []int{}}
-	for _, g := range supplementaryGroups(envdGroupFile, name, uint32(gid)) {
-		cred.groups = append(cred.groups, int(g))
-	}
-	return envdFSUser{name: name, uid: uid, gid: gid, cred: cred, home: home, base: home}, nil
-}
-
-// do runs fn, which does the file work of a call, with u's credentials
-// (see asUser).
-func (u envdFSUser) do(fn func() error) error {
-	err := asUser(u.cred, fn)
-	if errors.Is(err, errCannotActAs) {
-		return fmt.Errorf("user %q: %w", u.name, err)
-	}
-	return err
-}
-
-// errUnknownUser: a call names a user the sandbox does not have.
-var errUnknownUser = errors.New("unknown user")
-
-// lookupPasswd finds name in a passwd file.
-func lookupPasswd(file, name string) (uid, gid int, home string, err error) {
-	u, err := passwdEntry(file, name)
-	switch {
-	case errors.Is(err, errMalformedPasswd):
-		return 0, 0, "", fmt.Errorf("user %q: malformed line in %s", name, file)
-	case err != nil:
-		return 0, 0, "", fmt.Errorf("user %q: %w: cannot read %s: %w", name, errUnknownUser, file, err)
-	case u == nil:
-		return 0, 0, "", fmt.Errorf("user %q: %w: no such user in the sandbox's %s; name an existing user, or none for the default", name, errUnknownUser, file)
-	}
-	return int(u.uid), int(u.gid), u.home, nil
-}
-
-// envValue is KEY's value in a KEY=VALUE list (the last one wins).
-func envValue(env []string, key string) string {
-	v := ""
-	for _, kv := range env {
-		if k, val, ok := strings.Cut(kv, "="); ok && k == key {
-			v = val
-		}
-	}
-	return v
-}
-
-// resolve turns a path of a call into an absolute, clean one, as envd
-// does: "~" and "~/…" start at the user's home, a relative path at the
-// user's base directory, and "" is the base directory itself. ".." is
-// resolved lexically, as a shell's cd does.
-func (u envdFSUser) resolve(p string) (string, error) {
-	switch {
-	case strings.ContainsRune(p, 0):
-		return "", connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("path %q contains a NUL byte", p))
-	case p == "":
-		return filepath.Clean(u.base), nil
-	case p == "~" || strings.HasPrefix(p, "~/"):
-		return filepath.Join(u.home, p[1:]), nil
-	case strings.HasPrefix(p, "~"):
-		return "", connect.NewError(connect.CodeInvalidArgument,
-			fmt.Errorf("path %q: ~user is not expanded; write the home directory out, or use ~/ for the caller's own", p))
-	case !filepath.IsAbs(p):
-		return filepath.Join(u.base, p), nil
-	}
-	return filepath.Clean(p), nil
-}
 
 // mkdirAll creates dir and its missing parents and returns the
 // directories it made (outermost first). On an error it removes what it
@@ -212,9 +108,16 @@ func mkdirAll(dir string) (made []string, retErr error) {
 	return made, nil
 }
 
+// envdUserFor is the user an envd call names ("" for the default), with
+// the sandbox's environment and directory.
+func (s *Server) envdUserFor(name string) (*sandboxuser.User, error) {
+	a := s.access.Load()
+	return sandboxuser.For(name, a.env, a.dir)
+}
+
 // user resolves the user of a filesystem call.
-func (f *envdFilesystem) user(ctx context.Context) (envdFSUser, error) {
-	u, err := f.s.envdFSUserFor(envdUser(ctx))
+func (f *envdFilesystem) user(ctx context.Context) (*sandboxuser.User, error) {
+	u, err := f.s.envdUserFor(envdUser(ctx))
 	if err != nil {
 		return u, asConnectError(err)
 	}
@@ -222,88 +125,19 @@ func (f *envdFilesystem) user(ctx context.Context) (envdFSUser, error) {
 }
 
 // path is the caller's user and p resolved for them.
-func (f *envdFilesystem) path(ctx context.Context, p string) (envdFSUser, string, error) {
+func (f *envdFilesystem) path(ctx context.Context, p string) (*sandboxuser.User, string, error) {
 	u, err := f.user(ctx)
 	if err != nil {
 		return u, "", err
 	}
-	p, err = u.resolve(p)
-	return u, p, err
-}
-
-// envdNames turns uids and gids into names from the sandbox's /etc/passwd
-// and /etc/group, read once (numbers for ids it does not list).
-type envdNames struct {
-	users, groups map[uint32]string
-	// stamp is what the files looked like when read, for refresh.
-	stamp string
-}
-
-func newEnvdNames() *envdNames {
-	n := &envdNames{}
-	n.load()
-	return n
-}
-
-func (n *envdNames) load() {
-	n.users = readIDNames(envdPasswdFile)
-	n.groups = readIDNames(envdGroupFile)
-	n.stamp = envdNamesStamp()
-}
-
-// refresh reloads the names if the files changed.
-func (n *envdNames) refresh() {
-	if envdNamesStamp() != n.stamp {
-		n.load()
-	}
-}
-
-func envdNamesStamp() string {
-	var b strings.Builder
-	for _, f := range []string{envdPasswdFile, envdGroupFile} {
-		if fi, err := os.Stat(f); err == nil {
-			fmt.Fprintf(&b, "%d/%d;", fi.ModTime().UnixNano(), fi.Size())
-		}
-	}
-	return b.String()
-}
-
-// readIDNames reads name:x:id:… lines (passwd and group alike).
-func readIDNames(file string) map[uint32]string {
-	out := map[uint32]string{}
-	f, err := os.Open(file)
-	if err != nil {
-		return out
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.SplitN(sc.Text(), ":", 4)
-		if len(fields) < 3 {
-			continue
-		}
-		id, err := strconv.ParseUint(fields[2], 10, 32)
-		if err != nil {
-			continue
-		}
-		if _, dup := out[uint32(id)]; !dup {
-			out[uint32(id)] = fields[0]
-		}
-	}
-	return out
-}
-
-func (n *envdNames) name(m map[uint32]string, id uint32) string {
-	if s, ok := m[id]; ok {
-		return s
-	}
-	return strconv.FormatUint(uint64(id), 10)
+	p, err = u.Resolve(p)
+	return u, p, asConnectError(err)
 }
 
 // entry describes p, whose Lstat is fi, as envd does: a symbolic link
 // carries its resolved target and the type and permission bits of what it
 // leads to (a dangling link stays a symlink).
-func (n *envdNames) entry(p string, fi fs.FileInfo) *filesystem.EntryInfo {
+func entryInfo(n *sandboxuser.Names, p string, fi fs.FileInfo) *filesystem.EntryInfo {
 	mode := fi.Mode()
 	e := &filesystem.EntryInfo{
 		Name:         fi.Name(),
@@ -318,8 +152,8 @@ func (n *envdNames) entry(p string, fi fs.FileInfo) *filesystem.EntryInfo {
 		e.Name = "/"
 	}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		e.Owner = n.name(n.users, st.Uid)
-		e.Group = n.name(n.groups, st.Gid)
+		e.Owner = n.User(st.Uid)
+		e.Group = n.Group(st.Gid)
 	}
 	if mode&fs.ModeSymlink != 0 {
 		target, err := filepath.EvalSymlinks(p)
@@ -364,12 +198,12 @@ func unixPerm(m fs.FileMode) uint32 {
 }
 
 // stat describes p (not following a final symbolic link).
-func (n *envdNames) stat(p string) (*filesystem.EntryInfo, error) {
+func statEntry(n *sandboxuser.Names, p string) (*filesystem.EntryInfo, error) {
 	fi, err := os.Lstat(p)
 	if err != nil {
 		return nil, err
 	}
-	return n.entry(p, fi), nil
+	return entryInfo(n, p, fi), nil
 }
 
 func (f *envdFilesystem) Stat(ctx context.Context, req *connect.Request[filesystem.StatRequest]) (*connect.Response[filesystem.StatResponse], error) {
@@ -377,10 +211,10 @@ func (f *envdFilesystem) Stat(ctx context.Context, req *connect.Request[filesyst
 	if err != nil {
 		return nil, err
 	}
-	names := newEnvdNames()
+	names := sandboxuser.NewNames()
 	var e *filesystem.EntryInfo
-	if err := u.do(func() (err error) {
-		e, err = names.stat(p)
+	if err := u.Do(func() (err error) {
+		e, err = statEntry(names, p)
 		return err
 	}); err != nil {
 		return nil, asConnectError(err)
@@ -396,9 +230,9 @@ func (f *envdFilesystem) MakeDir(ctx context.Context, req *connect.Request[files
 	if err != nil {
 		return nil, err
 	}
-	names := newEnvdNames()
+	names := sandboxuser.NewNames()
 	var e *filesystem.EntryInfo
-	if err := u.do(func() error {
+	if err := u.Do(func() error {
 		if fi, err := os.Stat(p); err == nil {
 			if fi.IsDir() {
 				return connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("directory %s already exists", p))
@@ -408,7 +242,7 @@ func (f *envdFilesystem) MakeDir(ctx context.Context, req *connect.Request[files
 		if _, err := mkdirAll(p); err != nil {
 			return err
 		}
-		e, err = names.stat(p)
+		e, err = statEntry(names, p)
 		return err
 	}); err != nil {
 		return nil, asConnectError(err)
@@ -427,17 +261,17 @@ func (f *envdFilesystem) Move(ctx context.Context, req *connect.Request[filesyst
 	if req.Msg.GetSource() == "" || req.Msg.GetDestination() == "" {
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("source and destination are both required"))
 	}
-	src, err := u.resolve(req.Msg.GetSource())
+	src, err := u.Resolve(req.Msg.GetSource())
 	if err != nil {
-		return nil, err
+		return nil, asConnectError(err)
 	}
-	dst, err := u.resolve(req.Msg.GetDestination())
+	dst, err := u.Resolve(req.Msg.GetDestination())
 	if err != nil {
-		return nil, err
+		return nil, asConnectError(err)
 	}
-	names := newEnvdNames()
+	names := sandboxuser.NewNames()
 	var e *filesystem.EntryInfo
-	if err := u.do(func() error {
+	if err := u.Do(func() error {
 		if _, err := os.Lstat(src); err != nil {
 			return fmt.Errorf("source: %w", err)
 		}
@@ -455,7 +289,7 @@ func (f *envdFilesystem) Move(ctx context.Context, req *connect.Request[filesyst
 			}
 			return err
 		}
-		e, err = names.stat(dst)
+		e, err = statEntry(names, dst)
 		return err
 	}); err != nil {
 		return nil, asConnectError(err)
@@ -472,8 +306,8 @@ func (f *envdFilesystem) ListDir(ctx context.Context, req *connect.Request[files
 	if depth <= 0 {
 		depth = 1 // the SDKs send 1 by default; envd reads 0 as 1
 	}
-	l := envdLister{names: newEnvdNames(), entries: []*filesystem.EntryInfo{}}
-	if err := u.do(func() error {
+	l := envdLister{names: sandboxuser.NewNames(), entries: []*filesystem.EntryInfo{}}
+	if err := u.Do(func() error {
 		fi, err := os.Stat(p)
 		if err != nil {
 			return err
@@ -490,7 +324,7 @@ func (f *envdFilesystem) ListDir(ctx context.Context, req *connect.Request[files
 
 // envdLister collects the entries of a tree.
 type envdLister struct {
-	names   *envdNames
+	names   *sandboxuser.Names
 	entries []*filesystem.EntryInfo
 }
 
@@ -515,7 +349,7 @@ func (l *envdLister) walk(ctx context.Context, dir string, depth int) error {
 		if err != nil {
 			continue // gone meanwhile
 		}
-		l.entries = append(l.entries, l.names.entry(q, fi))
+		l.entries = append(l.entries, entryInfo(l.names, q, fi))
 		if depth > 1 && d.IsDir() {
 			if err := l.walk(ctx, q, depth-1); err != nil {
 				var ce *connect.Error
@@ -538,14 +372,14 @@ func (f *envdFilesystem) Remove(ctx context.Context, req *connect.Request[filesy
 	if req.Msg.GetPath() == "" {
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("path is required"))
 	}
-	p, err := u.resolve(req.Msg.GetPath())
+	p, err := u.Resolve(req.Msg.GetPath())
 	if err != nil {
-		return nil, err
+		return nil, asConnectError(err)
 	}
 	if p == "/" {
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("refusing to remove /"))
 	}
-	if err := u.do(func() error { return os.RemoveAll(p) }); err != nil {
+	if err := u.Do(func() error { return os.RemoveAll(p) }); err != nil {
 		return nil, asConnectError(err)
 	}
 	return connect.NewResponse(&filesystem.RemoveResponse{}), nil
@@ -557,12 +391,12 @@ var envdNetworkFS = map[int64]bool{0x6969: true, 0xFF534D42: true, 0x517B: true,
 
 // watchTarget resolves and checks the directory of a watch, and returns
 // the user the watch acts as.
-func (f *envdFilesystem) watchTarget(ctx context.Context, path string, allowNetwork bool) (envdFSUser, string, error) {
+func (f *envdFilesystem) watchTarget(ctx context.Context, path string, allowNetwork bool) (*sandboxuser.User, string, error) {
 	u, p, err := f.path(ctx, path)
 	if err != nil {
 		return u, "", err
 	}
-	err = u.do(func() error {
+	err = u.Do(func() error {
 		fi, err := os.Stat(p)
 		if err != nil {
 			return err
@@ -694,17 +528,17 @@ func watchKeepalive(v string) time.Duration {
 // those its user may read. It is driven by one goroutine: the one reading
 // fw's channels.
 type envdWatch struct {
-	as           envdFSUser
+	as           *sandboxuser.User
 	root         string
 	recursive    bool
 	includeEntry bool
 	fw           *fsnotify.Watcher
-	names        *envdNames
+	names        *sandboxuser.Names
 	// dirs are the directories watched, the root included.
 	dirs map[string]struct{}
 }
 
-func newEnvdWatch(as envdFSUser, root string, recursive, includeEntry bool) (_ *envdWatch, retErr error) {
+func newEnvdWatch(as *sandboxuser.User, root string, recursive, includeEntry bool) (_ *envdWatch, retErr error) {
 	fw, err := fsnotify.NewWatcher()
 	if err != nil {
 		return nil, watchAddError(root, err)
@@ -716,9 +550,9 @@ func newEnvdWatch(as envdFSUser, root string, recursive, includeEntry bool) (_ *
 		}
 	}()
 	if includeEntry {
-		w.names = newEnvdNames()
+		w.names = sandboxuser.NewNames()
 	}
-	if err := w.as.do(func() error { return w.add(root, nil) }); err != nil {
+	if err := w.as.Do(func() error { return w.add(root, nil) }); err != nil {
 		return nil, asConnectError(err)
 	}
 	return w, nil
@@ -799,8 +633,8 @@ func (w *envdWatch) event(p string, t filesystem.EventType) *filesystem.Filesyst
 	}
 	ev := &filesystem.FilesystemEvent{Name: name, Type: t}
 	if w.includeEntry {
-		w.names.refresh()
-		if e, err := w.names.stat(p); err == nil {
+		w.names.Refresh()
+		if e, err := statEntry(w.names, p); err == nil {
 			ev.Entry = e
 		}
 	}
@@ -813,7 +647,7 @@ func (w *envdWatch) event(p string, t filesystem.EventType) *filesystem.Filesyst
 // that writes into it once it sees the event is seen writing. It returns
 // an error when the watch cannot go on: its root went away.
 func (w *envdWatch) handle(e fsnotify.Event) (evs []*filesystem.FilesystemEvent, end error) {
-	err := w.as.do(func() error {
+	err := w.as.Do(func() error {
 		evs, end = w.handleAs(e)
 		return nil
 	})

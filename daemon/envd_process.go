@@ -1,16 +1,13 @@
 package daemon
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"math"
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,6 +21,7 @@ import (
 	"github.com/sandman-dev/sandman/daemon/api"
 	procpb "github.com/sandman-dev/sandman/daemon/envd/spec/process"
 	"github.com/sandman-dev/sandman/daemon/envd/spec/process/processconnect"
+	"github.com/sandman-dev/sandman/daemon/internal/sandboxuser"
 )
 
 // envdProcess serves envd's process service. Its processes live in the
@@ -277,74 +275,51 @@ func (e *envdProcess) Update(ctx context.Context, req *connect.Request[procpb.Up
 // envdCommand builds the command of a ProcessConfig for user ("" for the
 // daemon's own): cmd with args, looked up in PATH unless it has a slash;
 // the sandbox's environment, the user's HOME, USER and LOGNAME, and envs
-// over them; the working directory cwd (~ and relative paths from the
-// user's home), by default the user's home or, without a user, the
-// sandbox's directory.
+// over them; the working directory cwd resolved for the user
+// (sandboxuser.User.Resolve), by default the user's home or, without a
+// user, the sandbox's directory.
 func (s *Server) envdCommand(user string, cfg *procpb.ProcessConfig) (*exec.Cmd, *envdMeta, error) {
 	if cfg.GetCmd() == "" {
 		return nil, nil, connect.NewError(connect.CodeInvalidArgument, errors.New(
 			"process.cmd is required: the program to run, e.g. /bin/bash with args [-l, -c, <command>]"))
 	}
 	a := s.access.Load()
+	u, err := sandboxuser.For(user, a.env, a.dir)
+	if errors.Is(err, sandboxuser.ErrUnknown) {
+		return nil, nil, connect.NewError(connect.CodeInvalidArgument, err)
+	} else if err != nil {
+		return nil, nil, asConnectError(err)
+	}
 	env := map[string]string{}
-	var u *sandboxUser
-	base, home := a.dir, lookupEnv(a.env, "HOME")
 	if user != "" {
-		var err error
-		if u, err = lookupSandboxUser(user); err != nil {
-			return nil, nil, err
-		}
-		env["HOME"], env["USER"], env["LOGNAME"] = u.home, u.name, u.name
-		home, base = u.home, u.home
-		if fi, err := os.Stat(u.home); err != nil || !fi.IsDir() {
+		env["HOME"], env["USER"], env["LOGNAME"] = u.Home, u.Name, u.Name
+		if fi, err := os.Stat(u.Home); err != nil || !fi.IsDir() {
 			// Accounts such as nobody have no home; the daemon's directory
 			// may be closed to them.
-			base = "/"
+			u.Base = "/"
 		}
 	}
 	for k, v := range cfg.GetEnvs() {
 		env[k] = v
 	}
-	dir := resolveDir(cfg.GetCwd(), home, base)
+	dir, err := u.Resolve(cfg.GetCwd())
+	if err != nil {
+		return nil, nil, asConnectError(err)
+	}
 	cmd, err := s.command(commandSpec{argv: append([]string{cfg.GetCmd()}, cfg.GetArgs()...), env: env, cwd: dir})
 	if err != nil {
 		return nil, nil, err
 	}
-	if u != nil {
-		cred, err := u.credential()
+	if user != "" {
+		cred, err := u.Credential()
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, asConnectError(err)
 		}
 		cmd.SysProcAttr.Credential = cred
 	}
 	config := proto.CloneOf(cfg)
 	config.Cwd = proto.String(dir)
 	return cmd, &envdMeta{config: config, user: user}, nil
-}
-
-// resolveDir is the directory a process runs in: cwd with ~ expanded to
-// home and relative to base, or base.
-func resolveDir(cwd, home, base string) string {
-	switch {
-	case cwd == "":
-		return base
-	case home != "" && cwd == "~":
-		return home
-	case home != "" && strings.HasPrefix(cwd, "~/"):
-		return filepath.Join(home, cwd[2:])
-	case filepath.IsAbs(cwd):
-		return filepath.Clean(cwd)
-	}
-	return filepath.Join(base, cwd)
-}
-
-func lookupEnv(env []string, key string) string {
-	for _, kv := range slices.Backward(env) {
-		if v, ok := strings.CutPrefix(kv, key+"="); ok {
-			return v
-		}
-	}
-	return ""
 }
 
 // ptySize checks a PTY's size.
@@ -648,116 +623,4 @@ func control(f *os.File, fn func(fd int) error) error {
 		return err
 	}
 	return fnErr
-}
-
-// sandboxUser is an account of the sandbox's /etc/passwd.
-type sandboxUser struct {
-	name     string
-	uid, gid uint32
-	// groups are its supplementary groups from /etc/group.
-	groups []uint32
-	home   string
-}
-
-// The sandbox's account databases (the daemon runs in the sandbox).
-const (
-	passwdFile = "/etc/passwd"
-	groupFile  = "/etc/group"
-)
-
-// lookupSandboxUser finds name in the sandbox's /etc/passwd and its
-// supplementary groups in /etc/group. root is uid 0 even without an entry.
-// An unknown name is InvalidArgument.
-func lookupSandboxUser(name string) (*sandboxUser, error) {
-	u, err := findPasswd(passwdFile, name)
-	if err != nil {
-		if name == "root" {
-			return &sandboxUser{name: "root", home: "/root"}, nil
-		}
-		return nil, err
-	}
-	u.groups = supplementaryGroups(groupFile, u.name, u.gid)
-	return u, nil
-}
-
-func findPasswd(path, name string) (*sandboxUser, error) {
-	u, err := passwdEntry(path, name)
-	var pe *fs.PathError
-	switch {
-	case errors.As(err, &pe):
-		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf(
-			"user %q: this sandbox has no readable %s (%v); send no user to run as the default one", name, path, unwrapPathErr(err)))
-	case err != nil:
-		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("user %q: malformed entry in %s", name, path))
-	case u == nil:
-		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf(
-			"user %q does not exist in this sandbox (not in %s): send an existing user, or none for the default one", name, path))
-	}
-	return u, nil
-}
-
-// errMalformedPasswd: the line of a passwd file that names a user has no
-// numeric uid or gid.
-var errMalformedPasswd = errors.New("malformed passwd entry")
-
-// passwdEntry reads name's line of a passwd file (name:password:uid:gid:
-// gecos:home:shell): nil when no line names it, an *fs.PathError when the
-// file cannot be read, errMalformedPasswd when its ids are not numbers.
-func passwdEntry(path, name string) (*sandboxUser, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Split(sc.Text(), ":")
-		if len(fields) < 7 || fields[0] != name {
-			continue
-		}
-		uid, err1 := strconv.ParseUint(fields[2], 10, 32)
-		gid, err2 := strconv.ParseUint(fields[3], 10, 32)
-		if err1 != nil || err2 != nil {
-			return nil, errMalformedPasswd
-		}
-		return &sandboxUser{name: name, uid: uint32(uid), gid: uint32(gid), home: fields[5]}, nil
-	}
-	return nil, nil
-}
-
-// supplementaryGroups lists the groups of /etc/group that name is a member
-// of, but its primary group. A missing file means none.
-func supplementaryGroups(path, name string, primary uint32) []uint32 {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	var out []uint32
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		// name:password:gid:member,member
-		fields := strings.Split(sc.Text(), ":")
-		if len(fields) < 4 || !slices.Contains(strings.Split(fields[3], ","), name) {
-			continue
-		}
-		if gid, err := strconv.ParseUint(fields[2], 10, 32); err == nil && uint32(gid) != primary && !slices.Contains(out, uint32(gid)) {
-			out = append(out, uint32(gid))
-		}
-	}
-	return out
-}
-
-// credential is what a child runs as to be u: nothing to change when the
-// daemon is u already; root may become anyone; others cannot.
-func (u *sandboxUser) credential() (*syscall.Credential, error) {
-	euid, egid := os.Geteuid(), os.Getegid()
-	switch {
-	case euid == 0:
-		return &syscall.Credential{Uid: u.uid, Gid: u.gid, Groups: u.groups}, nil
-	case int(u.uid) == euid && int(u.gid) == egid:
-		return nil, nil
-	}
-	return nil, connect.NewError(connect.CodePermissionDenied, fmt.Errorf(
-		"cannot run as user %q (uid %d): the daemon runs as uid %d, not root", u.name, u.uid, euid))
 }

@@ -27,6 +27,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandman-dev/sandman/daemon/internal/oserr"
+	"github.com/sandman-dev/sandman/daemon/internal/sandboxuser"
 )
 
 // envdRESTRoutes adds envd's REST paths: /files, /health, /envs, /init,
@@ -174,12 +175,12 @@ func (x *envdREST) postInit(w http.ResponseWriter, r *http.Request) {
 
 // restUser is the user of a /files call: the username parameter, else the
 // HTTP Basic user.
-func (x *envdREST) restUser(w http.ResponseWriter, r *http.Request) (envdFSUser, bool) {
+func (x *envdREST) restUser(w http.ResponseWriter, r *http.Request) (*sandboxuser.User, bool) {
 	name := envdUser(r.Context())
 	if q := r.URL.Query(); q.Has("username") {
 		name = q.Get("username")
 	}
-	u, err := x.s.envdFSUserFor(name)
+	u, err := x.s.envdUserFor(name)
 	if err != nil {
 		writeEnvdJSONError(w, http.StatusUnauthorized, "%v", err)
 		return u, false
@@ -204,14 +205,14 @@ func (x *envdREST) download(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	p, err := u.resolve(r.URL.Query().Get("path"))
+	p, err := u.Resolve(r.URL.Query().Get("path"))
 	if err != nil {
 		writeEnvdJSONError(w, http.StatusBadRequest, "%s", errorText(err))
 		return
 	}
 	// Opened as the user, read as anyone: permissions are checked on open.
 	var f *os.File
-	err = u.do(func() (err error) {
+	err = u.Do(func() (err error) {
 		f, err = os.Open(p)
 		return err
 	})
@@ -452,7 +453,7 @@ func (x *envdREST) upload(w http.ResponseWriter, r *http.Request) {
 			writeEnvdJSONError(w, http.StatusBadRequest, "the path parameter is required for an application/octet-stream upload")
 			return
 		}
-		dst, err := u.resolve(q.Get("path"))
+		dst, err := u.Resolve(q.Get("path"))
 		if err != nil {
 			writeEnvdJSONError(w, http.StatusBadRequest, "%s", errorText(err))
 			return
@@ -488,7 +489,7 @@ func (x *envdREST) upload(w http.ResponseWriter, r *http.Request) {
 				writeEnvdJSONError(w, http.StatusBadRequest, "a file part has no file name and the path parameter is not set: name the destination in either")
 				return
 			}
-			dst, err := u.resolve(name)
+			dst, err := u.Resolve(name)
 			if err != nil {
 				writeEnvdJSONError(w, http.StatusBadRequest, "%s", errorText(err))
 				return
@@ -533,13 +534,13 @@ func partFileName(p *multipart.Part) string {
 // then copied from the network without them. If the copy fails, a file it
 // created is removed, with the parents it made, and a file that was there
 // is left empty, so no partial content passes for a whole file.
-func envdWriteFile(u envdFSUser, dst string, r io.Reader) (retErr error) {
+func envdWriteFile(u *sandboxuser.User, dst string, r io.Reader) (retErr error) {
 	var (
 		f       *os.File
 		made    []string
 		created bool
 	)
-	err := u.do(func() (err error) {
+	err := u.Do(func() (err error) {
 		if fi, err := os.Stat(dst); err == nil && fi.IsDir() {
 			return &fs.PathError{Op: "write", Path: dst, Err: syscall.EISDIR}
 		}
@@ -562,7 +563,7 @@ func envdWriteFile(u envdFSUser, dst string, r io.Reader) (retErr error) {
 		}
 		if created {
 			f.Close()
-			_ = u.do(func() error {
+			_ = u.Do(func() error {
 				_ = os.Remove(dst)
 				undoDirs(made)
 				return nil

@@ -8,13 +8,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/sandman-dev/sandman/daemon/api"
+	"github.com/sandman-dev/sandman/daemon/internal/sandboxuser"
 	"golang.org/x/sys/unix"
 )
 
@@ -104,12 +104,9 @@ func lookPath(file string, env []string) (string, error) {
 		}
 		return file, nil
 	}
-	pathEnv := "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-	for _, kv := range slices.Backward(env) {
-		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
-			pathEnv = v
-			break
-		}
+	pathEnv, ok := sandboxuser.LookupEnv(env, "PATH")
+	if !ok {
+		pathEnv = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 	}
 	for _, dir := range filepath.SplitList(pathEnv) {
 		if dir == "" {

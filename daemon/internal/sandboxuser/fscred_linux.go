@@ -1,4 +1,4 @@
-package daemon
+package sandboxuser
 
 import (
 	"fmt"
@@ -17,15 +17,15 @@ type fsCred struct {
 	groups   []int
 }
 
-// errCannotActAs: the daemon cannot take a user's credentials (it is not
+// ErrCannotActAs: the daemon cannot take a user's credentials (it is not
 // root), so it does not act for them.
-var errCannotActAs = fmt.Errorf("cannot act as another user: %w", fs.ErrPermission)
+var ErrCannotActAs = fmt.Errorf("cannot act as another user: %w", fs.ErrPermission)
 
 // asUser runs fn with c's credentials, so the kernel checks every
 // permission fn needs against c, as it would for a process of c's, and
 // what fn creates is c's. The daemon's own credentials (c is nil, or c's
 // ids are the daemon's) run fn as it is; a daemon that is not root cannot
-// become anyone else and refuses with errCannotActAs.
+// become anyone else and refuses with ErrCannotActAs.
 //
 // fn runs on a goroutine of its own, locked to an OS thread whose
 // fsuid, fsgid and supplementary groups alone are switched, with raw
@@ -45,7 +45,7 @@ func asUser(c *fsCred, fn func() error) error {
 		return fn()
 	}
 	if euid != 0 {
-		return fmt.Errorf("%w: uid %d, while the daemon runs as uid %d, not root: name no user, or the daemon's own", errCannotActAs, c.uid, euid)
+		return fmt.Errorf("%w: uid %d, while the daemon runs as uid %d, not root: name no user, or the daemon's own", ErrCannotActAs, c.uid, euid)
 	}
 	type result struct {
 		err      error
