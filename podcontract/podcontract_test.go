@@ -7,25 +7,18 @@ import (
 	"go/token"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/sandman-dev/sandman/internal/depstest"
 )
 
 // TestLeaf: the package imports nothing outside the standard library, so
 // any component (and a trainer's code) may import it.
 func TestLeaf(t *testing.T) {
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		t.Skip("no go command in PATH to list the package's dependencies")
-	}
-	out, err := exec.Command(goTool, "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", ".").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go list -deps: %v\n%s", err, out)
-	}
-	for _, pkg := range strings.Fields(string(out)) {
+	for _, pkg := range depstest.NonStandard(t) {
 		if pkg != "github.com/sandman-dev/sandman/podcontract" {
 			t.Errorf("podcontract depends on %s: it must import only the standard library", pkg)
 		}

@@ -5,13 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/containerd/errdefs"
 
+	"github.com/sandman-dev/sandman/internal/depstest"
 	"github.com/sandman-dev/sandman/runtime"
 	"github.com/sandman-dev/sandman/vk/api"
 )
@@ -80,14 +79,6 @@ func TestWireNames(t *testing.T) {
 // TestDependsOnLittle: a client of the virtual node's API links only the
 // standard library and sandman's runtime types through this package.
 func TestDependsOnLittle(t *testing.T) {
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		t.Skip("no go command in PATH to list the package's dependencies")
-	}
-	out, err := exec.Command(goTool, "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", ".").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go list -deps: %v\n%s", err, out)
-	}
 	allowed := map[string]bool{
 		"github.com/sandman-dev/sandman/vk/api":      true,
 		"github.com/sandman-dev/sandman/runtime":     true,
@@ -97,7 +88,7 @@ func TestDependsOnLittle(t *testing.T) {
 		"github.com/distribution/reference":   true,
 		"github.com/opencontainers/go-digest": true,
 	}
-	for _, pkg := range strings.Fields(string(out)) {
+	for _, pkg := range depstest.NonStandard(t) {
 		if !allowed[pkg] {
 			t.Errorf("vk/api depends on %s", pkg)
 		}
