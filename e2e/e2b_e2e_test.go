@@ -167,19 +167,26 @@ func startGateway(t *testing.T, s *framework.Stack, p *vpool) *gateway {
 	if _, err := s.Kube.CoreV1().ConfigMaps(p.ns).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	url := launchGateway(t, s, "--namespace", p.ns, "--keys-secret", p.ns+"/e2b-keys", "--templates-configmap", p.ns+"/e2b-templates")
+	return &gateway{url: url, key: key}
+}
+
+// launchGateway runs sandman-gateway with args besides its kubeconfig,
+// listen address and a token key of its own, waits for it to serve and
+// returns its URL. It is stopped before the cleanups registered earlier
+// (a pool's) run.
+func launchGateway(t *testing.T, s *framework.Stack, args ...string) string {
+	t.Helper()
 	addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
-	bin := buildBinary(t, s.Root, "sandman-gateway")
 	tokenKey := filepath.Join(t.TempDir(), "token-key")
 	if err := os.WriteFile(tokenKey, []byte(rand.String(32)+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	a := launchAgent(t, bin, []string{"--kubeconfig", s.Env["KUBECONFIG"], "--listen", addr, "--namespace", p.ns,
-		"--keys-secret", p.ns + "/e2b-keys", "--templates-configmap", p.ns + "/e2b-templates", "--token-key-file", tokenKey})
-	// Stopped before the pool's cleanups run (registered after them).
+	a := launchAgent(t, buildBinary(t, s.Root, "sandman-gateway"), append([]string{"--kubeconfig", s.Env["KUBECONFIG"], "--listen", addr, "--token-key-file", tokenKey}, args...))
 	t.Cleanup(func() { a.stop(t) })
-	g := &gateway{url: "http://" + addr, key: key}
+	url := "http://" + addr
 	framework.Eventually(t, 30*time.Second, "sandman-gateway to serve", func(ctx context.Context) (bool, error) {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, g.url+"/healthz", nil)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/healthz", nil)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			return false, nil
@@ -187,5 +194,5 @@ func startGateway(t *testing.T, s *framework.Stack, p *vpool) *gateway {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK, nil
 	})
-	return g
+	return url
 }

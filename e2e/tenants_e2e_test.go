@@ -13,8 +13,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -57,26 +55,9 @@ func startTenantGateway(t *testing.T, s *framework.Stack, p *vpool, bodyTimeout 
 	if _, err := s.Kube.CoreV1().Secrets(home).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "e2b-keys", Namespace: home}, Data: keys}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
-	tokenKey := filepath.Join(t.TempDir(), "token-key")
-	if err := os.WriteFile(tokenKey, []byte(rand.String(32)+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	a := launchAgent(t, buildBinary(t, s.Root, "sandman-gateway"), []string{"--kubeconfig", s.Env["KUBECONFIG"], "--listen", addr,
-		"--namespaces", strings.Join(nss, ","), "--keys-secret", home + "/e2b-keys", "--token-key-file", tokenKey,
-		"--body-read-timeout", bodyTimeout.String(), "--create-timeout", "90s"})
-	t.Cleanup(func() { a.stop(t) })
-	g := &tenantGateway{url: "http://" + addr}
-	framework.Eventually(t, 30*time.Second, "sandman-gateway to serve", func(ctx context.Context) (bool, error) {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, g.url+"/healthz", nil)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return false, nil
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, nil
-	})
-	return g
+	url := launchGateway(t, s, "--namespaces", strings.Join(nss, ","), "--keys-secret", home+"/e2b-keys",
+		"--body-read-timeout", bodyTimeout.String(), "--create-timeout", "90s")
+	return &tenantGateway{url: url}
 }
 
 // call sends an E2B control API request with key and decodes a 2xx JSON
