@@ -24,9 +24,10 @@ import (
 	"github.com/sandman-dev/sandman/nodeimage"
 )
 
-// The parts of a snapshot (snapshot_linux.go) that need no node: the name
-// of its image, what of the sandbox's filesystem it leaves out, and the
-// owners of its files.
+// The parts of a snapshot (snapshot_linux.go, snapshot_image_linux.go)
+// that need no node: the name of its image, what of the sandbox's
+// filesystem it leaves out, the owners of its files, its image config, how
+// a failed push is classed, and the writers that count its bytes.
 
 // checkSnapshotRegistry checks a SnapshotRegistry: host[:port][/path].
 func checkSnapshotRegistry(registry string) error {
