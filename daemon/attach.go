@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"strconv"
@@ -13,9 +14,9 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
-	"github.com/creack/pty"
 
 	"github.com/sandman-dev/sandman/daemon/api"
+	"github.com/sandman-dev/sandman/daemon/internal/process"
 )
 
 // attach runs a command interactively over a WebSocket. The framing is the
@@ -56,11 +57,11 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	if err := s.acquire(); err != nil {
+	if err := s.procs.Acquire(); err != nil {
 		writeError(w, err)
 		return
 	}
-	defer s.release()
+	defer s.procs.Release()
 
 	conn, err := websocket.Accept(w, r, &websocket.AcceptOptions{
 		Subprotocols:       []string{"v4.channel.k8s.io", "channel.k8s.io"},
@@ -71,8 +72,8 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) {
 	}
 	conn.SetReadLimit(1 << 20)
 	defer conn.CloseNow()
-	s.running.Add(1)
-	defer s.running.Add(-1)
+	s.procs.Active(1)
+	defer s.procs.Active(-1)
 
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
@@ -83,50 +84,38 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) {
 		return conn.Write(ctx, websocket.MessageBinary, append([]byte{ch}, p...))
 	}
 
-	var (
-		stdin    io.WriteCloser
-		outputs  []*os.File
-		resize   func(w, h uint16)
-		exit     <-chan exitStatus
-		pgid     int
-		startErr error
-	)
+	var p *process.Proc
+	var startErr error
 	if tty {
-		ptmx, ptsFile, err := pty.Open()
-		if err != nil {
-			startErr = err
-		} else {
-			if cols, rows := atoiOr(q.Get("cols"), 80), atoiOr(q.Get("rows"), 24); cols > 0 && rows > 0 {
-				_ = pty.Setsize(ptmx, &pty.Winsize{Cols: uint16(cols), Rows: uint16(rows)})
-			}
-			cmd.Stdin, cmd.Stdout, cmd.Stderr = ptsFile, ptsFile, ptsFile
-			cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
-			pgid, exit, startErr = s.reaper.Start(cmd)
-			ptsFile.Close()
-			if startErr == nil {
-				s.addGroup(pgid)
-				stdin, outputs = ptmx, []*os.File{ptmx}
-				resize = func(w, h uint16) { _ = pty.Setsize(ptmx, &pty.Winsize{Cols: w, Rows: h}) }
-			} else {
-				ptmx.Close()
-			}
+		cols, rows := atoiOr(q.Get("cols"), 80), atoiOr(q.Get("rows"), 24)
+		if cols <= 0 || rows <= 0 || cols > math.MaxUint16 || rows > math.MaxUint16 {
+			cols, rows = 0, 0 // the terminal's default
 		}
+		p, startErr = s.procs.SpawnPTY(cmd, uint16(cols), uint16(rows))
 	} else {
-		var p *proc
-		p, startErr = s.spawn(cmd, q.Get("stdin") == "1")
-		if startErr == nil {
-			pgid, exit, outputs = p.pid, p.exit, []*os.File{p.stdout, p.stderr}
-			if p.stdin != nil {
-				stdin = p.stdin
-			}
-		}
+		p, startErr = s.procs.Spawn(cmd, q.Get("stdin") == "1")
 	}
 	if startErr != nil {
-		_ = send(3, statusJSON(-1, classify(classifyStart(cmd, startErr)).msg))
+		_ = send(3, statusJSON(-1, classify(startErr).msg))
 		conn.Close(websocket.StatusNormalClosure, "")
 		return
 	}
-	defer s.forgetGroup(pgid)
+	pgid, exit := p.PID, p.Exit
+	outputs := []*os.File{p.Stdout}
+	if p.Stderr != nil {
+		outputs = append(outputs, p.Stderr)
+	}
+	var stdin io.WriteCloser
+	if p.Stdin != nil {
+		stdin = p.Stdin
+	}
+	var resize func(w, h uint16)
+	if tty {
+		// p.Stdin is a descriptor of the terminal's master.
+		master := p.Stdin
+		resize = func(w, h uint16) { _ = process.SetWinsize(master, w, h) }
+	}
+	defer s.procs.ForgetGroup(pgid)
 
 	// Client → process: stdin and resize messages. A closed connection
 	// hangs up the command, as closing a terminal would.
@@ -136,7 +125,7 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) {
 				stdin.Close()
 			}
 			if ctx.Err() == nil {
-				_ = s.signalGroup(pgid, syscall.SIGHUP)
+				_ = s.procs.SignalGroup(pgid, syscall.SIGHUP)
 			}
 		}()
 		for {
@@ -175,7 +164,7 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) {
 			for {
 				n, err := f.Read(buf)
 				if n > 0 && send(ch, buf[:n]) != nil {
-					_ = s.signalGroup(pgid, syscall.SIGHUP)
+					_ = s.procs.SignalGroup(pgid, syscall.SIGHUP)
 				}
 				if err != nil {
 					return
@@ -196,10 +185,10 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) {
 		f.Close()
 	}
 	msg := ""
-	if st.signal != "" {
-		msg = "killed by signal " + st.signal
+	if st.Signal != "" {
+		msg = "killed by signal " + st.Signal
 	}
-	_ = send(3, statusJSON(st.code, msg))
+	_ = send(3, statusJSON(st.Code, msg))
 	conn.Close(websocket.StatusNormalClosure, "")
 }
 
@@ -229,7 +218,7 @@ func statusJSON(code int, msg string) []byte {
 	return b
 }
 
-func deadlineSoon() time.Time { return time.Now().Add(drainAfterExit) }
+func deadlineSoon() time.Time { return time.Now().Add(process.DrainAfterExit) }
 
 func atoiOr(v string, def int) int {
 	n, err := strconv.Atoi(v)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sandman-dev/sandman/daemon/api"
 	"github.com/sandman-dev/sandman/daemon/internal/oserr"
+	"github.com/sandman-dev/sandman/daemon/internal/process"
 	"github.com/sandman-dev/sandman/daemon/internal/sandboxuser"
 )
 
@@ -30,6 +31,10 @@ func asConnectError(err error) error {
 		return connect.NewError(connect.CodeUnauthenticated, err)
 	case errors.Is(err, sandboxuser.ErrMalformed):
 		return connect.NewError(connect.CodeFailedPrecondition, err)
+	case errors.Is(err, process.ErrNoSlot):
+		return connect.NewError(connect.CodeResourceExhausted, err)
+	case errors.Is(err, process.ErrShuttingDown):
+		return connect.NewError(connect.CodeUnavailable, err)
 	}
 	var ae *apiError
 	if errors.As(err, &ae) {

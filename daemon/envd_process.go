@@ -8,19 +8,17 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"connectrpc.com/connect"
-	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/sandman-dev/sandman/daemon/api"
 	procpb "github.com/sandman-dev/sandman/daemon/envd/spec/process"
 	"github.com/sandman-dev/sandman/daemon/envd/spec/process/processconnect"
+	"github.com/sandman-dev/sandman/daemon/internal/process"
 	"github.com/sandman-dev/sandman/daemon/internal/sandboxuser"
 )
 
@@ -53,6 +51,18 @@ type envdMeta struct {
 	// user it runs as ("" for the daemon's own).
 	user string
 }
+
+// envdMetaOf is what envd keeps about p (nil for a process v1 started).
+func envdMetaOf(p *process.Process) *envdMeta {
+	m, _ := p.Meta.(*envdMeta)
+	return m
+}
+
+// isTTY reports whether the process runs on a terminal.
+func (m *envdMeta) isTTY() bool { return m != nil && m.tty }
+
+// noStdin reports whether envd started the process without stdin.
+func (m *envdMeta) noStdin() bool { return m != nil && !m.stdin }
 
 const (
 	// keepaliveHeader carries the interval, in seconds, at which a quiet
@@ -88,17 +98,17 @@ func (e *envdProcess) Start(ctx context.Context, req *connect.Request[procpb.Sta
 			return connect.NewError(connect.CodeDeadlineExceeded, errors.New("the request's deadline passed before the process started"))
 		}
 	}
-	spawn := func() (*proc, error) {
+	spawn := func() (*process.Proc, error) {
 		if meta.tty {
-			return s.spawnPTY(cmd, cols, rows)
+			return s.procs.SpawnPTY(cmd, cols, rows)
 		}
-		return s.spawn(cmd, meta.stdin)
+		return s.procs.Spawn(cmd, meta.stdin)
 	}
-	p, err := s.startTracked(trackSpec{argv: cmd.Args, tag: m.GetTag(), timeout: timeout, envd: meta}, spawn)
+	p, err := s.procs.Track(process.TrackSpec{Argv: cmd.Args, Tag: m.GetTag(), Timeout: timeout, Meta: meta}, spawn)
 	if err != nil {
 		return asConnectError(err)
 	}
-	s.log.Debug("envd process started", "pid", p.pid, "id", p.id, "tag", p.tag, "user", meta.user, "pty", meta.tty, "timeout", timeout)
+	s.log.Debug("envd process started", "pid", p.PID, "id", p.ID, "tag", p.Tag, "user", meta.user, "pty", meta.tty, "timeout", timeout)
 	send := func(ev *procpb.ProcessEvent) error { return stream.Send(&procpb.StartResponse{Event: ev}) }
 	if err := send(startEvent(p)); err != nil {
 		return err
@@ -114,7 +124,7 @@ func (e *envdProcess) Connect(ctx context.Context, req *connect.Request[procpb.C
 	if err != nil {
 		return err
 	}
-	offset := p.out.total()
+	offset := p.Out.Total()
 	send := func(ev *procpb.ProcessEvent) error { return stream.Send(&procpb.ConnectResponse{Event: ev}) }
 	if err := send(startEvent(p)); err != nil {
 		return err
@@ -125,23 +135,22 @@ func (e *envdProcess) Connect(ctx context.Context, req *connect.Request[procpb.C
 // List lists the running processes: envd's with their configuration, v1's
 // background processes with their command line.
 func (e *envdProcess) List(ctx context.Context, req *connect.Request[procpb.ListRequest]) (*connect.Response[procpb.ListResponse], error) {
-	var running []*process
-	for _, p := range e.s.procs.snapshot() {
-		if !p.hasExited() {
+	var running []*process.Process
+	for _, p := range e.s.procs.Table.Snapshot() {
+		if !p.HasExited() {
 			running = append(running, p)
 		}
 	}
-	slices.SortFunc(running, func(a, b *process) int { return a.started.Compare(b.started) })
 	out := &procpb.ListResponse{Processes: make([]*procpb.ProcessInfo, 0, len(running))}
 	for _, p := range running {
-		info := &procpb.ProcessInfo{Pid: uint32(p.pid)}
-		if p.envd != nil {
-			info.Config = proto.CloneOf(p.envd.config)
-		} else if len(p.cmd) > 0 {
-			info.Config = &procpb.ProcessConfig{Cmd: p.cmd[0], Args: p.cmd[1:]}
+		info := &procpb.ProcessInfo{Pid: uint32(p.PID)}
+		if m := envdMetaOf(p); m != nil {
+			info.Config = proto.CloneOf(m.config)
+		} else if len(p.Cmd) > 0 {
+			info.Config = &procpb.ProcessConfig{Cmd: p.Cmd[0], Args: p.Cmd[1:]}
 		}
-		if p.tag != "" {
-			info.Tag = proto.String(p.tag)
+		if p.Tag != "" {
+			info.Tag = proto.String(p.Tag)
 		}
 		out.Processes = append(out.Processes, info)
 	}
@@ -164,7 +173,7 @@ func (e *envdProcess) SendInput(ctx context.Context, req *connect.Request[procpb
 // naming it first, then data events (keepalives are ignored). The end of
 // the stream leaves stdin open; CloseStdin closes it.
 func (e *envdProcess) StreamInput(ctx context.Context, stream *connect.ClientStream[procpb.StreamInputRequest]) (*connect.Response[procpb.StreamInputResponse], error) {
-	var p *process
+	var p *process.Process
 	for stream.Receive() {
 		switch ev := stream.Msg().GetEvent().(type) {
 		case *procpb.StreamInputRequest_Start:
@@ -200,20 +209,15 @@ func (e *envdProcess) CloseStdin(ctx context.Context, req *connect.Request[procp
 	if err != nil {
 		return nil, err
 	}
-	if p.envd != nil && p.envd.tty {
+	if envdMetaOf(p).isTTY() {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf(
-			"process %d runs on a terminal, whose input cannot be closed: send ^D (0x04) as pty input to end a line discipline read, or a signal", p.pid))
+			"process %d runs on a terminal, whose input cannot be closed: send ^D (0x04) as pty input to end a line discipline read, or a signal", p.PID))
 	}
-	if p.envd != nil && !p.envd.stdin {
+	if envdMetaOf(p).noStdin() {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf(
-			"process %d was started without stdin (it reads /dev/null); start it with stdin: true to send input", p.pid))
+			"process %d was started without stdin (it reads /dev/null); start it with stdin: true to send input", p.PID))
 	}
-	p.mu.Lock()
-	if p.stdin != nil {
-		p.stdin.Close()
-		p.stdin = nil
-	}
-	p.mu.Unlock()
+	p.CloseStdin()
 	return connect.NewResponse(&procpb.CloseStdinResponse{}), nil
 }
 
@@ -231,11 +235,11 @@ func (e *envdProcess) SendSignal(ctx context.Context, req *connect.Request[procp
 	if n < 1 || n > 64 {
 		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("signal %d is out of range 1-64", n))
 	}
-	if err := e.s.signalGroup(p.pid, syscall.Signal(n)); err != nil {
+	if err := e.s.procs.SignalGroup(p.PID, syscall.Signal(n)); err != nil {
 		if errors.Is(err, syscall.ESRCH) {
-			return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("process %d has exited", p.pid))
+			return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("process %d has exited", p.PID))
 		}
-		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("signal process %d: %w", p.pid, err))
+		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("signal process %d: %w", p.PID, err))
 	}
 	return connect.NewResponse(&procpb.SendSignalResponse{}), nil
 }
@@ -254,20 +258,18 @@ func (e *envdProcess) Update(ctx context.Context, req *connect.Request[procpb.Up
 	if err != nil {
 		return nil, err
 	}
-	if p.envd == nil || !p.envd.tty {
-		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d has no terminal to resize: start it with pty", p.pid))
+	if !envdMetaOf(p).isTTY() {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d has no terminal to resize: start it with pty", p.PID))
 	}
-	p.mu.Lock()
-	tty := p.stdin
-	p.mu.Unlock()
+	tty, _ := p.Stdin()
 	if tty == nil {
-		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("process %d has exited", p.pid))
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("process %d has exited", p.PID))
 	}
-	if err := setWinsize(tty, cols, rows); err != nil {
+	if err := process.SetWinsize(tty, cols, rows); err != nil {
 		if errors.Is(err, os.ErrClosed) {
-			return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("process %d has exited", p.pid))
+			return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("process %d has exited", p.PID))
 		}
-		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("resize the terminal of process %d: %w", p.pid, err))
+		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("resize the terminal of process %d: %w", p.PID, err))
 	}
 	return connect.NewResponse(&procpb.UpdateResponse{}), nil
 }
@@ -337,32 +339,32 @@ func ptySize(p *procpb.PTY) (cols, rows uint16, err error) {
 // (the newest, should a tag name several), or, with exited and none
 // running, the newest that has exited. Unknown and (without exited) exited
 // processes are NotFound, as envd has them.
-func (s *Server) envdFind(sel *procpb.ProcessSelector, exited bool) (*process, error) {
-	var match func(*process) bool
+func (s *Server) envdFind(sel *procpb.ProcessSelector, exited bool) (*process.Process, error) {
+	var match func(*process.Process) bool
 	var what string
 	switch v := sel.GetSelector().(type) {
 	case *procpb.ProcessSelector_Pid:
-		match = func(p *process) bool { return p.pid == int(v.Pid) }
+		match = func(p *process.Process) bool { return p.PID == int(v.Pid) }
 		what = fmt.Sprintf("pid %d", v.Pid)
 	case *procpb.ProcessSelector_Tag:
 		if v.Tag == "" {
 			return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("process.tag is empty: name a process by pid or tag"))
 		}
-		match = func(p *process) bool { return p.tag == v.Tag }
+		match = func(p *process.Process) bool { return p.Tag == v.Tag }
 		what = fmt.Sprintf("tag %q", v.Tag)
 	default:
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("process is required: select a process by pid or tag"))
 	}
-	var best *process
+	var best *process.Process
 	bestRunning := false
-	for _, p := range s.procs.snapshot() {
+	for _, p := range s.procs.Table.Snapshot() {
 		if !match(p) {
 			continue
 		}
-		running := !p.hasExited()
+		running := !p.HasExited()
 		switch {
 		case best == nil, running && !bestRunning:
-		case running == bestRunning && p.started.After(best.started):
+		case running == bestRunning && p.Started.After(best.Started):
 		default:
 			continue
 		}
@@ -377,41 +379,33 @@ func (s *Server) envdFind(sel *procpb.ProcessSelector, exited bool) (*process, e
 	return best, nil
 }
 
-func (p *process) hasExited() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.exited
-}
-
 // envdWrite writes input to a process's stdin (or terminal). A write the
 // process does not read blocks until ctx ends.
-func envdWrite(ctx context.Context, p *process, input *procpb.ProcessInput) error {
+func envdWrite(ctx context.Context, p *process.Process, input *procpb.ProcessInput) error {
 	var data []byte
-	tty := p.envd != nil && p.envd.tty
+	tty := envdMetaOf(p).isTTY()
 	switch v := input.GetInput().(type) {
 	case *procpb.ProcessInput_Stdin:
 		data = v.Stdin
 	case *procpb.ProcessInput_Pty:
 		if !tty {
-			return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("process %d has no terminal: send its input as stdin", p.pid))
+			return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("process %d has no terminal: send its input as stdin", p.PID))
 		}
 		data = v.Pty
 	default:
 		return connect.NewError(connect.CodeInvalidArgument, errors.New("input is required: set stdin or pty"))
 	}
-	p.inputMu.Lock()
-	defer p.inputMu.Unlock()
-	p.mu.Lock()
-	in, exited := p.stdin, p.exited
-	p.mu.Unlock()
+	p.InputMu.Lock()
+	defer p.InputMu.Unlock()
+	in, exited := p.Stdin()
 	switch {
 	case exited:
-		return connect.NewError(connect.CodeNotFound, fmt.Errorf("process %d has exited", p.pid))
-	case in == nil && p.envd != nil && !p.envd.stdin:
+		return connect.NewError(connect.CodeNotFound, fmt.Errorf("process %d has exited", p.PID))
+	case in == nil && envdMetaOf(p).noStdin():
 		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf(
-			"process %d was started without stdin (it reads /dev/null); start it with stdin: true to send input", p.pid))
+			"process %d was started without stdin (it reads /dev/null); start it with stdin: true to send input", p.PID))
 	case in == nil:
-		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("the stdin of process %d is closed", p.pid))
+		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("the stdin of process %d is closed", p.PID))
 	case len(data) == 0:
 		return nil
 	}
@@ -421,11 +415,11 @@ func envdWrite(ctx context.Context, p *process, input *procpb.ProcessInput) erro
 	if _, err := in.Write(data); err != nil {
 		switch {
 		case ctx.Err() != nil:
-			return connect.NewError(connect.CodeOf(ctx.Err()), fmt.Errorf("write to process %d: the process did not read its input before the call ended", p.pid))
+			return connect.NewError(connect.CodeOf(ctx.Err()), fmt.Errorf("write to process %d: the process did not read its input before the call ended", p.PID))
 		case errors.Is(err, os.ErrClosed), errors.Is(err, syscall.EPIPE), errors.Is(err, syscall.EIO):
-			return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("the stdin of process %d closed while writing (it exited or closed it)", p.pid))
+			return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("the stdin of process %d closed while writing (it exited or closed it)", p.PID))
 		}
-		return connect.NewError(connect.CodeInternal, fmt.Errorf("write to process %d: %w", p.pid, err))
+		return connect.NewError(connect.CodeInternal, fmt.Errorf("write to process %d: %w", p.PID, err))
 	}
 	return nil
 }
@@ -434,14 +428,14 @@ func envdWrite(ctx context.Context, p *process, input *procpb.ProcessInput) erro
 // a keepalive goes out whenever nothing was sent for the keepalive
 // interval. It returns when the end is sent, sending fails, or ctx ends
 // (the process lives on).
-func (s *Server) envdFollow(ctx context.Context, p *process, offset int64, keepalive time.Duration, send func(*procpb.ProcessEvent) error) error {
-	tty := p.envd != nil && p.envd.tty
+func (s *Server) envdFollow(ctx context.Context, p *process.Process, offset int64, keepalive time.Duration, send func(*procpb.ProcessEvent) error) error {
+	tty := envdMetaOf(p).isTTY()
 	timer := time.NewTimer(keepalive)
 	defer timer.Stop()
 	for {
-		chunks, dropped, next, closed, changed := p.out.read(offset)
+		chunks, dropped, next, closed, changed := p.Out.Read(offset)
 		if dropped > 0 {
-			s.log.Warn("envd stream fell behind the retained output", "pid", p.pid, "dropped_bytes", dropped)
+			s.log.Warn("envd stream fell behind the retained output", "pid", p.PID, "dropped_bytes", dropped)
 		}
 		for _, c := range chunks {
 			if err := send(dataEvent(c, tty)); err != nil {
@@ -478,19 +472,19 @@ func keepaliveInterval(h http.Header) time.Duration {
 	return max(time.Duration(secs*float64(time.Second)), minKeepalive)
 }
 
-func startEvent(p *process) *procpb.ProcessEvent {
-	return &procpb.ProcessEvent{Event: &procpb.ProcessEvent_Start{Start: &procpb.ProcessEvent_StartEvent{Pid: uint32(p.pid)}}}
+func startEvent(p *process.Process) *procpb.ProcessEvent {
+	return &procpb.ProcessEvent{Event: &procpb.ProcessEvent_Start{Start: &procpb.ProcessEvent_StartEvent{Pid: uint32(p.PID)}}}
 }
 
-func dataEvent(c outChunk, tty bool) *procpb.ProcessEvent {
+func dataEvent(c process.Chunk, tty bool) *procpb.ProcessEvent {
 	d := &procpb.ProcessEvent_DataEvent{}
 	switch {
 	case tty:
-		d.Output = &procpb.ProcessEvent_DataEvent_Pty{Pty: c.data}
-	case c.stream == api.EventStderr:
-		d.Output = &procpb.ProcessEvent_DataEvent_Stderr{Stderr: c.data}
+		d.Output = &procpb.ProcessEvent_DataEvent_Pty{Pty: c.Data}
+	case c.Stream == process.Stderr:
+		d.Output = &procpb.ProcessEvent_DataEvent_Stderr{Stderr: c.Data}
 	default:
-		d.Output = &procpb.ProcessEvent_DataEvent_Stdout{Stdout: c.data}
+		d.Output = &procpb.ProcessEvent_DataEvent_Stdout{Stdout: c.Data}
 	}
 	return &procpb.ProcessEvent{Event: &procpb.ProcessEvent_Data{Data: d}}
 }
@@ -499,19 +493,18 @@ func dataEvent(c outChunk, tty bool) *procpb.ProcessEvent {
 // os.ProcessState: exit_code is -1 and exited false when a signal ended
 // it; status reads "exit status 1" or "signal: killed"; error is set
 // unless it exited 0.
-func endEvent(p *process) *procpb.ProcessEvent {
-	p.mu.Lock()
-	st, timedOut := p.status, p.timedOut
-	p.mu.Unlock()
+func endEvent(p *process.Process) *procpb.ProcessEvent {
+	state := p.State()
+	st, timedOut := state.Status, state.TimedOut
 	end := &procpb.ProcessEvent_EndEvent{ExitCode: -1}
 	switch {
-	case st.signal != "":
-		end.Status = "signal: " + syscall.Signal(st.code-128).String()
-	case st.code < 0:
+	case st.Signal != "":
+		end.Status = "signal: " + syscall.Signal(st.Code-128).String()
+	case st.Code < 0:
 		end.Status = "unknown: the daemon could not collect the exit status"
 	default:
-		end.ExitCode, end.Exited = int32(st.code), true
-		end.Status = "exit status " + strconv.Itoa(st.code)
+		end.ExitCode, end.Exited = int32(st.Code), true
+		end.Status = "exit status " + strconv.Itoa(st.Code)
 	}
 	if !end.Exited || end.ExitCode != 0 {
 		msg := end.Status
@@ -521,106 +514,4 @@ func endEvent(p *process) *procpb.ProcessEvent {
 		end.Error = &msg
 	}
 	return &procpb.ProcessEvent{Event: &procpb.ProcessEvent_End{End: end}}
-}
-
-// spawnPTY starts cmd on a new pseudo-terminal of cols×rows (as the leader
-// of a new session, the terminal its controlling one) and records its
-// process group. The proc's stdout is the master, and its stdin another
-// descriptor of the master, for input and resizes, that can be closed at
-// the exit while the output is still being read.
-func (s *Server) spawnPTY(cmd *exec.Cmd, cols, rows uint16) (p *proc, retErr error) {
-	master, slave, err := openPTY()
-	if err != nil {
-		return nil, fmt.Errorf("open a pseudo-terminal: %w", err)
-	}
-	defer slave.Close()
-	defer func() {
-		if retErr != nil {
-			master.Close()
-		}
-	}()
-	if err := setWinsize(master, cols, rows); err != nil {
-		return nil, fmt.Errorf("size the pseudo-terminal: %w", err)
-	}
-	in, err := dupFile(master)
-	if err != nil {
-		return nil, fmt.Errorf("pseudo-terminal input: %w", err)
-	}
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
-	cmd.SysProcAttr.Setpgid = false // setsid makes a new group
-	cmd.SysProcAttr.Setsid, cmd.SysProcAttr.Setctty, cmd.SysProcAttr.Ctty = true, true, 0
-	pid, exit, err := s.reaper.Start(cmd)
-	if err != nil {
-		in.Close()
-		return nil, classifyStart(cmd, err)
-	}
-	s.addGroup(pid)
-	return &proc{pid: pid, exit: exit, stdout: master, stdin: in, start: time.Now()}, nil
-}
-
-// openPTY opens a pseudo-terminal pair. It does its own ioctls, through
-// SyscallConn, so that the master stays non-blocking (creack/pty's use
-// File.Fd, which makes it blocking): reads and writes on it can then be
-// interrupted by deadlines and Close.
-func openPTY() (master, slave *os.File, retErr error) {
-	master, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer func() {
-		if retErr != nil {
-			master.Close()
-		}
-	}()
-	var n uint32
-	if err := control(master, func(fd int) error {
-		var err error
-		if n, err = unix.IoctlGetUint32(fd, unix.TIOCGPTN); err != nil {
-			return fmt.Errorf("TIOCGPTN: %w", err)
-		}
-		if err := unix.IoctlSetPointerInt(fd, unix.TIOCSPTLCK, 0); err != nil {
-			return fmt.Errorf("unlock: %w", err)
-		}
-		return nil
-	}); err != nil {
-		return nil, nil, err
-	}
-	slave, err = os.OpenFile("/dev/pts/"+strconv.FormatUint(uint64(n), 10), os.O_RDWR|syscall.O_NOCTTY, 0)
-	if err != nil {
-		return nil, nil, err
-	}
-	return master, slave, nil
-}
-
-func setWinsize(f *os.File, cols, rows uint16) error {
-	return control(f, func(fd int) error {
-		return unix.IoctlSetWinsize(fd, unix.TIOCSWINSZ, &unix.Winsize{Col: cols, Row: rows})
-	})
-}
-
-// dupFile is a new descriptor of f's open file (close-on-exec), as its own
-// *os.File.
-func dupFile(f *os.File) (*os.File, error) {
-	var nfd int
-	if err := control(f, func(fd int) error {
-		var err error
-		nfd, err = unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
-		return err
-	}); err != nil {
-		return nil, err
-	}
-	return os.NewFile(uintptr(nfd), f.Name()), nil
-}
-
-// control runs fn on f's descriptor without making it blocking.
-func control(f *os.File, fn func(fd int) error) error {
-	sc, err := f.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var fnErr error
-	if err := sc.Control(func(fd uintptr) { fnErr = fn(int(fd)) }); err != nil {
-		return err
-	}
-	return fnErr
 }

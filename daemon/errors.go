@@ -3,9 +3,11 @@ package daemon
 import (
 	"errors"
 	"fmt"
+	"net/http"
 
 	"github.com/sandman-dev/sandman/daemon/api"
 	"github.com/sandman-dev/sandman/daemon/internal/oserr"
+	"github.com/sandman-dev/sandman/daemon/internal/process"
 )
 
 // classify maps an error from the OS to a v1 API error: the HTTP status of
@@ -15,6 +17,12 @@ func classify(err error) *apiError {
 	var ae *apiError
 	if errors.As(err, &ae) {
 		return ae
+	}
+	switch {
+	case errors.Is(err, process.ErrNoSlot):
+		return &apiError{http.StatusTooManyRequests, api.CodeTooManyRequests, err.Error()}
+	case errors.Is(err, process.ErrShuttingDown):
+		return &apiError{http.StatusServiceUnavailable, api.CodeUnavailable, err.Error()}
 	}
 	c := oserr.Of(err)
 	msg := err.Error()

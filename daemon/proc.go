@@ -1,26 +1,15 @@
 package daemon
 
 import (
-	"bytes"
-	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
-	"time"
 
 	"github.com/sandman-dev/sandman/daemon/api"
 	"github.com/sandman-dev/sandman/daemon/internal/sandboxuser"
-	"golang.org/x/sys/unix"
-)
-
-const (
-	sigTERM = syscall.SIGTERM
-	sigKILL = syscall.SIGKILL
 )
 
 // commandSpec is what every way of starting a process has in common.
@@ -157,153 +146,4 @@ func mergeEnv(base []string, extra map[string]string) []string {
 		out = append(out, k+"="+v)
 	}
 	return out
-}
-
-// proc is a started child with its own process group.
-type proc struct {
-	pid    int
-	exit   <-chan exitStatus
-	stdout *os.File
-	stderr *os.File
-	stdin  *os.File // nil unless asked for
-	start  time.Time
-}
-
-// spawn starts cmd with pipes for stdout and stderr, and for stdin when
-// withStdin (otherwise stdin is /dev/null), and records its process group.
-func (s *Server) spawn(cmd *exec.Cmd, withStdin bool) (p *proc, retErr error) {
-	var toClose []*os.File
-	defer func() {
-		for _, f := range toClose {
-			f.Close()
-		}
-	}()
-	outR, outW, err := childPipe(false)
-	if err != nil {
-		return nil, err
-	}
-	errR, errW, err := childPipe(false)
-	if err != nil {
-		outR.Close()
-		outW.Close()
-		return nil, err
-	}
-	toClose = append(toClose, outW, errW)
-	defer func() {
-		if retErr != nil {
-			outR.Close()
-			errR.Close()
-		}
-	}()
-	var inW *os.File
-	if withStdin {
-		w, inR, err := childPipe(true)
-		if err != nil {
-			return nil, err
-		}
-		toClose = append(toClose, inR)
-		cmd.Stdin, inW = inR, w
-	} else if null, err := devNull(); err == nil {
-		cmd.Stdin = null // shared, never closed
-	} else {
-		// No /dev/null in this image: an empty, closed pipe reads as EOF too.
-		inR, w, err := os.Pipe()
-		if err != nil {
-			return nil, err
-		}
-		w.Close()
-		toClose = append(toClose, inR)
-		cmd.Stdin = inR
-	}
-	cmd.Stdout, cmd.Stderr = outW, errW
-	pid, exit, err := s.reaper.Start(cmd)
-	if err != nil {
-		if inW != nil {
-			inW.Close()
-		}
-		return nil, classifyStart(cmd, err)
-	}
-	s.addGroup(pid)
-	return &proc{pid: pid, exit: exit, stdout: outR, stderr: errR, stdin: inW, start: time.Now()}, nil
-}
-
-// childPipe returns a pipe between the daemon and a child: the daemon's end
-// non-blocking, in Go's netpoller, the child's end blocking, as os.Pipe and
-// exec would leave them but in half the system calls (os.Pipe makes both
-// ends non-blocking and exec makes the child's blocking again). The child
-// reads from it when toChild, else writes to it.
-func childPipe(toChild bool) (ours, theirs *os.File, err error) {
-	var p [2]int
-	if err := unix.Pipe2(p[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
-		return nil, nil, os.NewSyscallError("pipe2", err)
-	}
-	o, t := p[0], p[1]
-	if toChild {
-		o, t = t, o // ours is the write end
-	}
-	// O_NONBLOCK is the only status flag a pipe end has: clear it on theirs.
-	if _, err := unix.FcntlInt(uintptr(t), unix.F_SETFL, 0); err != nil {
-		unix.Close(o)
-		unix.Close(t)
-		return nil, nil, os.NewSyscallError("fcntl", err)
-	}
-	return os.NewFile(uintptr(o), "|ours"), os.NewFile(uintptr(t), "|theirs"), nil
-}
-
-// devNull is /dev/null opened once, every child's stdin when it has none.
-var devNull = sync.OnceValues(func() (*os.File, error) { return os.Open(os.DevNull) })
-
-func classifyStart(cmd *exec.Cmd, err error) error {
-	return fmt.Errorf("start %s: %w", cmd.Path, err)
-}
-
-// signal sends sig to p's process group.
-func (s *Server) signalGroup(pgid int, sig syscall.Signal) error {
-	return syscall.Kill(-pgid, sig)
-}
-
-// signalGroups sends sig to every live process group the server started.
-func (s *Server) signalGroups(sig syscall.Signal) {
-	s.groupsMu.Lock()
-	defer s.groupsMu.Unlock()
-	for pgid := range s.groups {
-		_ = syscall.Kill(-pgid, sig)
-	}
-}
-
-// terminate sends TERM to the group, then KILL after the grace period
-// unless done is closed first.
-func (s *Server) terminate(pgid int, done <-chan struct{}) {
-	_ = s.signalGroup(pgid, sigTERM)
-	select {
-	case <-done:
-	case <-time.After(s.cfg.KillGrace):
-		_ = s.signalGroup(pgid, sigKILL)
-	}
-}
-
-// pump reads f to EOF, handing each chunk to out (a fresh slice each time).
-func pump(f *os.File, stream string, out chan<- chunk) {
-	defer f.Close()
-	buf := make([]byte, 64<<10)
-	for {
-		n, err := f.Read(buf)
-		if n > 0 {
-			out <- chunk{stream: stream, data: bytes.Clone(buf[:n])}
-		}
-		if err != nil {
-			if err != io.EOF {
-				out <- chunk{stream: stream, err: err}
-			}
-			out <- chunk{stream: stream, eof: true}
-			return
-		}
-	}
-}
-
-type chunk struct {
-	stream string
-	data   []byte
-	err    error
-	eof    bool
 }

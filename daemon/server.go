@@ -14,12 +14,12 @@ import (
 	"os"
 	"runtime/debug"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/sandman-dev/sandman/daemon/api"
+	"github.com/sandman-dev/sandman/daemon/internal/process"
 )
 
 // Config configures a Server. Zero values take the defaults noted.
@@ -83,19 +83,14 @@ type Config struct {
 type Server struct {
 	cfg     Config
 	log     *slog.Logger
-	reaper  *Reaper
 	handler http.Handler
 
 	// lastActivity is the unix-nano time of the last authenticated call.
 	lastActivity atomic.Int64
-	// running counts execs, background processes and session runs.
-	running atomic.Int32
-	// slots bounds processes alive at once (execs, background, sessions).
-	slots chan struct{}
-	// shuttingDown refuses new work once Shutdown starts.
-	shuttingDown atomic.Bool
 
-	procs    *processTable
+	// procs starts, tracks and stops every child: execs, background
+	// processes (v1's and envd's, one table), sessions, attaches.
+	procs    *process.Manager
 	sessions *sessionTable
 
 	// access is who may call and with which environment commands run; an
@@ -106,12 +101,15 @@ type Server struct {
 	assignMain chan mainSpec
 	// mainRestarts counts restarts of the main process.
 	mainRestarts atomic.Int64
-
-	// groupsMu guards groups: every process group the server started and
-	// that is alive, for forwarding TERM at shutdown.
-	groupsMu sync.Mutex
-	groups   map[int]struct{}
 }
+
+// Reaper collects the exit statuses of the daemon's children (see
+// NewReaper).
+type Reaper = process.Reaper
+
+// NewReaper returns a Reaper. reapAll is for PID 1 (or a child subreaper):
+// it reaps every child on SIGCHLD; otherwise each child is waited for alone.
+func NewReaper(reapAll bool) *Reaper { return process.NewReaper(reapAll) }
 
 // New checks cfg, fills defaults and returns a Server.
 func New(cfg Config) (*Server, error) {
@@ -168,18 +166,18 @@ func New(cfg Config) (*Server, error) {
 		cfg.Reaper = NewReaper(false)
 	}
 	s := &Server{
-		cfg:    cfg,
-		log:    cfg.Logger,
-		reaper: cfg.Reaper,
-		slots:  make(chan struct{}, cfg.MaxProcesses),
-		groups: map[int]struct{}{},
+		cfg: cfg,
+		log: cfg.Logger,
+		procs: process.New(process.Config{
+			Reaper: cfg.Reaper, MaxProcesses: cfg.MaxProcesses, OutputBytes: cfg.ProcessOutputBytes,
+			KillGrace: cfg.KillGrace, Now: cfg.Now,
+		}),
 	}
 	s.access.Store(&access{
 		hashes: cfg.TokenHashes, allowUnauth: cfg.AllowUnauthenticated, env: cfg.Env, dir: cfg.Dir,
 		assigned: cfg.AssignTokenHash == nil,
 	})
 	s.assignMain = make(chan mainSpec, 1)
-	s.procs = newProcessTable()
 	s.sessions = newSessionTable()
 	s.lastActivity.Store(cfg.Now().UnixNano())
 	s.handler = s.routes()
@@ -305,7 +303,7 @@ func (s *Server) touch() { s.lastActivity.Store(s.cfg.Now().UnixNano()) }
 // IdleSeconds is the time since the last authenticated call, or 0 while an
 // exec, background process or session run is in progress.
 func (s *Server) IdleSeconds() float64 {
-	if s.running.Load() > 0 {
+	if s.procs.Running() > 0 {
 		return 0
 	}
 	d := s.cfg.Now().Sub(time.Unix(0, s.lastActivity.Load()))
@@ -324,7 +322,7 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, api.Health{
-		Status: status, Version: s.cfg.Version, IdleSeconds: s.IdleSeconds(), Running: int(s.running.Load()),
+		Status: status, Version: s.cfg.Version, IdleSeconds: s.IdleSeconds(), Running: s.procs.Running(),
 		MainRestarts: int(s.mainRestarts.Load()),
 	})
 }
@@ -332,88 +330,15 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 // renew is an explicit keep-alive: the call itself counts as activity.
 func (s *Server) renew(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, api.Health{
-		Status: "ok", Version: s.cfg.Version, IdleSeconds: s.IdleSeconds(), Running: int(s.running.Load()),
+		Status: "ok", Version: s.cfg.Version, IdleSeconds: s.IdleSeconds(), Running: s.procs.Running(),
 	})
-}
-
-// acquire takes a process slot or fails with 429.
-func (s *Server) acquire() error {
-	if s.shuttingDown.Load() {
-		return errf(http.StatusServiceUnavailable, api.CodeUnavailable, "the sandbox is shutting down")
-	}
-	select {
-	case s.slots <- struct{}{}:
-		return nil
-	default:
-		return errf(http.StatusTooManyRequests, api.CodeTooManyRequests,
-			"%d processes are already running in this sandbox (the daemon's limit); wait for some to exit or kill them", s.cfg.MaxProcesses)
-	}
-}
-
-func (s *Server) release() { <-s.slots }
-
-func (s *Server) addGroup(pgid int) {
-	s.groupsMu.Lock()
-	if len(s.groups) >= 2*s.cfg.MaxProcesses {
-		s.pruneGroupsLocked()
-	}
-	s.groups[pgid] = struct{}{}
-	s.groupsMu.Unlock()
-}
-
-// forgetGroup drops pgid once no process of the group is left.
-func (s *Server) forgetGroup(pgid int) {
-	if syscall.Kill(-pgid, 0) != syscall.ESRCH {
-		return
-	}
-	s.groupsMu.Lock()
-	delete(s.groups, pgid)
-	s.groupsMu.Unlock()
-}
-
-// pruneGroupsLocked drops groups with no process left.
-func (s *Server) pruneGroupsLocked() {
-	for pgid := range s.groups {
-		if syscall.Kill(-pgid, 0) == syscall.ESRCH {
-			delete(s.groups, pgid)
-		}
-	}
 }
 
 // Shutdown refuses new work, sends TERM to every process group the server
 // started, and KILLs what is left when ctx ends; it returns once the groups
 // are gone (or, should a KILLed process hang in the kernel, 2 s after the
 // KILL), so that nothing it started outlives a daemon that has stopped.
-func (s *Server) Shutdown(ctx context.Context) {
-	s.shuttingDown.Store(true)
-	s.signalGroups(sigTERM)
-	if s.waitGroupsGone(ctx) {
-		return
-	}
-	s.signalGroups(sigKILL)
-	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-	defer cancel()
-	s.waitGroupsGone(kctx)
-}
-
-// waitGroupsGone polls until no process group the server started has a
-// member left, or ctx ends (false).
-func (s *Server) waitGroupsGone(ctx context.Context) bool {
-	for {
-		s.groupsMu.Lock()
-		s.pruneGroupsLocked()
-		n := len(s.groups)
-		s.groupsMu.Unlock()
-		if n == 0 {
-			return true
-		}
-		select {
-		case <-ctx.Done():
-			return false
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-}
+func (s *Server) Shutdown(ctx context.Context) { s.procs.Shutdown(ctx) }
 
 // Serve serves the API on l until ctx ends.
 func (s *Server) Serve(ctx context.Context, l net.Listener) error {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sandman-dev/sandman/daemon/api"
+	"github.com/sandman-dev/sandman/daemon/internal/process"
 )
 
 // A session is a persistent shell. Each run writes the command to a file in
@@ -39,7 +40,7 @@ type session struct {
 
 	// mu guards the fields below.
 	mu     sync.Mutex
-	status exitStatus
+	status process.ExitStatus
 	// sink receives output while a run is active; output between runs
 	// (from background jobs) is dropped.
 	sink *runSink
@@ -61,7 +62,7 @@ func (ss *session) info() api.Session {
 // runSink is where a run receives output; done is closed when the run ends
 // so a forwarder never blocks on a finished run.
 type runSink struct {
-	ch   chan chunk
+	ch   chan process.PipeChunk
 	done chan struct{}
 }
 
@@ -111,38 +112,38 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fmt.Errorf("session state dir: %w", err))
 		return
 	}
-	if err := s.acquire(); err != nil {
+	if err := s.procs.Acquire(); err != nil {
 		os.RemoveAll(dir)
 		writeError(w, err)
 		return
 	}
-	p, err := s.spawn(cmd, true)
+	p, err := s.procs.Spawn(cmd, true)
 	if err != nil {
-		s.release()
+		s.procs.Release()
 		os.RemoveAll(dir)
 		writeError(w, err)
 		return
 	}
-	ss := &session{id: id, shell: sh, pid: p.pid, dir: dir, started: p.start, stdin: p.stdin, exited: make(chan struct{})}
+	ss := &session{id: id, shell: sh, pid: p.PID, dir: dir, started: p.Start, stdin: p.Stdin, exited: make(chan struct{})}
 	// A trap (not an ignore) so that INT reaches the foreground command,
 	// which gets the default action back on exec, while the shell lives on.
-	if _, err := p.stdin.WriteString("trap : INT\n"); err != nil {
-		_ = s.signalGroup(p.pid, sigKILL)
+	if _, err := p.Stdin.WriteString("trap : INT\n"); err != nil {
+		_ = s.procs.SignalGroup(p.PID, syscall.SIGKILL)
 	}
-	chunks := make(chan chunk, 16)
-	go pump(p.stdout, api.EventStdout, chunks)
-	go pump(p.stderr, api.EventStderr, chunks)
+	chunks := make(chan process.PipeChunk, 16)
+	go process.Pump(p.Stdout, api.EventStdout, chunks)
+	go process.Pump(p.Stderr, api.EventStderr, chunks)
 	go func() {
 		for open := 2; open > 0; {
 			c := <-chunks
-			if c.eof {
+			if c.EOF {
 				open--
 				continue
 			}
 			ss.mu.Lock()
 			sink := ss.sink
 			ss.mu.Unlock()
-			if sink != nil && c.data != nil {
+			if sink != nil && c.Data != nil {
 				select {
 				case sink.ch <- c:
 				case <-sink.done:
@@ -151,14 +152,14 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	go func() {
-		st := <-p.exit
+		st := <-p.Exit
 		ss.mu.Lock()
 		ss.status = st
 		ss.mu.Unlock()
 		close(ss.exited)
 		ss.stdin.Close()
-		s.release()
-		s.forgetGroup(p.pid)
+		s.procs.Release()
+		s.procs.ForgetGroup(p.PID)
 	}()
 	s.sessions.mu.Lock()
 	s.sessions.byID[id] = ss
@@ -246,8 +247,8 @@ func (s *Server) runSession(w http.ResponseWriter, r *http.Request) {
 		return
 	default:
 	}
-	s.running.Add(1)
-	defer s.running.Add(-1)
+	s.procs.Active(1)
+	defer s.procs.Active(-1)
 	res, err := s.run(ss, req)
 	if err != nil {
 		writeError(w, err)
@@ -276,7 +277,7 @@ func (s *Server) run(ss *session, req api.RunRequest) (api.RunResult, error) {
 	outScan := &markerScanner{marker: []byte(marker + "-"), out: capture{limit: limit}}
 	errScan := &markerScanner{marker: []byte(marker + "."), out: capture{limit: limit}}
 
-	sink := &runSink{ch: make(chan chunk, 16), done: make(chan struct{})}
+	sink := &runSink{ch: make(chan process.PipeChunk, 16), done: make(chan struct{})}
 	ss.mu.Lock()
 	ss.sink, ss.busy = sink, true
 	ss.mu.Unlock()
@@ -304,10 +305,10 @@ func (s *Server) run(ss *session, req api.RunRequest) (api.RunResult, error) {
 	for !done {
 		select {
 		case c := <-sink.ch:
-			if c.stream == api.EventStdout {
-				outScan.add(c.data)
+			if c.Stream == api.EventStdout {
+				outScan.add(c.Data)
 			} else {
-				errScan.add(c.data)
+				errScan.add(c.Data)
 			}
 			var ok bool
 			if code, ok = outScan.exitCode(); ok && errScan.found {
@@ -316,14 +317,14 @@ func (s *Server) run(ss *session, req api.RunRequest) (api.RunResult, error) {
 		case <-ss.exited:
 			// The command ended the shell (exit, exec, or a kill).
 			ss.mu.Lock()
-			code, res.Signal = ss.status.code, ss.status.signal
+			code, res.Signal = ss.status.Code, ss.status.Signal
 			ss.mu.Unlock()
 			res.SessionAlive = false
 			done = true
 		case <-timeout:
 			res.TimedOut = true
 			timeout = nil
-			_ = s.signalGroup(ss.pid, syscall.SIGINT)
+			_ = s.procs.SignalGroup(ss.pid, syscall.SIGINT)
 			escalate = time.After(s.cfg.KillGrace)
 		case <-escalate:
 			// INT was not enough: kill the command's processes, then, if the
@@ -335,7 +336,7 @@ func (s *Server) run(ss *session, req api.RunRequest) (api.RunResult, error) {
 				busy := ss.sink == sink
 				ss.mu.Unlock()
 				if busy {
-					_ = s.signalGroup(ss.pid, sigKILL)
+					_ = s.procs.SignalGroup(ss.pid, syscall.SIGKILL)
 				}
 			})
 		}
@@ -358,7 +359,7 @@ func (s *Server) interruptSession(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	if err := s.signalGroup(ss.pid, syscall.SIGINT); err != nil {
+	if err := s.procs.SignalGroup(ss.pid, syscall.SIGINT); err != nil {
 		writeError(w, errf(http.StatusConflict, api.CodeConflict, "session %s: %v", ss.id, err))
 		return
 	}
@@ -374,7 +375,7 @@ func (s *Server) deleteSession(w http.ResponseWriter, r *http.Request) {
 	done := make(chan struct{})
 	go func() { <-ss.exited; close(done) }()
 	ss.stdin.Close()
-	s.terminate(ss.pid, done)
+	s.procs.Terminate(ss.pid, done)
 	<-ss.exited
 	s.sessions.mu.Lock()
 	delete(s.sessions.byID, ss.id)
@@ -400,7 +401,7 @@ func killGroupExcept(pgid, keep int) {
 			continue
 		}
 		if pg, err := syscall.Getpgid(pid); err == nil && pg == pgid {
-			_ = syscall.Kill(pid, sigKILL)
+			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/signal"
 	"time"
+
+	"github.com/sandman-dev/sandman/daemon/internal/process"
 )
 
 // mainSpec is the main process to run and its restart policy.
@@ -62,7 +64,7 @@ func (s *Server) Supervise(ctx context.Context, listeners []net.Listener, main [
 	defer signal.Stop(stop)
 
 	var mainDone <-chan struct{}
-	var mainProc *process
+	var mainProc *process.Process
 	var spec mainSpec
 	tee := func(stream string, b []byte) {
 		if stream == "stderr" {
@@ -76,13 +78,13 @@ func (s *Server) Supervise(ctx context.Context, listeners []net.Listener, main [
 		if err != nil {
 			return err
 		}
-		s.procs.remove("main") // a restart replaces the previous run
-		p, err := s.startBackground("main", cmd, false, 0, "", tee)
+		s.procs.Table.Remove(process.MainID) // a restart replaces the previous run
+		p, err := s.startBackground(process.MainID, cmd, false, 0, "", tee)
 		if err != nil {
 			return err
 		}
-		mainProc, mainDone = p, p.done
-		s.log.Info("main process started", "pid", p.pid, "cmd", spec.argv, "restart_policy", spec.restartPolicy)
+		mainProc, mainDone = p, p.Done
+		s.log.Info("main process started", "pid", p.PID, "cmd", spec.argv, "restart_policy", spec.restartPolicy)
 		return nil
 	}
 	if len(main) > 0 {
@@ -132,7 +134,7 @@ func (s *Server) Supervise(ctx context.Context, listeners []net.Listener, main [
 	for {
 		select {
 		case <-mainDone:
-			info := mainProc.info()
+			info := processInfo(mainProc)
 			if info.ExitCode != nil {
 				code = *info.ExitCode
 			}
@@ -142,7 +144,7 @@ func (s *Server) Supervise(ctx context.Context, listeners []net.Listener, main [
 				return code, nil
 			}
 			restarts++
-			delay := restartDelay(restarts, s.cfg.Now().Sub(mainProc.started))
+			delay := restartDelay(restarts, s.cfg.Now().Sub(mainProc.Started))
 			s.log.Info("restarting the main process", "policy", spec.restartPolicy, "restarts", restarts, "in", delay)
 			select {
 			case <-time.After(delay):
@@ -166,7 +168,7 @@ func (s *Server) Supervise(ctx context.Context, listeners []net.Listener, main [
 			shutdown()
 			select {
 			case <-mainDone:
-				if info := mainProc.info(); info.ExitCode != nil {
+				if info := processInfo(mainProc); info.ExitCode != nil {
 					code = *info.ExitCode
 				}
 			case <-time.After(grace):

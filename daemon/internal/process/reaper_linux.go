@@ -1,4 +1,4 @@
-package daemon
+package process
 
 import (
 	"os"
@@ -12,10 +12,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// exitStatus is how a child ended.
-type exitStatus struct {
-	code   int    // exit code, or 128+signal when killed
-	signal string // signal name when killed
+// ExitStatus is how a child ended.
+type ExitStatus struct {
+	Code   int    // exit code, or 128+signal when killed
+	Signal string // signal name when killed ("KILL")
 }
 
 // Reaper collects the exit statuses of the daemon's children. With reapAll it
@@ -33,7 +33,7 @@ type Reaper struct {
 }
 
 type waiter struct {
-	ch   chan exitStatus
+	ch   chan ExitStatus
 	proc *os.Process
 }
 
@@ -47,8 +47,8 @@ func NewReaper(reapAll bool) *Reaper {
 // status once. cmd must not be waited for by other means, and its Process
 // not read after Start returns: a child that has exited may have been
 // released already, which sets Process.Pid to -1.
-func (r *Reaper) Start(cmd *exec.Cmd) (int, <-chan exitStatus, error) {
-	ch := make(chan exitStatus, 1)
+func (r *Reaper) Start(cmd *exec.Cmd) (int, <-chan ExitStatus, error) {
+	ch := make(chan ExitStatus, 1)
 	if !r.reapAll {
 		if err := cmd.Start(); err != nil {
 			return 0, nil, err
@@ -108,7 +108,7 @@ func unshieldOOM(pid int) {
 	unix.Close(fd)
 }
 
-func waitPID(pid int) exitStatus {
+func waitPID(pid int) ExitStatus {
 	var ws unix.WaitStatus
 	for {
 		_, err := unix.Wait4(pid, &ws, 0, nil)
@@ -116,17 +116,17 @@ func waitPID(pid int) exitStatus {
 			continue
 		}
 		if err != nil {
-			return exitStatus{code: -1}
+			return ExitStatus{Code: -1}
 		}
 		return toStatus(ws)
 	}
 }
 
-func toStatus(ws unix.WaitStatus) exitStatus {
+func toStatus(ws unix.WaitStatus) ExitStatus {
 	if ws.Signaled() {
-		return exitStatus{code: 128 + int(ws.Signal()), signal: signalName(ws.Signal())}
+		return ExitStatus{Code: 128 + int(ws.Signal()), Signal: signalName(ws.Signal())}
 	}
-	return exitStatus{code: ws.ExitStatus()}
+	return ExitStatus{Code: ws.ExitStatus()}
 }
 
 // loop reaps children on every SIGCHLD.
