@@ -190,7 +190,7 @@ type BindRequest struct {
 	EgressDeny []string `json:"egress_deny,omitempty"`
 	// EgressDomains are DNS names the sandbox may reach (the pod's
 	// sandman.io/egress-domains: exact, or *.domain for any name under
-	// it; runtime/sandboxdns.CheckName): its DNS goes to the node's
+	// it; CheckEgressDomain): its DNS goes to the node's
 	// resolver, which answers only these, and the addresses it answers
 	// become reachable for their TTL. Like Egress it narrows internet
 	// egress (the pod reaches Egress and these names' addresses) and a

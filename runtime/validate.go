@@ -14,8 +14,6 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
-
-	"github.com/sandman-dev/sandman/runtime/sandboxdns"
 )
 
 // Validate checks what a bind request needs before any work: a pod UID,
@@ -96,7 +94,7 @@ func (r BindRequest) Validate() error {
 			return fmt.Errorf("bind %s: egress deny %q: want an IPv4 CIDR such as 203.0.113.0/24: %w", r.Pod.UID, e, errdefs.ErrInvalidArgument)
 		}
 	}
-	if _, err := sandboxdns.ParseNames(r.EgressDomains); err != nil {
+	if err := CheckEgressDomains(r.EgressDomains); err != nil {
 		return fmt.Errorf("bind %s: egress domains: %v: %w", r.Pod.UID, err, errdefs.ErrInvalidArgument)
 	}
 	if len(r.TokenHashes) == 0 && !r.AllowUnauthenticated {

@@ -34,7 +34,6 @@ import (
 	"github.com/sandman-dev/sandman/podcontract"
 	"github.com/sandman-dev/sandman/pool"
 	"github.com/sandman-dev/sandman/runtime"
-	"github.com/sandman-dev/sandman/runtime/sandboxdns"
 	"github.com/sandman-dev/sandman/runtime/sandboxnet"
 )
 
@@ -934,7 +933,7 @@ func (p *Provider) bindRequest(pod *corev1.Pod) (runtime.BindRequest, error) {
 				req.EgressDomains = append(req.EgressDomains, name)
 			}
 		}
-		_, err := sandboxdns.ParseNames(req.EgressDomains)
+		err := runtime.CheckEgressDomains(req.EgressDomains)
 		if err == nil && len(req.EgressDomains) == 0 {
 			err = errors.New("it lists nothing")
 		}
