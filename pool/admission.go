@@ -205,18 +205,18 @@ func (a *admission) position(uid string) (int, bool) {
 	return i * len(s.jobs) * a.weights / s.weight, true
 }
 
-// each offers take the head of a job's queue, fairest first: of the
-// namespaces waiting, the one with the smallest heldNS/weight (heldNS counts
-// a pod as soon as take took it), then the one served longest ago, then the
-// one that queued first; of that namespace's jobs, the one holding the
-// fewest, then the one served longest ago, then the one that queued first.
-// take returns true when it took the pod (it leaves the queue) and false
-// when the pod could not be placed: that job is passed over for the rest of
-// the round, and its namespace once all of its jobs were. The round ends
-// when every namespace was passed over or nothing waits. A round costs
-// O((pods taken + jobs) × log jobs): a namespace's jobs are put in a heap
-// when it first comes up.
-func (a *admission) each(heldNS func(ns string) int, held func(jobKey) int, take func(Request) bool) {
+// fairRound is one fair-share round of admission: it offers take the head
+// of a job's queue, fairest first: of the namespaces waiting, the one with
+// the smallest heldNS/weight (heldNS counts a pod as soon as take took it),
+// then the one served longest ago, then the one that queued first; of that
+// namespace's jobs, the one holding the fewest, then the one served longest
+// ago, then the one that queued first. take returns true when it took the
+// pod (it leaves the queue) and false when the pod could not be placed: that
+// job is passed over for the rest of the round, and its namespace once all
+// of its jobs were. The round ends when every namespace was passed over or
+// nothing waits. A round costs O((pods taken + jobs) × log jobs): a
+// namespace's jobs are put in a heap when it first comes up.
+func (a *admission) fairRound(heldNS func(ns string) int, held func(jobKey) int, take func(Request) bool) {
 	if a.n == 0 {
 		return
 	}

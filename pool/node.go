@@ -14,7 +14,7 @@ import (
 // node is one node agent as the pool tracks it.
 type node struct {
 	name   string
-	rt     Binder
+	rt     runtime.Runtime
 	cancel context.CancelFunc
 	done   chan struct{}
 	// snapshots holds a token per snapshot running on the node
@@ -158,7 +158,7 @@ func (n *node) hasImageLocked(image string) bool {
 // AddNode starts following a node agent until ctx ends or Run returns.
 // Adding a name again replaces it; adding one after Run returned does
 // nothing.
-func (p *Pool) AddNode(ctx context.Context, name string, rt Binder) {
+func (p *Pool) AddNode(ctx context.Context, name string, rt runtime.Runtime) {
 	ctx, cancel := context.WithCancel(ctx)
 	n := &node{name: name, rt: rt, cancel: cancel, done: make(chan struct{}), since: p.cfg.Clock.Now(),
 		snapshots: make(chan struct{}, p.cfg.SnapshotsPerNode),

@@ -103,9 +103,6 @@ type Update struct {
 	Permanent bool
 }
 
-// Binder is the part of a node agent a pool uses: runtime.Runtime.
-type Binder = runtime.Runtime
-
 // Pool places pods onto the slots of a set of node agents.
 type Pool struct {
 	cfg Config
@@ -383,7 +380,7 @@ func (p *Pool) Run(ctx context.Context) error {
 func (p *Pool) dispatch(ctx context.Context) {
 	p.mu.Lock()
 	now := p.cfg.Clock.Now()
-	p.queue.each(func(ns string) int { return p.heldNS[ns] }, func(k jobKey) int { return p.held[k] }, func(req Request) bool {
+	p.queue.fairRound(func(ns string) int { return p.heldNS[ns] }, func(k jobKey) int { return p.held[k] }, func(req Request) bool {
 		n, how := p.placeLocked(req)
 		if n == nil {
 			return false
