@@ -291,11 +291,9 @@ func (p *Pool) follow(ctx context.Context, n *node) {
 	}
 }
 
-var errWatchEnded = errorString("watch stream ended")
-
-type errorString string
-
-func (e errorString) Error() string { return string(e) }
+// errWatchEnded is why a node is unhealthy after its watch stream closed
+// without an error; the loop reconnects.
+var errWatchEnded = errors.New("watch stream ended")
 
 // resync takes a fresh inventory: pods the pool placed on the node that it
 // no longer holds (and are not still binding) are lost.
