@@ -1,115 +1,59 @@
 package daemon
 
 import (
-	"context"
-	"encoding/base64"
-	"errors"
 	"net/http"
-	"strings"
+	"os/exec"
 
-	"connectrpc.com/connect"
-
-	"github.com/sandman-dev/sandman/daemon/envd/spec/filesystem/filesystemconnect"
-	"github.com/sandman-dev/sandman/daemon/envd/spec/process/processconnect"
+	"github.com/sandman-dev/sandman/daemon/envd"
 )
 
-// envd is E2B's in-sandbox agent. The daemon speaks its protocol on its own
-// port beside the v1 API, so that trainers written against E2B's SDKs run
-// unchanged (through sandman-gateway): the Connect-RPC process and
-// filesystem services, and the REST paths /files, /health, /envs, /init and
-// /metrics.
-
-// EnvdVersion is the envd version the daemon reports. The SDKs turn
-// features on by it, so it names the newest version whose features the
-// daemon implements (see docs/e2b.md).
-const EnvdVersion = "0.5.7"
-
-// envdUserKey carries the user a call asks to act as (HTTP Basic auth's
-// user name, as the SDKs send it; "" for the sandbox's default user).
-type envdUserKey struct{}
-
-// envdUser is the user an envd call runs as ("" for the default).
-func envdUser(ctx context.Context) string {
-	u, _ := ctx.Value(envdUserKey{}).(string)
-	return u
-}
-
-// envdRoutes adds envd's services to mux.
+// envdRoutes adds E2B's envd protocol (package envd) to the mux of the v1
+// API: one port, one process core, one set of tokens.
 func (s *Server) envdRoutes(mux *http.ServeMux) {
-	opts := []connect.HandlerOption{connect.WithReadMaxBytes(int(s.cfg.MaxBodyBytes))}
-	path, h := processconnect.NewProcessHandler(&envdProcess{s: s}, opts...)
-	mux.Handle(path, s.envdAuthenticated(h))
-	path, h = filesystemconnect.NewFilesystemHandler(&envdFilesystem{s: s}, opts...)
-	mux.Handle(path, s.envdAuthenticated(h))
-	s.envdRESTRoutes(mux)
+	envd.New(envd.Config{
+		Sandbox: envdSandbox{s}, Procs: s.procs, Log: s.log, Now: s.cfg.Now,
+		MaxBodyBytes: s.cfg.MaxBodyBytes, MaxUploadBytes: s.cfg.MaxUploadBytes,
+	}).Routes(mux)
 }
 
-// envdAuthenticated checks envd's access token (header X-Access-Token, as
-// the SDKs send it; a v1 bearer token is accepted too) against the
-// sandbox's token hashes, and records the call as activity.
-func (s *Server) envdAuthenticated(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !s.access.Load().assigned {
-			writeEnvdError(w, r, http.StatusServiceUnavailable, "this sandbox is not assigned to a pod yet")
+// envdSandbox is the Server as the envd services see it.
+type envdSandbox struct{ s *Server }
+
+var _ envd.Sandbox = envdSandbox{}
+
+func (e envdSandbox) Assigned() bool { return e.s.access.Load().assigned }
+
+func (e envdSandbox) Authorized(token string) bool {
+	a := e.s.access.Load()
+	return a.allowUnauth || token != "" && a.accepts(token)
+}
+
+func (e envdSandbox) Accepts(token string) bool { return e.s.access.Load().accepts(token) }
+
+func (e envdSandbox) Environment() ([]string, string) {
+	a := e.s.access.Load()
+	return a.env, a.dir
+}
+
+// Init sets env over the environment of later commands and, unless "",
+// makes dir their working directory (compare-and-swap, as an assignment
+// or a token rotation may replace the access meanwhile).
+func (e envdSandbox) Init(env map[string]string, dir string) {
+	for {
+		old := e.s.access.Load()
+		next := *old
+		next.env = mergeEnv(old.env, env)
+		if dir != "" {
+			next.dir = dir
+		}
+		if e.s.access.CompareAndSwap(old, &next) {
 			return
 		}
-		if !s.envdAuthorized(r) {
-			writeEnvdError(w, r, http.StatusUnauthorized, "missing or wrong access token: send X-Access-Token with the sandbox's envdAccessToken")
-			return
-		}
-		user := ""
-		if u, _, ok := basicUser(r); ok {
-			user = u
-		}
-		s.touch()
-		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), envdUserKey{}, user)))
-	})
+	}
 }
 
-func (s *Server) envdAuthorized(r *http.Request) bool {
-	a := s.access.Load()
-	if a.allowUnauth {
-		return true
-	}
-	tok := r.Header.Get("X-Access-Token")
-	if tok == "" {
-		tok, _ = strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	}
-	return tok != "" && a.accepts(tok)
-}
+func (e envdSandbox) Touch() { e.s.touch() }
 
-// basicUser is the user name of an "Authorization: Basic" header (the
-// SDKs send "user:" with no password).
-func basicUser(r *http.Request) (string, string, bool) {
-	v, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Basic ")
-	if !ok {
-		return "", "", false
-	}
-	b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(v))
-	if err != nil {
-		return "", "", false
-	}
-	u, p, _ := strings.Cut(string(b), ":")
-	return u, p, true
+func (e envdSandbox) Command(argv []string, env map[string]string, cwd string) (*exec.Cmd, error) {
+	return e.s.command(commandSpec{argv: argv, env: env, cwd: cwd})
 }
-
-// writeEnvdError answers an envd call that failed before its handler ran:
-// as a Connect error (in the protocol and codec of the request) for the RPC
-// services, as envd's JSON error for REST.
-func writeEnvdError(w http.ResponseWriter, r *http.Request, status int, msg string) {
-	if connectErrors.IsSupported(r) {
-		code := connect.CodeUnauthenticated
-		if status == http.StatusServiceUnavailable {
-			code = connect.CodeUnavailable
-		}
-		_ = connectErrors.Write(w, r, connect.NewError(code, errors.New(msg)))
-		return
-	}
-	writeJSON(w, status, map[string]any{"code": status, "message": msg})
-}
-
-// connectErrors tells RPCs from REST calls by Connect-Protocol-Version (the
-// Connect clients send it; without the requirement, every GET and every
-// JSON POST, such as GET /files or POST /init, would pass for a Connect
-// call and get a Connect error instead of envd's JSON one).
-var connectErrors = connect.NewErrorWriter(connect.WithRequireConnectProtocolHeader())

@@ -373,6 +373,9 @@ type apiError struct {
 
 func (e *apiError) Error() string { return e.msg }
 
+// APICode is the error's v1 API code (the envd services translate it).
+func (e *apiError) APICode() string { return e.code }
+
 func errf(status int, code, format string, args ...any) error {
 	return &apiError{status: status, code: code, msg: fmt.Sprintf(format, args...)}
 }

@@ -1,4 +1,4 @@
-package daemon
+package envd
 
 import (
 	"errors"
@@ -12,6 +12,13 @@ import (
 	"github.com/sandman-dev/sandman/daemon/internal/process"
 	"github.com/sandman-dev/sandman/daemon/internal/sandboxuser"
 )
+
+// apiCoded is an error of the daemon's own with its v1 API code (from code
+// envd shares with the v1 API, such as a command's checks).
+type apiCoded interface {
+	error
+	APICode() string
+}
 
 // asConnectError turns an error into a Connect error. Connect errors pass
 // as they are; the daemon's own errors (from code envd shares with the v1
@@ -36,9 +43,9 @@ func asConnectError(err error) error {
 	case errors.Is(err, process.ErrShuttingDown):
 		return connect.NewError(connect.CodeUnavailable, err)
 	}
-	var ae *apiError
+	var ae apiCoded
 	if errors.As(err, &ae) {
-		return connect.NewError(apiConnectCode(ae.code), errors.New(ae.msg))
+		return connect.NewError(apiConnectCode(ae.APICode()), errors.New(ae.Error()))
 	}
 	c := oserr.Of(err)
 	if l := c.Limit(); l != "" {
@@ -89,9 +96,9 @@ func apiConnectCode(code string) connect.Code {
 	return connect.CodeInternal
 }
 
-// envdRESTStatus is the HTTP status for an error of a /files call: the
+// restStatus is the HTTP status for an error of a /files call: the
 // status of its class (oserr), as the v1 API answers it.
-func envdRESTStatus(err error) int {
+func restStatus(err error) int {
 	var mbe *http.MaxBytesError
 	switch {
 	case errors.As(err, &mbe), errors.Is(err, errUploadTooLarge):
