@@ -3,9 +3,8 @@ SHELL := /usr/bin/env bash
 GO ?= go
 BIN := bin
 CMDS := sandman-vk sandman-node sandman-daemon sandmanctl
-# Packages may add tests tagged root (real containerd, named TestRoot*) and e2e
-# (real control plane, in e2e/).
-GOTEST := $(GO) test -count=1
+# Every test tier is defined once, in hack/test.sh; the targets below call it.
+TEST := GO=$(GO) bash hack/test.sh
 
 .DEFAULT_GOAL := help
 
@@ -20,29 +19,24 @@ build: ## build every command into bin/ (sandman-daemon static)
 	$(GO) build -o $(BIN)/ ./cmd/sandman-vk ./cmd/sandman-node ./cmd/sandmanctl
 
 .PHONY: lint
-lint: ## gofmt, go vet (with the root and e2e tags) and staticcheck
-	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^hack/tools/')); \
-	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
-	@# One vet with every tier's tags: it covers the untagged files too (no
-	@# file is excluded by a tag; hack/deps's `deps` tag is vetted by none).
-	$(GO) vet -tags root,e2e,soak ./...
-	$(GO) tool staticcheck -tags root,e2e,soak ./...
+lint: ## gofmt, go vet and staticcheck (with the root, e2e and soak tags)
+	$(TEST) lint
 
 .PHONY: test-unit
 test-unit: ## unit tests, no root needed
-	$(GOTEST) ./...
+	$(TEST) unit
 
 .PHONY: test-root
-test-root: deps tools images ## root tier: tests against the local stack's containerd, runc and CNI
-	$(GOTEST) -p 1 -tags root -timeout 25m -run '^TestRoot' ./...
+test-root: deps tools images ## root tier (TestRoot* in *_root_test.go): tests against the local stack's containerd, runc and CNI
+	$(TEST) root
 
 .PHONY: e2e
 e2e: deps tools images ## end-to-end tests against the real control plane
-	$(GOTEST) -p 1 -tags e2e -timeout 30m ./e2e/...
+	$(TEST) e2e
 
 .PHONY: test
 test: ## everything: lint, unit, root and e2e tiers (the stack is started once and stopped after)
-	bash hack/test.sh
+	$(TEST) all
 
 .PHONY: run
 run: deps tools images ## the local stack, two node agents, the virtual node and a demo sandbox pod
@@ -54,7 +48,7 @@ bench: deps tools images ## benchmarks with baselines measured in the same run (
 
 .PHONY: soak
 soak: deps tools images ## the soak, not in make test: SOAK_DURATION (30m) of churn under faults, SOAK_CYCLES (10000) bind/release cycles; writes docs/reliability.md
-	bash hack/soak.sh
+	$(TEST) soak
 
 .PHONY: deps
 deps: ## install the Debian packages the stack needs (idempotent)

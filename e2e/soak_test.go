@@ -2,7 +2,7 @@
 
 package e2e
 
-// The soak (`make soak`, hack/soak.sh; not part of `make test`).
+// The soak (`make soak`, hack/test.sh soak; not part of `make test`).
 //
 // TestSoakChurn runs trainer-like churn on the real stack for SOAK_DURATION
 // while a fault scheduler kills and restarts sandman-vk, a node agent,
@@ -267,7 +267,7 @@ func TestSoakChurn(t *testing.T) {
 	// waits of 3 minutes each.
 	need := cfg.Duration + 5*time.Minute + drainTimeout + 4*3*time.Minute
 	if dl, ok := t.Deadline(); ok && time.Until(dl) < need {
-		t.Fatalf("go test -timeout leaves %v; the churn may need %v (SOAK_DURATION %v plus set-up, drain and settling): raise -timeout (hack/soak.sh derives it)",
+		t.Fatalf("go test -timeout leaves %v; the churn may need %v (SOAK_DURATION %v plus set-up, drain and settling): raise -timeout (hack/test.sh soak derives it)",
 			time.Until(dl).Round(time.Second), need, cfg.Duration)
 	}
 	t.Logf("soak: SOAK_SEED=%d SOAK_DURATION=%v faults %v", cfg.Seed, cfg.Duration, cfg.Faults)

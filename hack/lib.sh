@@ -108,6 +108,15 @@ alive() {
 	[ -f "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null
 }
 
+# stack_up: the local stack is up. The one rule every tier, make bench and
+# e2e/framework (which runs this function) use: hack/local-up.sh finished
+# (it writes stack.env last) and the kube-apiserver and containerd it
+# recorded in pids/ still run. A caller that finds it down starts the stack
+# with local-up.sh and stops it after; one that finds it up leaves it up.
+stack_up() {
+	[ -f "$SANDMAN_STATE/stack.env" ] && alive kube-apiserver && alive containerd
+}
+
 # start NAME CHECK CMD...: start CMD in the background unless NAME runs, then
 # poll CHECK (a shell snippet) until it passes, the process dies or 60 s pass.
 start() {

@@ -1,19 +1,48 @@
 #!/usr/bin/env bash
-# The README's test command (`make test`): installs what the tests need, then
-# runs lint, the unit tier, the root tier and the e2e tier against one local
-# stack. A stack that was already running is reused and left running; one
-# started here is stopped at the end, whatever the outcome. Verbose test
-# output goes to $TEST_LOG; the terminal gets package results, failures and
-# a closing "N passed, N failed" line.
+# hack/test.sh TIER: every test tier, each defined here once; the Makefile's
+# targets call it (make lint, test-unit, test-root, e2e, soak and test).
+#
+#   lint  gofmt, then go vet and staticcheck with every tier's tags
+#   unit  go test ./..., no root needed
+#   root  tests named TestRoot* in *_root_test.go files (tag root) against
+#         the local stack's containerd, runc and CNI
+#   e2e   ./e2e/... (tag e2e) against the whole local stack
+#   soak  TestSoak* in e2e/soak_*_test.go (tags e2e,soak); not part of all
+#   all   `make test`, the README's test command: installs what the tests
+#         need (Debian packages, the pinned binaries, the test images), then
+#         runs lint, unit, root and e2e against one local stack. A stack that
+#         was up (hack/lib.sh stack_up) is reused and left up; one started
+#         here is stopped at the end, whatever the outcome.
+#
+# root, e2e and soak run alone start a stack when none is up and stop it
+# after (e2e/framework.Main, by the same rule). unit, root and e2e write
+# verbose go test output to $TEST_LOG (default /tmp/sandman-test.log); the
+# terminal gets package results, failures and a closing
+# "tests: N passed, N failed" line, which CI reads.
 set -o errexit -o nounset -o pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$SANDMAN_ROOT"
+GO=${GO:-go}
 TEST_LOG=${TEST_LOG:-/tmp/sandman-test.log}
-: >"$TEST_LOG"
 
-bash hack/install-deps.sh
-bash hack/build-tools.sh
-bash hack/images.sh build
+usage() {
+	echo "usage: hack/test.sh lint|unit|root|e2e|soak|all" >&2
+	exit 2
+}
+
+# gotest NAME ARGS...: go test -v ARGS, verbose output to the log, the rest
+# shown.
+gotest() {
+	local name=$1
+	log "$name tier"
+	shift
+	set +o errexit
+	"$GO" test -count=1 -v "$@" 2>&1 | tee -a "$TEST_LOG" |
+		grep --line-buffered -vE '^(=== (RUN|PAUSE|CONT|NAME)|\s*--- (PASS|SKIP)|PASS$)'
+	local st=("${PIPESTATUS[@]}")
+	set -o errexit
+	[ "${st[0]}" = 0 ] || die "$name tier failed (go test exit ${st[0]})"
+}
 
 summary() {
 	local passed failed
@@ -23,19 +52,7 @@ summary() {
 	echo "tests: $passed passed, $failed failed"
 }
 
-# tier NAME ARGS...: go test -v ARGS, verbose output to the log, the rest shown.
-tier() {
-	local name=$1
-	log "$name tier"
-	shift
-	set +o errexit
-	go test -count=1 -v "$@" 2>&1 | tee -a "$TEST_LOG" |
-		grep --line-buffered -vE '^(=== (RUN|PAUSE|CONT|NAME)|\s*--- (PASS|SKIP)|PASS$)'
-	local st=("${PIPESTATUS[@]}")
-	set -o errexit
-	[ "${st[0]}" = 0 ] || die "$name tier failed (go test exit ${st[0]})"
-}
-
+# On exit: stop the stack if this run started it, then the summary line.
 started=0
 cleanup() {
 	local rc=$?
@@ -43,21 +60,131 @@ cleanup() {
 	summary
 	exit $rc
 }
-trap cleanup EXIT
 
-log "lint"
-make --no-print-directory lint
-tier unit ./...
+tier_lint() {
+	local out
+	out=$(gofmt -l $(git ls-files '*.go' | grep -v '^hack/tools/'))
+	if [ -n "$out" ]; then
+		echo "gofmt needed:"
+		echo "$out"
+		exit 1
+	fi
+	# One vet with every tier's tags: it covers the untagged files too (no
+	# file is excluded by a tag; hack/deps's `deps` tag is vetted by none).
+	echo "$GO vet -tags root,e2e,soak ./..."
+	"$GO" vet -tags root,e2e,soak ./...
+	echo "$GO tool staticcheck -tags root,e2e,soak ./..."
+	"$GO" tool staticcheck -tags root,e2e,soak ./...
+}
 
-if ! [ -f "$SANDMAN_STATE/stack.env" ] || ! kill -0 "$(cat "$SANDMAN_STATE/pids/kube-apiserver.pid" 2>/dev/null)" 2>/dev/null; then
-	started=1
-fi
-bash hack/local-up.sh
-# The leak test's 1,000 bind/release cycles took 6.5 of the root tier's 11
-# minutes; make test runs 300 of them (the same check, ~2 minutes), and
-# `make soak` runs 10,000 (SOAK_CYCLES). SANDMAN_LEAK_CYCLES=1000 make test
-# runs the whole thousand.
-SANDMAN_LEAK_CYCLES=${SANDMAN_LEAK_CYCLES:-300} \
-	tier root -p 1 -tags root -timeout 25m -run '^TestRoot' ./...
-tier e2e -p 1 -tags e2e -timeout 30m ./e2e/...
-log "all tiers passed"
+tier_unit() {
+	gotest unit ./...
+}
+
+# The leak test's bind/release cycles (SANDMAN_LEAK_CYCLES, default 1,000)
+# took 6.5 of the root tier's 11 minutes; all runs 300 of them (the same
+# check, ~2 minutes), soak 10,000 (SOAK_CYCLES).
+# SANDMAN_LEAK_CYCLES=1000 make test runs the whole thousand.
+tier_root() {
+	gotest root -p 1 -tags root -timeout 25m -run '^TestRoot' ./...
+}
+
+tier_e2e() {
+	gotest e2e -p 1 -tags e2e -timeout 30m ./e2e/...
+}
+
+tier_all() {
+	bash hack/install-deps.sh
+	bash hack/build-tools.sh
+	bash hack/images.sh build
+	trap cleanup EXIT
+	log "lint"
+	tier_lint
+	tier_unit
+	stack_up || started=1
+	bash hack/local-up.sh
+	SANDMAN_LEAK_CYCLES=${SANDMAN_LEAK_CYCLES:-300} tier_root
+	tier_e2e
+	log "all tiers passed"
+}
+
+# The soak on the real stack. TestSoakChurn runs SOAK_DURATION (default
+# 30m) of trainer-like churn while sandman-vk, a node agent, containerd,
+# kube-apiserver and etcd are killed and restarted one at a time and a node
+# agent is stopped for longer than the pool's bind timeout; TestSoakCycles
+# binds and releases SOAK_CYCLES (default 10000; 0 skips it) times on one
+# node agent. Both write SOAK_REPORT (default docs/reliability.md) with
+# their SVG plots beside it; raw data and logs go to
+# $SANDMAN_STATE/test-artifacts/soak-*. SOAK_SEED (drawn here when unset,
+# and printed) repeats a run's decisions. Other knobs: SOAK_AGENTS,
+# SOAK_SLOTS, SOAK_FAULTS (vk,agent,containerd,apiserver,etcd,agent-stop),
+# SOAK_FAULT_REPEATS, SOAK_STOP_REPEATS, SOAK_SAMPLE_INTERVAL,
+# SOAK_CREATE_INTERVAL, SOAK_TIMEOUT (go test's). SANDMAN_KEEP_STACK=1
+# keeps a stack framework.Main started. The soak kills the stack's
+# processes: run nothing else against the stack meanwhile. Its verbose log
+# is $SOAK_LOG (default /tmp/sandman-soak.log).
+tier_soak() {
+	[ "$(id -u)" = 0 ] || die "run as root: the soak drives the local stack (containerd, network namespaces)"
+
+	export SOAK_DURATION=${SOAK_DURATION:-30m}
+	export SOAK_CYCLES=${SOAK_CYCLES:-10000}
+	export SOAK_SEED=${SOAK_SEED:-$(od -An -N8 -tu8 /dev/urandom | tr -d ' ')}
+	export SOAK_REPORT=${SOAK_REPORT:-$SANDMAN_ROOT/docs/reliability.md}
+	local soak_log=${SOAK_LOG:-/tmp/sandman-soak.log}
+	[[ $SOAK_CYCLES =~ ^[0-9]+$ ]] || die "SOAK_CYCLES=$SOAK_CYCLES: a number of cycles"
+
+	# go test's timeout: the churn (its duration, set-up, at most 20 min of
+	# drain and 12 of settling) and the cycles (a bind costs ~240 ms on 2
+	# cores, so 4 at a time make perhaps 2-4 cycles/s; 12 min per 1,000
+	# leaves room). The cycles stop 5 min before the timeout and still
+	# report how far they got; the report gives the rate, to size
+	# SOAK_TIMEOUT for the next run.
+	local churn_minutes thousands timeout
+	churn_minutes=$(minutes "$SOAK_DURATION")
+	thousands=$(((SOAK_CYCLES + 999) / 1000))
+	timeout=${SOAK_TIMEOUT:-$((churn_minutes + 40 + thousands * 12 + 10))m}
+
+	log "soak: SOAK_DURATION=$SOAK_DURATION SOAK_CYCLES=$SOAK_CYCLES SOAK_SEED=$SOAK_SEED, go test -timeout $timeout"
+	log "soak: verbose log in $soak_log; the report will be $SOAK_REPORT"
+	set +o errexit
+	"$GO" test -count=1 -v -tags e2e,soak -run '^TestSoak' -timeout "$timeout" ./e2e/ 2>&1 | tee "$soak_log" |
+		grep --line-buffered -E 'soak|^\s*--- |^(ok|FAIL|PASS)|framework:|panic'
+	local st=${PIPESTATUS[0]}
+	set -o errexit
+	echo "soak report: $SOAK_REPORT (plots beside it); verbose log: $soak_log; repeat with SOAK_SEED=$SOAK_SEED"
+	exit "$st"
+}
+
+# minutes DURATION: a Go duration made of h, m and s (30m, 1h30m, 90s) in
+# whole minutes, rounded up.
+minutes() {
+	local d=$1 total=0 n unit
+	while [[ $d =~ ^([0-9]+)([hms])(.*)$ ]]; do
+		n=${BASH_REMATCH[1]} unit=${BASH_REMATCH[2]} d=${BASH_REMATCH[3]}
+		case $unit in
+		h) total=$((total + n * 3600)) ;;
+		m) total=$((total + n * 60)) ;;
+		s) total=$((total + n)) ;;
+		esac
+	done
+	if [ -n "$d" ] || [ "$total" = 0 ]; then
+		die "SOAK_DURATION=$1: write it with h, m and s (30m, 1h30m)"
+	fi
+	echo $(((total + 59) / 60))
+}
+
+[ $# = 1 ] || usage
+case $1 in
+lint) tier_lint ;;
+unit | root | e2e)
+	: >"$TEST_LOG"
+	trap cleanup EXIT
+	"tier_$1"
+	;;
+soak) tier_soak ;;
+all)
+	: >"$TEST_LOG"
+	tier_all
+	;;
+*) usage ;;
+esac

@@ -1,5 +1,8 @@
-// Package framework gives end-to-end and root-tier tests the real local stack:
-// it reuses a running stack (hack/local-up.sh) or starts one for the test
-// binary and stops it again, and hands tests a client-go clientset, a
-// containerd client and the registry address.
+// Package framework gives the root, e2e and soak tiers, and hack/bench, the
+// real local stack. Main (a package's TestMain) reuses a stack that is up —
+// by hack/lib.sh's stack_up, the one rule every tier uses (StackUp runs it)
+// — or starts one for the test binary and stops it again; Get hands a test
+// the Stack, Load a program that is not a test. A Stack holds a client-go
+// clientset, the containerd address (NewContainerd, Containerd) and the
+// registry and image names from stack.env.
 package framework

@@ -74,8 +74,8 @@ func run(m *testing.M) int {
 		return m.Run()
 	}
 	started := false
-	if err := probe(root); err != nil {
-		fmt.Fprintf(os.Stderr, "framework: local stack not running (%v); starting it\n", err)
+	if err := StackUp(root); err != nil {
+		fmt.Fprintf(os.Stderr, "framework: %v; starting it\n", err)
 		if err := script(root, "local-up.sh"); err != nil {
 			startErr = fmt.Errorf("hack/local-up.sh: %w", err)
 		}
@@ -156,11 +156,13 @@ func StateDir() string {
 	return DefaultStateDir
 }
 
-// Load reads stack.env and connects clients. It does not start anything.
+// Load reads stack.env and makes the stack's clients; root is the
+// repository's root directory. It does not start anything and needs no
+// test: Main uses it for the tests, hack/bench for the benchmarks.
 func Load(root string) (*Stack, error) {
 	env, err := readEnv(filepath.Join(StateDir(), "stack.env"))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("the local stack is not up (%v): run make local-up", err)
 	}
 	cfg, err := clientcmd.BuildConfigFromFlags("", env["KUBECONFIG"])
 	if err != nil {
@@ -192,28 +194,39 @@ func Load(root string) (*Stack, error) {
 // closed when the test ends.
 func (s *Stack) Containerd(t testing.TB, ns string) *containerd.Client {
 	t.Helper()
-	c, err := containerd.New(s.ContainerdAddress, containerd.WithDefaultNamespace(ns),
-		containerd.WithTimeout(10*time.Second))
+	c, err := s.NewContainerd(ns)
 	if err != nil {
-		t.Fatalf("connect to containerd at %s: %v", s.ContainerdAddress, err)
+		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
 
-// probe checks that a stack is up: stack.env exists and the apiserver answers.
-func probe(root string) error {
-	s, err := Load(root)
+// NewContainerd connects to the stack's containerd in namespace ns; the
+// caller closes the client.
+func (s *Stack) NewContainerd(ns string) (*containerd.Client, error) {
+	c, err := containerd.New(s.ContainerdAddress, containerd.WithDefaultNamespace(ns),
+		containerd.WithTimeout(10*time.Second))
 	if err != nil {
-		return err
+		return nil, fmt.Errorf("connect to containerd at %s: %w", s.ContainerdAddress, err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel()
-	if _, err := s.Kube.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx); err != nil {
-		return fmt.Errorf("apiserver: %w", err)
+	return c, nil
+}
+
+// StackUp reports whether the local stack is up, by the rule hack/lib.sh's
+// stack_up defines for every tier and make bench (stack.env written, the
+// recorded kube-apiserver and containerd running): it runs that function,
+// so the rule has one definition. nil means up.
+func StackUp(root string) error {
+	cmd := exec.Command("bash", "-c", `source "$1" && stack_up`, "bash", filepath.Join(root, "hack", "lib.sh"))
+	cmd.Stderr = os.Stderr
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		return fmt.Errorf("local stack not up in %s (hack/lib.sh stack_up: no stack.env, or its kube-apiserver or containerd not running)", StateDir())
 	}
-	if _, err := os.Stat(s.ContainerdAddress); err != nil {
-		return fmt.Errorf("containerd: %w", err)
+	if err != nil {
+		return fmt.Errorf("hack/lib.sh stack_up: %w", err)
 	}
 	return nil
 }

@@ -95,7 +95,7 @@ func (r *Report) Markdown() string {
 	var b strings.Builder
 	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
 	p("# Reliability: the soak\n\n")
-	p("Written by `make soak` (`hack/soak.sh`, which runs `e2e/soak_test.go`) on %s; do not edit by hand, run it again. ",
+	p("Written by `make soak` (`hack/test.sh soak`, which runs `e2e/soak_test.go`) on %s; do not edit by hand, run it again. ",
 		r.Generated.UTC().Format("2006-01-02 15:04 MST"))
 	p("`SOAK_SEED=%d` repeats this run's decisions (which faults, in which order, the gaps between them, each sandbox's plan and payloads); ", r.Seed)
 	p("the timing of a run on a shared machine still differs.\n\n")
