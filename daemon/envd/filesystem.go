@@ -19,18 +19,18 @@ import (
 
 // Limits of the filesystem service.
 const (
-	// envdMaxWatchers caps directory watches alive at once: WatchDir
+	// maxWatchers caps directory watches alive at once: WatchDir
 	// streams and polling watchers together (each holds an inotify
 	// instance, of which the kernel allows a user 128 by default).
-	envdMaxWatchers = 64
-	// envdMaxWatcherEvents caps the events a polling watcher keeps between
+	maxWatchers = 64
+	// maxWatcherEvents caps the events a polling watcher keeps between
 	// two GetWatcherEvents calls.
-	envdMaxWatcherEvents = 10000
-	// envdWatcherIdle is how long a polling watcher may go unpolled before
+	maxWatcherEvents = 10000
+	// watcherIdle is how long a polling watcher may go unpolled before
 	// a new watch that finds no free place may reclaim it.
-	envdWatcherIdle = 10 * time.Minute
-	// envdMaxListEntries caps the entries of one ListDir.
-	envdMaxListEntries = 100000
+	watcherIdle = 10 * time.Minute
+	// maxListEntries caps the entries of one ListDir.
+	maxListEntries = 100000
 )
 
 // filesystemService serves envd's filesystem service. Paths are absolute or
@@ -47,7 +47,7 @@ type filesystemService struct {
 	// watchMu guards watchers and open.
 	watchMu sync.Mutex
 	// watchers are the polling watchers by id (nil until the first).
-	watchers map[string]*envdPollWatcher
+	watchers map[string]*pollWatcher
 	// open counts the other places taken: WatchDir streams, and polling
 	// watchers being created.
 	open int
@@ -97,16 +97,16 @@ func mkdirAll(dir string) (made []string, retErr error) {
 	return made, nil
 }
 
-// envdUserFor is the user an envd call names ("" for the default), with
+// userFor is the user an envd call names ("" for the default), with
 // the sandbox's environment and directory.
-func (s *Service) envdUserFor(name string) (*sandboxuser.User, error) {
+func (s *Service) userFor(name string) (*sandboxuser.User, error) {
 	env, dir := s.sandbox.Environment()
 	return sandboxuser.For(name, env, dir)
 }
 
 // user resolves the user of a filesystem call.
 func (f *filesystemService) user(ctx context.Context) (*sandboxuser.User, error) {
-	u, err := f.s.envdUserFor(envdUser(ctx))
+	u, err := f.s.userFor(callUser(ctx))
 	if err != nil {
 		return u, asConnectError(err)
 	}
@@ -134,7 +134,7 @@ func entryInfo(n *sandboxuser.Names, p string, fi fs.FileInfo) *filesystem.Entry
 		Size:         fi.Size(),
 		Permissions:  mode.String(),
 		ModifiedTime: timestamppb.New(fi.ModTime()),
-		Type:         envdFileType(mode),
+		Type:         fileType(mode),
 		Mode:         unixPerm(mode),
 	}
 	if p == "/" {
@@ -148,7 +148,7 @@ func entryInfo(n *sandboxuser.Names, p string, fi fs.FileInfo) *filesystem.Entry
 		target, err := filepath.EvalSymlinks(p)
 		tfi, serr := os.Stat(p)
 		if err == nil && serr == nil {
-			e.Type = envdFileType(tfi.Mode())
+			e.Type = fileType(tfi.Mode())
 			e.Mode = unixPerm(tfi.Mode())
 		} else if target, err = os.Readlink(p); err != nil {
 			target = ""
@@ -158,7 +158,7 @@ func entryInfo(n *sandboxuser.Names, p string, fi fs.FileInfo) *filesystem.Entry
 	return e
 }
 
-func envdFileType(m fs.FileMode) filesystem.FileType {
+func fileType(m fs.FileMode) filesystem.FileType {
 	switch {
 	case m.IsRegular():
 		return filesystem.FileType_FILE_TYPE_FILE

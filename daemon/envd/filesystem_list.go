@@ -22,7 +22,7 @@ func (f *filesystemService) ListDir(ctx context.Context, req *connect.Request[fi
 	if depth <= 0 {
 		depth = 1 // the SDKs send 1 by default; envd reads 0 as 1
 	}
-	l := envdLister{names: sandboxuser.NewNames(), entries: []*filesystem.EntryInfo{}}
+	l := lister{names: sandboxuser.NewNames(), entries: []*filesystem.EntryInfo{}}
 	if err := u.Do(func() error {
 		fi, err := os.Stat(p)
 		if err != nil {
@@ -38,8 +38,8 @@ func (f *filesystemService) ListDir(ctx context.Context, req *connect.Request[fi
 	return connect.NewResponse(&filesystem.ListDirResponse{Entries: l.entries}), nil
 }
 
-// envdLister collects the entries of a tree.
-type envdLister struct {
+// lister collects the entries of a tree.
+type lister struct {
 	names   *sandboxuser.Names
 	entries []*filesystem.EntryInfo
 }
@@ -47,7 +47,7 @@ type envdLister struct {
 // walk lists dir and, depth > 1, the directories under it (never
 // following links), in name order. Subdirectories it cannot read are
 // listed without their contents.
-func (l *envdLister) walk(ctx context.Context, dir string, depth int) error {
+func (l *lister) walk(ctx context.Context, dir string, depth int) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -56,9 +56,9 @@ func (l *envdLister) walk(ctx context.Context, dir string, depth int) error {
 		return err
 	}
 	for _, d := range des {
-		if len(l.entries) >= envdMaxListEntries {
+		if len(l.entries) >= maxListEntries {
 			return connect.NewError(connect.CodeResourceExhausted,
-				fmt.Errorf("more than %d entries: list with a smaller depth, or a subdirectory", envdMaxListEntries))
+				fmt.Errorf("more than %d entries: list with a smaller depth, or a subdirectory", maxListEntries))
 		}
 		q := filepath.Join(dir, d.Name())
 		fi, err := d.Info()

@@ -13,10 +13,10 @@ import (
 	"github.com/sandman-dev/sandman/daemon/envd/spec/filesystem"
 )
 
-// envdPollWatcher collects a watch's events until they are polled.
-type envdPollWatcher struct {
+// pollWatcher collects a watch's events until they are polled.
+type pollWatcher struct {
 	id    string
-	watch *envdWatch
+	watch *dirWatch
 	// done is closed when the collecting goroutine has returned.
 	done chan struct{}
 
@@ -28,14 +28,14 @@ type envdPollWatcher struct {
 	polled time.Time
 }
 
-func (p *envdPollWatcher) lastPolled() time.Time {
+func (p *pollWatcher) lastPolled() time.Time {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.polled
 }
 
 // run collects events until the watch ends.
-func (p *envdPollWatcher) run() {
+func (p *pollWatcher) run() {
 	defer close(p.done)
 	emit := func(ev *filesystem.FilesystemEvent) {
 		p.mu.Lock()
@@ -43,9 +43,9 @@ func (p *envdPollWatcher) run() {
 		if p.err != nil {
 			return
 		}
-		if len(p.events) >= envdMaxWatcherEvents {
+		if len(p.events) >= maxWatcherEvents {
 			p.err = connect.NewError(connect.CodeResourceExhausted,
-				fmt.Errorf("watcher %s: more than %d events since the last GetWatcherEvents, later ones were dropped: poll more often, then remove this watcher and create a new one", p.id, envdMaxWatcherEvents))
+				fmt.Errorf("watcher %s: more than %d events since the last GetWatcherEvents, later ones were dropped: poll more often, then remove this watcher and create a new one", p.id, maxWatcherEvents))
 			return
 		}
 		p.events = append(p.events, ev)
@@ -82,7 +82,7 @@ func (p *envdPollWatcher) run() {
 }
 
 // close ends the watch and waits for the collecting goroutine.
-func (p *envdPollWatcher) close() {
+func (p *pollWatcher) close() {
 	p.watch.close()
 	<-p.done
 }
@@ -96,18 +96,18 @@ func (f *filesystemService) CreateWatcher(ctx context.Context, req *connect.Requ
 	if err := f.acquireWatch(); err != nil {
 		return nil, err
 	}
-	w, err := newEnvdWatch(u, root, req.Msg.GetRecursive(), req.Msg.GetIncludeEntry())
+	w, err := newDirWatch(u, root, req.Msg.GetRecursive(), req.Msg.GetIncludeEntry())
 	if err != nil {
 		f.releaseWatch()
 		return nil, err
 	}
 	var b [8]byte
 	_, _ = rand.Read(b[:])
-	p := &envdPollWatcher{id: "w" + hex.EncodeToString(b[:]), watch: w, done: make(chan struct{}), polled: f.s.cfg.Now()}
+	p := &pollWatcher{id: "w" + hex.EncodeToString(b[:]), watch: w, done: make(chan struct{}), polled: f.s.cfg.Now()}
 	go p.run()
 	f.watchMu.Lock()
 	if f.watchers == nil {
-		f.watchers = map[string]*envdPollWatcher{}
+		f.watchers = map[string]*pollWatcher{}
 	}
 	f.watchers[p.id] = p
 	f.open--
@@ -115,12 +115,12 @@ func (f *filesystemService) CreateWatcher(ctx context.Context, req *connect.Requ
 	return connect.NewResponse(&filesystem.CreateWatcherResponse{WatcherId: p.id}), nil
 }
 
-func (f *filesystemService) watcher(id string) (*envdPollWatcher, error) {
+func (f *filesystemService) watcher(id string) (*pollWatcher, error) {
 	f.watchMu.Lock()
 	defer f.watchMu.Unlock()
 	p, ok := f.watchers[id]
 	if !ok {
-		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("watcher %q not found (removed, reclaimed after %v unpolled, or from before the daemon restarted)", id, envdWatcherIdle))
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("watcher %q not found (removed, reclaimed after %v unpolled, or from before the daemon restarted)", id, watcherIdle))
 	}
 	return p, nil
 }

@@ -21,7 +21,7 @@ import (
 
 // Network filesystems, where inotify sees only this machine's changes
 // (the kernel's magic numbers, as envd lists them).
-var envdNetworkFS = map[int64]bool{0x6969: true, 0xFF534D42: true, 0x517B: true, 0xFE534D42: true, 0x65735546: true}
+var networkFS = map[int64]bool{0x6969: true, 0xFF534D42: true, 0x517B: true, 0xFE534D42: true, 0x65735546: true}
 
 // watchTarget resolves and checks the directory of a watch, and returns
 // the user the watch acts as.
@@ -39,7 +39,7 @@ func (f *filesystemService) watchTarget(ctx context.Context, path string, allowN
 			return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%s is not a directory: watch the directory that holds it", p))
 		}
 		var st unix.Statfs_t
-		if err := unix.Statfs(p, &st); err == nil && envdNetworkFS[int64(st.Type)] && !allowNetwork {
+		if err := unix.Statfs(p, &st); err == nil && networkFS[int64(st.Type)] && !allowNetwork {
 			return connect.NewError(connect.CodeInvalidArgument,
 				fmt.Errorf("%s is on a network filesystem, where a watch sees only this sandbox's changes: set allowNetworkMounts to watch it anyway", p))
 		}
@@ -49,10 +49,10 @@ func (f *filesystemService) watchTarget(ctx context.Context, path string, allowN
 }
 
 // acquireWatch takes a place for a new watch, reclaiming polling watchers
-// left unpolled for envdWatcherIdle if none is free; releaseWatch gives it
+// left unpolled for watcherIdle if none is free; releaseWatch gives it
 // back.
 func (f *filesystemService) acquireWatch() error {
-	var reclaimed []*envdPollWatcher
+	var reclaimed []*pollWatcher
 	defer func() {
 		for _, w := range reclaimed {
 			w.close()
@@ -60,18 +60,18 @@ func (f *filesystemService) acquireWatch() error {
 	}()
 	f.watchMu.Lock()
 	defer f.watchMu.Unlock()
-	if f.open+len(f.watchers) >= envdMaxWatchers {
+	if f.open+len(f.watchers) >= maxWatchers {
 		now := f.s.cfg.Now()
 		for id, w := range f.watchers {
-			if now.Sub(w.lastPolled()) >= envdWatcherIdle {
+			if now.Sub(w.lastPolled()) >= watcherIdle {
 				delete(f.watchers, id)
 				reclaimed = append(reclaimed, w)
 			}
 		}
 	}
-	if f.open+len(f.watchers) >= envdMaxWatchers {
+	if f.open+len(f.watchers) >= maxWatchers {
 		return connect.NewError(connect.CodeResourceExhausted,
-			fmt.Errorf("%d directory watches are open in this sandbox (the daemon's limit): stop some (end a watchDir, RemoveWatcher)", envdMaxWatchers))
+			fmt.Errorf("%d directory watches are open in this sandbox (the daemon's limit): stop some (end a watchDir, RemoveWatcher)", maxWatchers))
 	}
 	f.open++
 	return nil
@@ -96,7 +96,7 @@ func (f *filesystemService) WatchDir(ctx context.Context, req *connect.Request[f
 	}
 	defer f.releaseWatch()
 
-	w, err := newEnvdWatch(u, root, req.Msg.GetRecursive(), req.Msg.GetIncludeEntry())
+	w, err := newDirWatch(u, root, req.Msg.GetRecursive(), req.Msg.GetIncludeEntry())
 	if err != nil {
 		return err
 	}
@@ -146,13 +146,13 @@ func (f *filesystemService) WatchDir(ctx context.Context, req *connect.Request[f
 	}
 }
 
-// envdWatch is an inotify watch on a directory and, recursive, on every
+// dirWatch is an inotify watch on a directory and, recursive, on every
 // directory under it (fsnotify watches one directory; new directories are
 // added as they appear, and what they already hold is reported as
 // created). The directories it adds and the entries it describes are
 // those its user may read. It is driven by one goroutine: the one reading
 // fw's channels.
-type envdWatch struct {
+type dirWatch struct {
 	as           *sandboxuser.User
 	root         string
 	recursive    bool
@@ -163,12 +163,12 @@ type envdWatch struct {
 	dirs map[string]struct{}
 }
 
-func newEnvdWatch(as *sandboxuser.User, root string, recursive, includeEntry bool) (_ *envdWatch, retErr error) {
+func newDirWatch(as *sandboxuser.User, root string, recursive, includeEntry bool) (_ *dirWatch, retErr error) {
 	fw, err := fsnotify.NewWatcher()
 	if err != nil {
 		return nil, watchAddError(root, err)
 	}
-	w := &envdWatch{as: as, root: root, recursive: recursive, includeEntry: includeEntry, fw: fw, dirs: map[string]struct{}{}}
+	w := &dirWatch{as: as, root: root, recursive: recursive, includeEntry: includeEntry, fw: fw, dirs: map[string]struct{}{}}
 	defer func() {
 		if retErr != nil {
 			_ = fw.Close()
@@ -183,12 +183,12 @@ func newEnvdWatch(as *sandboxuser.User, root string, recursive, includeEntry boo
 	return w, nil
 }
 
-func (w *envdWatch) close() { _ = w.fw.Close() }
+func (w *dirWatch) close() { _ = w.fw.Close() }
 
 // add watches dir and, recursive, the directories under it. announce, if
 // set, receives a create event for each entry found under dir. It runs
 // through w.as.do.
-func (w *envdWatch) add(dir string, announce func(*filesystem.FilesystemEvent)) error {
+func (w *dirWatch) add(dir string, announce func(*filesystem.FilesystemEvent)) error {
 	if err := w.fw.Add(dir); err != nil {
 		return watchAddError(dir, err)
 	}
@@ -242,7 +242,7 @@ func watchAddError(dir string, err error) error {
 }
 
 // failure is the error that ends a watch after fsnotify reports err.
-func (w *envdWatch) failure(err error) error {
+func (w *dirWatch) failure(err error) error {
 	if errors.Is(err, fsnotify.ErrEventOverflow) {
 		return connect.NewError(connect.CodeResourceExhausted,
 			fmt.Errorf("watch %s: the kernel dropped events (inotify queue overflow); start a new watch and re-read the directory", w.root))
@@ -251,7 +251,7 @@ func (w *envdWatch) failure(err error) error {
 }
 
 // event is a filesystem event for path p.
-func (w *envdWatch) event(p string, t filesystem.EventType) *filesystem.FilesystemEvent {
+func (w *dirWatch) event(p string, t filesystem.EventType) *filesystem.FilesystemEvent {
 	name, err := filepath.Rel(w.root, p)
 	if err != nil {
 		name = p
@@ -271,7 +271,7 @@ func (w *envdWatch) event(p string, t filesystem.EventType) *filesystem.Filesyst
 // new directory is watched before its creation is reported, so a client
 // that writes into it once it sees the event is seen writing. It returns
 // an error when the watch cannot go on: its root went away.
-func (w *envdWatch) handle(e fsnotify.Event) (evs []*filesystem.FilesystemEvent, end error) {
+func (w *dirWatch) handle(e fsnotify.Event) (evs []*filesystem.FilesystemEvent, end error) {
 	err := w.as.Do(func() error {
 		evs, end = w.handleAs(e)
 		return nil
@@ -283,7 +283,7 @@ func (w *envdWatch) handle(e fsnotify.Event) (evs []*filesystem.FilesystemEvent,
 }
 
 // handleAs is handle's work, run with the watch's user's credentials.
-func (w *envdWatch) handleAs(e fsnotify.Event) ([]*filesystem.FilesystemEvent, error) {
+func (w *dirWatch) handleAs(e fsnotify.Event) ([]*filesystem.FilesystemEvent, error) {
 	var evs, found []*filesystem.FilesystemEvent
 	emit := func(ev *filesystem.FilesystemEvent) { evs = append(evs, ev) }
 	if w.recursive && e.Has(fsnotify.Create) {
@@ -321,7 +321,7 @@ func (w *envdWatch) handleAs(e fsnotify.Event) ([]*filesystem.FilesystemEvent, e
 // forget drops the watches of a directory that went away and of those
 // under it (a moved directory keeps its inotify watches, which would go on
 // reporting under the old names).
-func (w *envdWatch) forget(dir string) {
+func (w *dirWatch) forget(dir string) {
 	if _, ok := w.dirs[dir]; !ok {
 		return
 	}

@@ -32,8 +32,8 @@ type processService struct {
 
 var _ processconnect.ProcessHandler = (*processService)(nil)
 
-// envdMeta is what envd keeps about a process it started.
-type envdMeta struct {
+// procMeta is what envd keeps about a process it started.
+type procMeta struct {
 	// config is the request's, with the directory it runs in (for List).
 	config *procpb.ProcessConfig
 	// tty: the process runs on a pseudo-terminal; process.stdin is a
@@ -45,23 +45,23 @@ type envdMeta struct {
 	user string
 }
 
-// envdMetaOf is what envd keeps about p (nil for a process v1 started).
-func envdMetaOf(p *process.Process) *envdMeta {
-	m, _ := p.Meta.(*envdMeta)
+// metaOf is what envd keeps about p (nil for a process v1 started).
+func metaOf(p *process.Process) *procMeta {
+	m, _ := p.Meta.(*procMeta)
 	return m
 }
 
 // isTTY reports whether the process runs on a terminal.
-func (m *envdMeta) isTTY() bool { return m != nil && m.tty }
+func (m *procMeta) isTTY() bool { return m != nil && m.tty }
 
 // noStdin reports whether envd started the process without stdin.
-func (m *envdMeta) noStdin() bool { return m != nil && !m.stdin }
+func (m *procMeta) noStdin() bool { return m != nil && !m.stdin }
 
-// envdFind resolves a selector to a process of the table: a running one
+// find resolves a selector to a process of the table: a running one
 // (the newest, should a tag name several), or, with exited and none
 // running, the newest that has exited. Unknown and (without exited) exited
 // processes are NotFound, as envd has them.
-func (s *Service) envdFind(sel *procpb.ProcessSelector, exited bool) (*process.Process, error) {
+func (s *Service) find(sel *procpb.ProcessSelector, exited bool) (*process.Process, error) {
 	var match func(*process.Process) bool
 	var what string
 	switch v := sel.GetSelector().(type) {
@@ -101,12 +101,12 @@ func (s *Service) envdFind(sel *procpb.ProcessSelector, exited bool) (*process.P
 	return best, nil
 }
 
-// envdFollow sends p's output from offset on, as it comes, then its end;
+// follow sends p's output from offset on, as it comes, then its end;
 // a keepalive goes out whenever nothing was sent for the keepalive
 // interval. It returns when the end is sent, sending fails, or ctx ends
 // (the process lives on).
-func (s *Service) envdFollow(ctx context.Context, p *process.Process, offset int64, keepalive time.Duration, send func(*procpb.ProcessEvent) error) error {
-	tty := envdMetaOf(p).isTTY()
+func (s *Service) follow(ctx context.Context, p *process.Process, offset int64, keepalive time.Duration, send func(*procpb.ProcessEvent) error) error {
+	tty := metaOf(p).isTTY()
 	timer := time.NewTimer(keepalive)
 	defer timer.Stop()
 	for {

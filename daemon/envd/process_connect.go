@@ -12,7 +12,7 @@ import (
 // now on, then end. A process that has exited (and is still remembered)
 // gets start and end at once.
 func (e *processService) Connect(ctx context.Context, req *connect.Request[procpb.ConnectRequest], stream *connect.ServerStream[procpb.ConnectResponse]) error {
-	p, err := e.s.envdFind(req.Msg.GetProcess(), true)
+	p, err := e.s.find(req.Msg.GetProcess(), true)
 	if err != nil {
 		return err
 	}
@@ -21,5 +21,5 @@ func (e *processService) Connect(ctx context.Context, req *connect.Request[procp
 	if err := send(startEvent(p)); err != nil {
 		return err
 	}
-	return e.s.envdFollow(ctx, p, offset, keepaliveInterval(req.Header()), send)
+	return e.s.follow(ctx, p, offset, keepaliveInterval(req.Header()), send)
 }

@@ -16,11 +16,11 @@ import (
 
 // SendInput writes one chunk to a process's stdin or terminal.
 func (e *processService) SendInput(ctx context.Context, req *connect.Request[procpb.SendInputRequest]) (*connect.Response[procpb.SendInputResponse], error) {
-	p, err := e.s.envdFind(req.Msg.GetProcess(), false)
+	p, err := e.s.find(req.Msg.GetProcess(), false)
 	if err != nil {
 		return nil, err
 	}
-	if err := envdWrite(ctx, p, req.Msg.GetInput()); err != nil {
+	if err := writeInput(ctx, p, req.Msg.GetInput()); err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&procpb.SendInputResponse{}), nil
@@ -38,14 +38,14 @@ func (e *processService) StreamInput(ctx context.Context, stream *connect.Client
 				return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("a second start event: an input stream goes to one process"))
 			}
 			var err error
-			if p, err = e.s.envdFind(ev.Start.GetProcess(), false); err != nil {
+			if p, err = e.s.find(ev.Start.GetProcess(), false); err != nil {
 				return nil, err
 			}
 		case *procpb.StreamInputRequest_Data:
 			if p == nil {
 				return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("data before the start event: send start{process} first"))
 			}
-			if err := envdWrite(ctx, p, ev.Data.GetInput()); err != nil {
+			if err := writeInput(ctx, p, ev.Data.GetInput()); err != nil {
 				return nil, err
 			}
 		case *procpb.StreamInputRequest_Keepalive:
@@ -62,15 +62,15 @@ func (e *processService) StreamInput(ctx context.Context, stream *connect.Client
 // CloseStdin closes a process's stdin, so that it reads end of file.
 // Closing it again succeeds.
 func (e *processService) CloseStdin(ctx context.Context, req *connect.Request[procpb.CloseStdinRequest]) (*connect.Response[procpb.CloseStdinResponse], error) {
-	p, err := e.s.envdFind(req.Msg.GetProcess(), false)
+	p, err := e.s.find(req.Msg.GetProcess(), false)
 	if err != nil {
 		return nil, err
 	}
-	if envdMetaOf(p).isTTY() {
+	if metaOf(p).isTTY() {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf(
 			"process %d runs on a terminal, whose input cannot be closed: send ^D (0x04) as pty input to end a line discipline read, or a signal", p.PID))
 	}
-	if envdMetaOf(p).noStdin() {
+	if metaOf(p).noStdin() {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf(
 			"process %d was started without stdin (it reads /dev/null); start it with stdin: true to send input", p.PID))
 	}
@@ -78,11 +78,11 @@ func (e *processService) CloseStdin(ctx context.Context, req *connect.Request[pr
 	return connect.NewResponse(&procpb.CloseStdinResponse{}), nil
 }
 
-// envdWrite writes input to a process's stdin (or terminal). A write the
+// writeInput writes input to a process's stdin (or terminal). A write the
 // process does not read blocks until ctx ends.
-func envdWrite(ctx context.Context, p *process.Process, input *procpb.ProcessInput) error {
+func writeInput(ctx context.Context, p *process.Process, input *procpb.ProcessInput) error {
 	var data []byte
-	tty := envdMetaOf(p).isTTY()
+	tty := metaOf(p).isTTY()
 	switch v := input.GetInput().(type) {
 	case *procpb.ProcessInput_Stdin:
 		data = v.Stdin
@@ -100,7 +100,7 @@ func envdWrite(ctx context.Context, p *process.Process, input *procpb.ProcessInp
 	switch {
 	case exited:
 		return connect.NewError(connect.CodeNotFound, fmt.Errorf("process %d has exited", p.PID))
-	case in == nil && envdMetaOf(p).noStdin():
+	case in == nil && metaOf(p).noStdin():
 		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf(
 			"process %d was started without stdin (it reads /dev/null); start it with stdin: true to send input", p.PID))
 	case in == nil:

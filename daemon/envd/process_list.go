@@ -22,7 +22,7 @@ func (e *processService) List(ctx context.Context, req *connect.Request[procpb.L
 	out := &procpb.ListResponse{Processes: make([]*procpb.ProcessInfo, 0, len(running))}
 	for _, p := range running {
 		info := &procpb.ProcessInfo{Pid: uint32(p.PID)}
-		if m := envdMetaOf(p); m != nil {
+		if m := metaOf(p); m != nil {
 			info.Config = proto.CloneOf(m.config)
 		} else if len(p.Cmd) > 0 {
 			info.Config = &procpb.ProcessConfig{Cmd: p.Cmd[0], Args: p.Cmd[1:]}

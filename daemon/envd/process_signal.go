@@ -14,7 +14,7 @@ import (
 // SendSignal sends a signal (SIGTERM or SIGKILL in the protocol; any other
 // valid number is passed on) to the process's group.
 func (e *processService) SendSignal(ctx context.Context, req *connect.Request[procpb.SendSignalRequest]) (*connect.Response[procpb.SendSignalResponse], error) {
-	p, err := e.s.envdFind(req.Msg.GetProcess(), false)
+	p, err := e.s.find(req.Msg.GetProcess(), false)
 	if err != nil {
 		return nil, err
 	}

@@ -22,7 +22,7 @@ import (
 func (e *processService) Start(ctx context.Context, req *connect.Request[procpb.StartRequest], stream *connect.ServerStream[procpb.StartResponse]) error {
 	s := e.s
 	m := req.Msg
-	cmd, meta, err := s.envdCommand(envdUser(ctx), m.GetProcess())
+	cmd, meta, err := s.buildCommand(callUser(ctx), m.GetProcess())
 	if err != nil {
 		return asConnectError(err)
 	}
@@ -56,16 +56,16 @@ func (e *processService) Start(ctx context.Context, req *connect.Request[procpb.
 	if err := send(startEvent(p)); err != nil {
 		return err
 	}
-	return s.envdFollow(ctx, p, 0, keepaliveInterval(req.Header()), send)
+	return s.follow(ctx, p, 0, keepaliveInterval(req.Header()), send)
 }
 
-// envdCommand builds the command of a ProcessConfig for user ("" for the
+// buildCommand builds the command of a ProcessConfig for user ("" for the
 // daemon's own): cmd with args, looked up in PATH unless it has a slash;
 // the sandbox's environment, the user's HOME, USER and LOGNAME, and envs
 // over them; the working directory cwd resolved for the user
 // (sandboxuser.User.Resolve), by default the user's home or, without a
 // user, the sandbox's directory.
-func (s *Service) envdCommand(user string, cfg *procpb.ProcessConfig) (*exec.Cmd, *envdMeta, error) {
+func (s *Service) buildCommand(user string, cfg *procpb.ProcessConfig) (*exec.Cmd, *procMeta, error) {
 	if cfg.GetCmd() == "" {
 		return nil, nil, connect.NewError(connect.CodeInvalidArgument, errors.New(
 			"process.cmd is required: the program to run, e.g. /bin/bash with args [-l, -c, <command>]"))
@@ -106,7 +106,7 @@ func (s *Service) envdCommand(user string, cfg *procpb.ProcessConfig) (*exec.Cmd
 	}
 	config := proto.CloneOf(cfg)
 	config.Cwd = proto.String(dir)
-	return cmd, &envdMeta{config: config, user: user}, nil
+	return cmd, &procMeta{config: config, user: user}, nil
 }
 
 // ptySize checks a PTY's size.

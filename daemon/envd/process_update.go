@@ -15,7 +15,7 @@ import (
 // Update resizes a process's terminal; the kernel tells its foreground
 // process group with SIGWINCH.
 func (e *processService) Update(ctx context.Context, req *connect.Request[procpb.UpdateRequest]) (*connect.Response[procpb.UpdateResponse], error) {
-	p, err := e.s.envdFind(req.Msg.GetProcess(), false)
+	p, err := e.s.find(req.Msg.GetProcess(), false)
 	if err != nil {
 		return nil, err
 	}
@@ -26,7 +26,7 @@ func (e *processService) Update(ctx context.Context, req *connect.Request[procpb
 	if err != nil {
 		return nil, err
 	}
-	if !envdMetaOf(p).isTTY() {
+	if !metaOf(p).isTTY() {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d has no terminal to resize: start it with pty", p.PID))
 	}
 	tty, _ := p.Stdin()

@@ -22,11 +22,11 @@ import (
 func (s *Service) restRoutes(mux *http.ServeMux) {
 	x := &restService{s: s}
 	mux.HandleFunc("GET /health", x.health)
-	mux.Handle("GET /files", s.envdFilesAuthenticated(http.HandlerFunc(x.download)))
-	mux.Handle("POST /files", s.envdFilesAuthenticated(http.HandlerFunc(x.upload)))
-	mux.Handle("GET /envs", s.envdAuthenticated(http.HandlerFunc(x.envs)))
-	mux.Handle("POST /init", s.envdAuthenticated(http.HandlerFunc(x.postInit)))
-	mux.Handle("GET /metrics", s.envdAuthenticated(http.HandlerFunc(x.metrics)))
+	mux.Handle("GET /files", s.filesAuthenticated(http.HandlerFunc(x.download)))
+	mux.Handle("POST /files", s.filesAuthenticated(http.HandlerFunc(x.upload)))
+	mux.Handle("GET /envs", s.authenticated(http.HandlerFunc(x.envs)))
+	mux.Handle("POST /init", s.authenticated(http.HandlerFunc(x.postInit)))
+	mux.Handle("GET /metrics", s.authenticated(http.HandlerFunc(x.metrics)))
 }
 
 // restService serves envd's REST paths.
@@ -39,7 +39,7 @@ type restService struct {
 	cpuLast *cpuSample
 }
 
-// envdFilesAuthenticated is envdAuthenticated for /files, which E2B's SDKs
+// filesAuthenticated is authenticated for /files, which E2B's SDKs
 // also reach by signed URLs (uploadUrl, downloadUrl: signature= and
 // signature_expiration= instead of X-Access-Token). A signature is a
 // SHA-256 over the path, the user and the access token itself; the daemon
@@ -47,11 +47,11 @@ type restService struct {
 // saying so. (The gateway, which knows the token, could check them and
 // forward with X-Access-Token.) A request that carries the token too is
 // served by the token, as envd does.
-func (s *Service) envdFilesAuthenticated(h http.Handler) http.Handler {
-	inner := s.envdAuthenticated(h)
+func (s *Service) filesAuthenticated(h http.Handler) http.Handler {
+	inner := s.authenticated(h)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Query().Get("signature") != "" && s.sandbox.Assigned() && !s.envdAuthorized(r) {
-			writeEnvdJSONError(w, http.StatusUnauthorized,
+		if r.URL.Query().Get("signature") != "" && s.sandbox.Assigned() && !s.authorized(r) {
+			writeRESTError(w, http.StatusUnauthorized,
 				"signed file URLs are not supported by this sandbox: the daemon keeps only a hash of the access token, so it cannot check E2B's signatures; send the request with the X-Access-Token header instead")
 			return
 		}
@@ -59,8 +59,8 @@ func (s *Service) envdFilesAuthenticated(h http.Handler) http.Handler {
 	})
 }
 
-// writeEnvdJSONError writes envd's REST error: {"code": status, "message": …}.
-func writeEnvdJSONError(w http.ResponseWriter, status int, format string, args ...any) {
+// writeRESTError writes envd's REST error: {"code": status, "message": …}.
+func writeRESTError(w http.ResponseWriter, status int, format string, args ...any) {
 	w.Header().Del("Content-Encoding")
 	w.Header().Del("Content-Disposition")
 	writeJSON(w, status, map[string]any{"code": status, "message": fmt.Sprintf(format, args...)})
@@ -86,9 +86,9 @@ func (x *restService) envs(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-// envdInitRequest is the body of POST /init (E2B's orchestrator sends it
+// initRequest is the body of POST /init (E2B's orchestrator sends it
 // after a sandbox starts or resumes).
-type envdInitRequest struct {
+type initRequest struct {
 	EnvVars        map[string]string `json:"envVars"`
 	AccessToken    *string           `json:"accessToken"`
 	Timestamp      *time.Time        `json:"timestamp"`
@@ -107,14 +107,14 @@ type envdInitRequest struct {
 // needs to). defaultUser, hyperloopIP and volumeMounts cannot be honoured
 // and are refused with a message.
 func (x *restService) postInit(w http.ResponseWriter, r *http.Request) {
-	var req envdInitRequest
+	var req initRequest
 	body := http.MaxBytesReader(w, r.Body, x.s.cfg.MaxBodyBytes)
 	if err := json.NewDecoder(body).Decode(&req); err != nil && !errors.Is(err, io.EOF) {
-		writeEnvdJSONError(w, http.StatusBadRequest, "malformed JSON body: %v", err)
+		writeRESTError(w, http.StatusBadRequest, "malformed JSON body: %v", err)
 		return
 	}
 	if req.AccessToken != nil && !x.s.sandbox.Accepts(*req.AccessToken) {
-		writeEnvdJSONError(w, http.StatusConflict,
+		writeRESTError(w, http.StatusConflict,
 			"the access token is set when the sandbox is assigned (its envdAccessToken) and cannot be changed by /init")
 		return
 	}
@@ -129,20 +129,20 @@ func (x *restService) postInit(w http.ResponseWriter, r *http.Request) {
 		refused = append(refused, "volumeMounts (mount volumes through the pod spec)")
 	}
 	if len(refused) > 0 {
-		writeEnvdJSONError(w, http.StatusBadRequest, "this sandbox cannot honour %s; nothing was changed", strings.Join(refused, ", "))
+		writeRESTError(w, http.StatusBadRequest, "this sandbox cannot honour %s; nothing was changed", strings.Join(refused, ", "))
 		return
 	}
 	dir := ""
 	if req.DefaultWorkdir != nil && *req.DefaultWorkdir != "" {
 		dir = filepath.Clean(*req.DefaultWorkdir)
 		if fi, err := os.Stat(dir); !filepath.IsAbs(dir) || err != nil || !fi.IsDir() {
-			writeEnvdJSONError(w, http.StatusBadRequest, "defaultWorkdir %q is not an existing directory given by an absolute path; nothing was changed", *req.DefaultWorkdir)
+			writeRESTError(w, http.StatusBadRequest, "defaultWorkdir %q is not an existing directory given by an absolute path; nothing was changed", *req.DefaultWorkdir)
 			return
 		}
 	}
 	for k := range req.EnvVars {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
-			writeEnvdJSONError(w, http.StatusBadRequest, "environment variable name %q is not valid; nothing was changed", k)
+			writeRESTError(w, http.StatusBadRequest, "environment variable name %q is not valid; nothing was changed", k)
 			return
 		}
 	}
@@ -154,13 +154,13 @@ func (x *restService) postInit(w http.ResponseWriter, r *http.Request) {
 // restUser is the user of a /files call: the username parameter, else the
 // HTTP Basic user.
 func (x *restService) restUser(w http.ResponseWriter, r *http.Request) (*sandboxuser.User, bool) {
-	name := envdUser(r.Context())
+	name := callUser(r.Context())
 	if q := r.URL.Query(); q.Has("username") {
 		name = q.Get("username")
 	}
-	u, err := x.s.envdUserFor(name)
+	u, err := x.s.userFor(name)
 	if err != nil {
-		writeEnvdJSONError(w, http.StatusUnauthorized, "%v", err)
+		writeRESTError(w, http.StatusUnauthorized, "%v", err)
 		return u, false
 	}
 	return u, true

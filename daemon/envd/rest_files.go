@@ -30,7 +30,7 @@ func (x *restService) download(w http.ResponseWriter, r *http.Request) {
 	}
 	p, err := u.Resolve(r.URL.Query().Get("path"))
 	if err != nil {
-		writeEnvdJSONError(w, http.StatusBadRequest, "%s", errorText(err))
+		writeRESTError(w, http.StatusBadRequest, "%s", errorText(err))
 		return
 	}
 	// Opened as the user, read as anyone: permissions are checked on open.
@@ -41,25 +41,25 @@ func (x *restService) download(w http.ResponseWriter, r *http.Request) {
 	})
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			writeEnvdJSONError(w, http.StatusNotFound, "path '%s' does not exist", p)
+			writeRESTError(w, http.StatusNotFound, "path '%s' does not exist", p)
 			return
 		}
-		writeEnvdJSONError(w, restStatus(err), "%s", oserr.Explain(err))
+		writeRESTError(w, restStatus(err), "%s", oserr.Explain(err))
 		return
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		writeEnvdJSONError(w, restStatus(err), "%v", err)
+		writeRESTError(w, restStatus(err), "%v", err)
 		return
 	}
 	if fi.IsDir() {
-		writeEnvdJSONError(w, http.StatusBadRequest, "path '%s' is a directory: list it with ListDir, or download its files one by one", p)
+		writeRESTError(w, http.StatusBadRequest, "path '%s' is a directory: list it with ListDir, or download its files one by one", p)
 		return
 	}
 	gz, err := acceptsGzip(r.Header.Get("Accept-Encoding"))
 	if err != nil {
-		writeEnvdJSONError(w, http.StatusNotAcceptable, "%v", err)
+		writeRESTError(w, http.StatusNotAcceptable, "%v", err)
 		return
 	}
 	if r.Header.Get("Range") != "" || r.Header.Get("If-Range") != "" ||
@@ -151,8 +151,8 @@ func acceptsGzip(header string) (bool, error) {
 	return false, errors.New("no acceptable encoding: this sandbox sends identity or gzip")
 }
 
-// envdWriteInfo is one written file in the answer to POST /files.
-type envdWriteInfo struct {
+// writeInfo is one written file in the answer to POST /files.
+type writeInfo struct {
 	Name string `json:"name"`
 	Type string `json:"type"`
 	Path string `json:"path"`
@@ -217,13 +217,13 @@ func (x *restService) upload(w http.ResponseWriter, r *http.Request) {
 	}
 	for k := range r.Header {
 		if strings.HasPrefix(k, "X-Metadata-") {
-			writeEnvdJSONError(w, http.StatusBadRequest, "file metadata (%s headers, envd 0.6.2) is not supported by this sandbox", k)
+			writeRESTError(w, http.StatusBadRequest, "file metadata (%s headers, envd 0.6.2) is not supported by this sandbox", k)
 			return
 		}
 	}
 	limit := x.s.cfg.MaxUploadBytes
 	if limit > 0 && r.ContentLength > limit {
-		writeEnvdJSONError(w, http.StatusRequestEntityTooLarge,
+		writeRESTError(w, http.StatusRequestEntityTooLarge,
 			"upload of %d bytes is over the daemon's limit of %d bytes; nothing was written", r.ContentLength, limit)
 		return
 	}
@@ -237,13 +237,13 @@ func (x *restService) upload(w http.ResponseWriter, r *http.Request) {
 	case "gzip", "x-gzip":
 		zr, err := gzip.NewReader(body)
 		if err != nil {
-			writeEnvdJSONError(w, http.StatusBadRequest, "the body is not gzip, as Content-Encoding says: %v", err)
+			writeRESTError(w, http.StatusBadRequest, "the body is not gzip, as Content-Encoding says: %v", err)
 			return
 		}
 		defer zr.Close()
 		body = zr
 	default:
-		writeEnvdJSONError(w, http.StatusBadRequest, "unsupported Content-Encoding %q: send identity or gzip", enc)
+		writeRESTError(w, http.StatusBadRequest, "unsupported Content-Encoding %q: send identity or gzip", enc)
 		return
 	}
 	if limit > 0 {
@@ -251,7 +251,7 @@ func (x *restService) upload(w http.ResponseWriter, r *http.Request) {
 	}
 	q := r.URL.Query()
 	mediaType, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
-	written := []envdWriteInfo{}
+	written := []writeInfo{}
 	fail := func(err error, dst string) {
 		msg := errorText(oserr.Explain(err))
 		status := restStatus(err)
@@ -268,27 +268,27 @@ func (x *restService) upload(w http.ResponseWriter, r *http.Request) {
 			}
 			msg += "; written before it: " + strings.Join(names, ", ")
 		}
-		writeEnvdJSONError(w, status, "%s", msg)
+		writeRESTError(w, status, "%s", msg)
 	}
 	switch {
 	case mediaType == "application/octet-stream":
 		if !q.Has("path") || q.Get("path") == "" {
-			writeEnvdJSONError(w, http.StatusBadRequest, "the path parameter is required for an application/octet-stream upload")
+			writeRESTError(w, http.StatusBadRequest, "the path parameter is required for an application/octet-stream upload")
 			return
 		}
 		dst, err := u.Resolve(q.Get("path"))
 		if err != nil {
-			writeEnvdJSONError(w, http.StatusBadRequest, "%s", errorText(err))
+			writeRESTError(w, http.StatusBadRequest, "%s", errorText(err))
 			return
 		}
-		if err := envdWriteFile(u, dst, body); err != nil {
+		if err := writeUpload(u, dst, body); err != nil {
 			fail(err, dst)
 			return
 		}
-		written = append(written, envdWriteInfo{Name: filepath.Base(dst), Type: "file", Path: dst})
+		written = append(written, writeInfo{Name: filepath.Base(dst), Type: "file", Path: dst})
 	case strings.HasPrefix(mediaType, "multipart/"):
 		if params["boundary"] == "" {
-			writeEnvdJSONError(w, http.StatusBadRequest, "a multipart body needs a boundary in its Content-Type")
+			writeRESTError(w, http.StatusBadRequest, "a multipart body needs a boundary in its Content-Type")
 			return
 		}
 		mr := multipart.NewReader(body, params["boundary"])
@@ -309,12 +309,12 @@ func (x *restService) upload(w http.ResponseWriter, r *http.Request) {
 				name = partFileName(part)
 			}
 			if name == "" {
-				writeEnvdJSONError(w, http.StatusBadRequest, "a file part has no file name and the path parameter is not set: name the destination in either")
+				writeRESTError(w, http.StatusBadRequest, "a file part has no file name and the path parameter is not set: name the destination in either")
 				return
 			}
 			dst, err := u.Resolve(name)
 			if err != nil {
-				writeEnvdJSONError(w, http.StatusBadRequest, "%s", errorText(err))
+				writeRESTError(w, http.StatusBadRequest, "%s", errorText(err))
 				return
 			}
 			for _, e := range written {
@@ -323,18 +323,18 @@ func (x *restService) upload(w http.ResponseWriter, r *http.Request) {
 					return
 				}
 			}
-			if err := envdWriteFile(u, dst, part); err != nil {
+			if err := writeUpload(u, dst, part); err != nil {
 				fail(err, dst)
 				return
 			}
-			written = append(written, envdWriteInfo{Name: filepath.Base(dst), Type: "file", Path: dst})
+			written = append(written, writeInfo{Name: filepath.Base(dst), Type: "file", Path: dst})
 		}
 		if len(written) == 0 {
-			writeEnvdJSONError(w, http.StatusBadRequest, `the multipart body has no "file" part`)
+			writeRESTError(w, http.StatusBadRequest, `the multipart body has no "file" part`)
 			return
 		}
 	default:
-		writeEnvdJSONError(w, http.StatusBadRequest, "unsupported Content-Type %q: send multipart/form-data or application/octet-stream", r.Header.Get("Content-Type"))
+		writeRESTError(w, http.StatusBadRequest, "unsupported Content-Type %q: send multipart/form-data or application/octet-stream", r.Header.Get("Content-Type"))
 		return
 	}
 	writeJSON(w, http.StatusOK, written)
@@ -350,14 +350,14 @@ func partFileName(p *multipart.Part) string {
 	return params["filename"]
 }
 
-// envdWriteFile writes r to dst in place (truncating a file there, writing
+// writeUpload writes r to dst in place (truncating a file there, writing
 // through a link there, as a shell's > does), making dst's missing parents.
 // The file is opened and the parents made with u's credentials, so what
 // it creates is u's and u must be allowed to write there; the bytes are
 // then copied from the network without them. If the copy fails, a file it
 // created is removed, with the parents it made, and a file that was there
 // is left empty, so no partial content passes for a whole file.
-func envdWriteFile(u *sandboxuser.User, dst string, r io.Reader) (retErr error) {
+func writeUpload(u *sandboxuser.User, dst string, r io.Reader) (retErr error) {
 	var (
 		f       *os.File
 		made    []string

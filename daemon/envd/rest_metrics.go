@@ -9,8 +9,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// envdMetrics is envd's answer to GET /metrics.
-type envdMetrics struct {
+// metricsBody is envd's answer to GET /metrics.
+type metricsBody struct {
 	Ts          int64   `json:"ts"`
 	CPUCount    int     `json:"cpu_count"`
 	CPUUsedPct  float64 `json:"cpu_used_pct"`
@@ -34,7 +34,7 @@ func (x *restService) metrics(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return // the client went away
 	}
-	m := envdMetrics{Ts: x.s.cfg.Now().Unix(), CPUCount: cpus, CPUUsedPct: pct}
+	m := metricsBody{Ts: x.s.cfg.Now().Unix(), CPUCount: cpus, CPUUsedPct: pct}
 	m.MemTotal, m.MemUsed, m.MemCache = cg.memoryUse()
 	m.MemTotalMiB, m.MemUsedMiB = m.MemTotal>>20, m.MemUsed>>20
 	var st unix.Statfs_t

@@ -81,13 +81,13 @@ func New(cfg Config) *Service {
 	return &Service{cfg: cfg, sandbox: cfg.Sandbox, procs: cfg.Procs, log: cfg.Log}
 }
 
-// envdUserKey carries the user a call asks to act as (HTTP Basic auth's
+// userKey carries the user a call asks to act as (HTTP Basic auth's
 // user name, as the SDKs send it; "" for the sandbox's default user).
-type envdUserKey struct{}
+type userKey struct{}
 
-// envdUser is the user an envd call runs as ("" for the default).
-func envdUser(ctx context.Context) string {
-	u, _ := ctx.Value(envdUserKey{}).(string)
+// callUser is the user an envd call runs as ("" for the default).
+func callUser(ctx context.Context) string {
+	u, _ := ctx.Value(userKey{}).(string)
 	return u
 }
 
@@ -97,23 +97,23 @@ func envdUser(ctx context.Context) string {
 func (s *Service) Routes(mux *http.ServeMux) {
 	opts := []connect.HandlerOption{connect.WithReadMaxBytes(int(s.cfg.MaxBodyBytes))}
 	path, h := processconnect.NewProcessHandler(&processService{s: s}, opts...)
-	mux.Handle(path, s.envdAuthenticated(h))
+	mux.Handle(path, s.authenticated(h))
 	path, h = filesystemconnect.NewFilesystemHandler(&filesystemService{s: s}, opts...)
-	mux.Handle(path, s.envdAuthenticated(h))
+	mux.Handle(path, s.authenticated(h))
 	s.restRoutes(mux)
 }
 
-// envdAuthenticated checks envd's access token (header X-Access-Token, as
+// authenticated checks envd's access token (header X-Access-Token, as
 // the SDKs send it; a v1 bearer token is accepted too) against the
 // sandbox's token hashes, and records the call as activity.
-func (s *Service) envdAuthenticated(h http.Handler) http.Handler {
+func (s *Service) authenticated(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !s.sandbox.Assigned() {
-			writeEnvdError(w, r, http.StatusServiceUnavailable, "this sandbox is not assigned to a pod yet")
+			writeError(w, r, http.StatusServiceUnavailable, "this sandbox is not assigned to a pod yet")
 			return
 		}
-		if !s.envdAuthorized(r) {
-			writeEnvdError(w, r, http.StatusUnauthorized, "missing or wrong access token: send X-Access-Token with the sandbox's envdAccessToken")
+		if !s.authorized(r) {
+			writeError(w, r, http.StatusUnauthorized, "missing or wrong access token: send X-Access-Token with the sandbox's envdAccessToken")
 			return
 		}
 		user := ""
@@ -121,11 +121,11 @@ func (s *Service) envdAuthenticated(h http.Handler) http.Handler {
 			user = u
 		}
 		s.sandbox.Touch()
-		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), envdUserKey{}, user)))
+		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), userKey{}, user)))
 	})
 }
 
-func (s *Service) envdAuthorized(r *http.Request) bool {
+func (s *Service) authorized(r *http.Request) bool {
 	tok := r.Header.Get("X-Access-Token")
 	if tok == "" {
 		tok, _ = strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
@@ -148,10 +148,10 @@ func basicUser(r *http.Request) (string, string, bool) {
 	return u, p, true
 }
 
-// writeEnvdError answers an envd call that failed before its handler ran:
+// writeError answers an envd call that failed before its handler ran:
 // as a Connect error (in the protocol and codec of the request) for the RPC
 // services, as envd's JSON error for REST.
-func writeEnvdError(w http.ResponseWriter, r *http.Request, status int, msg string) {
+func writeError(w http.ResponseWriter, r *http.Request, status int, msg string) {
 	if connectErrors.IsSupported(r) {
 		code := connect.CodeUnauthenticated
 		if status == http.StatusServiceUnavailable {

@@ -17,17 +17,13 @@ const (
 // After a process exits, its output may still be in the pipes (a fast
 // writer on a busy machine), or children may hold them open (`server &`).
 // The wait for the pipes ends once they have been quiet for
-// drainAfterExit, and at the latest drainMax after the exit; what children
+// DrainAfterExit, and at the latest drainMax after the exit; what children
 // write later is read on and kept or dropped (RunSpec.Late), so they never
 // block on a full pipe.
 const (
-	drainAfterExit = 100 * time.Millisecond
+	DrainAfterExit = 100 * time.Millisecond
 	drainMax       = 2 * time.Second
 )
-
-// DrainAfterExit is how long a process's output must be quiet after its
-// exit before the wait for it ends.
-const DrainAfterExit = drainAfterExit
 
 // exitDrain is the timer of that wait.
 type exitDrain struct {
@@ -38,7 +34,7 @@ type exitDrain struct {
 // startDrain starts the wait at a process's exit; its channel fires when the
 // wait is over.
 func startDrain() (*exitDrain, <-chan time.Time) {
-	d := &exitDrain{timer: time.NewTimer(drainAfterExit), deadline: time.Now().Add(drainMax)}
+	d := &exitDrain{timer: time.NewTimer(DrainAfterExit), deadline: time.Now().Add(drainMax)}
 	return d, d.timer.C
 }
 
@@ -48,7 +44,7 @@ func (d *exitDrain) output() {
 	if d == nil {
 		return
 	}
-	d.timer.Reset(max(0, min(drainAfterExit, time.Until(d.deadline))))
+	d.timer.Reset(max(0, min(DrainAfterExit, time.Until(d.deadline))))
 }
 
 func (d *exitDrain) stop() {
