@@ -19,6 +19,7 @@ import (
 	"github.com/containerd/errdefs"
 	"k8s.io/utils/clock"
 
+	"github.com/sandman-dev/sandman/internal/lifecycle"
 	"github.com/sandman-dev/sandman/runtime"
 )
 
@@ -375,7 +376,7 @@ func (m *Manager) run(ctx context.Context, name string, p *pull, creds map[strin
 			break
 		}
 		m.cfg.Logger.Info("image pull failed, retrying", "image", name, "attempt", attempt, "err", err)
-		if !m.sleep(ctx, m.cfg.RetryBackoff<<(attempt-1)) {
+		if !lifecycle.Sleep(ctx, m.cfg.Clock, m.cfg.RetryBackoff<<(attempt-1)) {
 			break // the manager stopped: the last failure stands
 		}
 	}
@@ -414,18 +415,6 @@ func (m *Manager) run(ctx context.Context, name string, p *pull, creds map[strin
 		m.kick(m.wakeGC)
 	} else {
 		m.cfg.Logger.Warn("image pull failed", "image", name, "kind", perr.Kind, "err", perr.Err)
-	}
-}
-
-// sleep waits d on the manager's clock; false when ctx ended first.
-func (m *Manager) sleep(ctx context.Context, d time.Duration) bool {
-	t := m.cfg.Clock.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C():
-		return true
-	case <-ctx.Done():
-		return false
 	}
 }
 

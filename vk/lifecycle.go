@@ -70,7 +70,7 @@ func (p *Provider) expire(uid string) {
 	p.cfg.Recorder.Event(pod, corev1.EventTypeWarning, podcontract.ReasonDeadlineExceeded, msg)
 	metricReclaims.WithLabelValues(podcontract.ReasonDeadlineExceeded, node).Inc()
 	p.push(uid)
-	p.goOwned(func() { p.release(key, uid, grace, false) })
+	p.owned.Go(func() { p.release(key, uid, grace, false) })
 }
 
 // expiresAt parses a pod's expiry; zero when it has none.

@@ -31,6 +31,7 @@ import (
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 
+	"github.com/sandman-dev/sandman/internal/lifecycle"
 	"github.com/sandman-dev/sandman/podcontract"
 	"github.com/sandman-dev/sandman/pool"
 	"github.com/sandman-dev/sandman/runtime"
@@ -147,12 +148,9 @@ type Provider struct {
 	// runs under it.
 	ctx    context.Context
 	cancel context.CancelFunc
-	// lifeMu guards closed and the additions to wg: every goroutine the
-	// provider starts is counted in wg, and none starts once it is
-	// closed. Lock order: mu, then lifeMu.
-	lifeMu sync.Mutex
-	closed bool
-	wg     sync.WaitGroup
+	// owned counts every goroutine the provider starts, and starts none
+	// once the provider is closed. Its lock is taken after mu.
+	owned lifecycle.Group
 
 	// notifyMu guards notify.
 	notifyMu sync.Mutex
@@ -266,9 +264,7 @@ func New(cfg Config) (*Provider, error) {
 // returned: nothing is started in the background after it. A release it
 // cuts short leaves the slot bound; the next run's reconciler releases it.
 func (p *Provider) Close() {
-	p.lifeMu.Lock()
-	p.closed = true
-	p.lifeMu.Unlock()
+	p.owned.Close()
 	p.mu.Lock()
 	for _, sb := range p.byUID {
 		sb.stopTimers()
@@ -277,20 +273,8 @@ func (p *Provider) Close() {
 	p.cancel()
 	p.status.ShutDown()
 	p.waiting.ShutDown()
-	p.wg.Wait()
+	p.owned.Wait()
 	p.daemonHTTP.CloseIdleConnections()
-}
-
-// goOwned runs f in a goroutine Close waits for; once the provider is
-// closed it does not run f and returns false.
-func (p *Provider) goOwned(f func()) bool {
-	p.lifeMu.Lock()
-	defer p.lifeMu.Unlock()
-	if p.closed {
-		return false
-	}
-	p.wg.Go(f)
-	return true
 }
 
 // afterFuncLocked runs f in an owned goroutine after d on the provider's
@@ -298,27 +282,12 @@ func (p *Provider) goOwned(f func()) bool {
 // the timer in the pod's sandbox, so forgetting the pod or closing the
 // provider stops it.
 func (p *Provider) afterFuncLocked(d time.Duration, f func()) clock.Timer {
-	p.lifeMu.Lock()
-	closed := p.closed
-	p.lifeMu.Unlock()
-	if closed {
+	if p.owned.Closed() {
 		return nil
 	}
 	// A fake clock runs the callback while it holds its own lock: the
 	// callback only starts a goroutine, which may read the clock.
-	return p.cfg.AfterFunc(d, func() { p.goOwned(f) })
-}
-
-// sleep waits d on the provider's clock; false when ctx ended first.
-func (p *Provider) sleep(ctx context.Context, d time.Duration) bool {
-	t := p.cfg.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C():
-		return true
-	case <-ctx.Done():
-		return false
-	}
+	return p.cfg.AfterFunc(d, func() { p.owned.Go(f) })
 }
 
 func podKey(ns, name string) string { return ns + "/" + name }
@@ -337,12 +306,12 @@ func (p *Provider) NotifyPods(ctx context.Context, cb func(*corev1.Pod)) {
 	p.notify = cb
 	p.notifyMu.Unlock()
 	for range p.cfg.StatusWorkers {
-		p.goOwned(func() { p.statusWorker(ctx) })
+		p.owned.Go(func() { p.statusWorker(ctx) })
 	}
 	// Close shuts the queue down too, whichever comes first.
 	context.AfterFunc(ctx, p.status.ShutDown)
 	context.AfterFunc(ctx, p.waiting.ShutDown)
-	p.goOwned(p.waitingWorker)
+	p.owned.Go(p.waitingWorker)
 }
 
 func (p *Provider) statusWorker(ctx context.Context) {
@@ -585,7 +554,7 @@ func (p *Provider) DeletePod(ctx context.Context, pod *corev1.Pod) error {
 	}
 	key := podKey(pod.Namespace, pod.Name)
 	p.mu.Unlock()
-	p.goOwned(func() { p.release(key, uid, grace, true) })
+	p.owned.Go(func() { p.release(key, uid, grace, true) })
 	return nil
 }
 
@@ -652,7 +621,7 @@ func (p *Provider) release(key, uid string, grace time.Duration, deleted bool) {
 			// The reconciler will find the slot as an orphan.
 			break
 		}
-		if !p.sleep(ctx, backoff) {
+		if !lifecycle.Sleep(ctx, p.cfg.Clock, backoff) {
 			return
 		}
 		backoff *= 2
@@ -841,7 +810,7 @@ func (p *Provider) OnUpdate(u pool.Update) {
 		event()
 	}
 	if releaseNow {
-		p.goOwned(func() { p.release(key, u.UID, 0, false) })
+		p.owned.Go(func() { p.release(key, u.UID, 0, false) })
 	}
 }
 

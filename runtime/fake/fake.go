@@ -13,6 +13,7 @@ import (
 	"github.com/containerd/errdefs"
 	"k8s.io/utils/clock"
 
+	"github.com/sandman-dev/sandman/internal/lifecycle"
 	"github.com/sandman-dev/sandman/runtime"
 )
 
@@ -326,19 +327,17 @@ func (r *Runtime) Stats(ctx context.Context, uid string) (runtime.Stats, error) 
 	return runtime.Stats{Pod: *s.Pod, Time: r.cfg.Clock.Now(), MemoryBytes: 4 << 20, MemoryLimitBytes: uint64(s.Resources.MemoryBytes), Pids: 1}, nil
 }
 
-// sleep waits d on the node's clock, or until ctx ends (its error).
+// sleep waits d on the node's clock, or until ctx ends (its error). A
+// latency of zero (the default) does not wait: a fake clock would hold it
+// until its next step.
 func (r *Runtime) sleep(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return ctx.Err()
 	}
-	t := r.cfg.Clock.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C():
-		return nil
-	case <-ctx.Done():
+	if !lifecycle.Sleep(ctx, r.cfg.Clock, d) {
 		return ctx.Err()
 	}
+	return nil
 }
 
 var _ runtime.ImageCache = (*Runtime)(nil)

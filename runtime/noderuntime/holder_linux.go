@@ -14,6 +14,8 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/sandman-dev/sandman/internal/lifecycle"
 )
 
 // A shim group's holder is a container of the group that only waits (the
@@ -204,7 +206,7 @@ func (r *Runtime) startHolder(ctx context.Context, group string) (id string, ret
 	if err := task.Start(ctx); err != nil {
 		return "", fmt.Errorf("shim group %s: start holder: %w", group, err)
 	}
-	r.goOwned(func() { r.watchHolder(group, id, exit) })
+	r.owned.Go(func() { r.watchHolder(group, id, exit) })
 	return id, nil
 }
 
@@ -256,7 +258,7 @@ func (r *Runtime) rewaitHolder(group, id string) <-chan ctrd.ExitStatus {
 		g := r.groups[group]
 		held := g != nil && g.holder == id
 		r.mu.Unlock()
-		if !held || !r.sleep(ctx, backoff) {
+		if !held || !lifecycle.Sleep(ctx, r.cfg.Clock, backoff) {
 			return nil
 		}
 		container, err := r.client.LoadContainer(ctx, id)

@@ -28,6 +28,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandman-dev/sandman/daemon/api"
+	"github.com/sandman-dev/sandman/internal/lifecycle"
 	"github.com/sandman-dev/sandman/runtime"
 )
 
@@ -155,8 +156,8 @@ func (r *Runtime) startHot(ctx context.Context, s *slot, image string) {
 	r.mu.Unlock()
 	if ctx.Err() == nil {
 		r.log.Warn("start hot sandbox", "slot", s.ID, "image", image, "err", err, "retry_in", f.delay.String())
-		r.goOwned(func() {
-			if r.sleep(r.life, f.delay) {
+		r.owned.Go(func() {
+			if lifecycle.Sleep(r.life, r.cfg.Clock, f.delay) {
 				r.wake()
 			}
 		})
@@ -217,7 +218,7 @@ func (r *Runtime) startHotWork(ctx context.Context, s *slot, image string) error
 		if r.cfg.Clock.Now().After(deadline) {
 			return fmt.Errorf("the hot sandbox's daemon did not answer within %v", r.cfg.ReadyTimeout)
 		}
-		if !r.sleep(ctx, 5*time.Millisecond) {
+		if !lifecycle.Sleep(ctx, r.cfg.Clock, 5*time.Millisecond) {
 			return ctx.Err()
 		}
 	}
@@ -301,7 +302,7 @@ func (r *Runtime) assignHot(ctx context.Context, s *slot, req runtime.BindReques
 	// after the pod has its sandbox: a containerd metadata write costs
 	// ~20 ms here. An agent killed in between loses this one sandbox (the
 	// virtual node then reports the pod lost).
-	r.goOwned(func() {
+	r.owned.Go(func() {
 		labels := map[string]string{
 			LabelPodUID: req.Pod.UID, LabelPodNamespace: req.Pod.Namespace, LabelPodName: req.Pod.Name,
 			LabelVirtualNode: req.VirtualNode, LabelContainer: c.Name, LabelRequests: formatRequests(req.Requests()), LabelHot: "assigned",

@@ -127,7 +127,7 @@ func (r *Runtime) recoverHolders(ctx context.Context, holders []ctrd.Container) 
 				r.mu.Lock()
 				g.holder = c.ID()
 				r.mu.Unlock()
-				r.goOwned(func() { r.watchHolder(group, c.ID(), exit) })
+				r.owned.Go(func() { r.watchHolder(group, c.ID(), exit) })
 				r.log.Info("re-adopted a shim group holder", "group", group, "holder", c.ID())
 				continue
 			}
@@ -235,7 +235,7 @@ func (r *Runtime) adopt(ctx context.Context, id, dir string, cs []ctrd.Container
 			return nil, err
 		}
 		s.containers = append(s.containers, m.c.ID())
-		r.goOwned(func() { r.watchExit(s, m.c.ID(), m.name, exit) })
+		r.owned.Go(func() { r.watchExit(s, m.c.ID(), m.name, exit) })
 	}
 	r.watchReady(s, s.Pod.UID, loadAssignment(dir))
 	return s, nil

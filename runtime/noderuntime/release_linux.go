@@ -12,6 +12,7 @@ import (
 	ctrd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/errdefs"
 
+	"github.com/sandman-dev/sandman/internal/lifecycle"
 	"github.com/sandman-dev/sandman/runtime"
 )
 
@@ -38,7 +39,7 @@ func (r *Runtime) Release(ctx context.Context, uid string, grace time.Duration) 
 			break
 		}
 		r.mu.Unlock()
-		if !r.sleep(ctx, 10*time.Millisecond) {
+		if !lifecycle.Sleep(ctx, r.cfg.Clock, 10*time.Millisecond) {
 			return ctx.Err()
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/containerd/errdefs"
 	gocni "github.com/containerd/go-cni"
 
+	"github.com/sandman-dev/sandman/internal/lifecycle"
 	"github.com/sandman-dev/sandman/nodeimage"
 	"github.com/sandman-dev/sandman/runtime"
 	"github.com/sandman-dev/sandman/runtime/sandboxnet"
@@ -46,14 +47,11 @@ type Runtime struct {
 	kick chan struct{}
 
 	// life ends at Close or Destroy: Run stops, and so do the watches of
-	// bound sandboxes (readiness, exits). wg counts Run and every
+	// bound sandboxes (readiness, exits). owned counts Run and every
 	// goroutine the runtime starts outside it; Close waits for them.
 	life    context.Context
 	endLife context.CancelFunc
-	wg      sync.WaitGroup
-	// bgMu guards closed and the additions to wg (none once closed).
-	bgMu   sync.Mutex
-	closed bool
+	owned   lifecycle.Group
 	// draining says why the node takes no binds (guarded by mu).
 	draining string
 	// releases counts Release calls tearing a sandbox down: Close lets
@@ -144,51 +142,22 @@ func (r *Runtime) nsCtx(ctx context.Context) context.Context {
 	return namespaces.WithNamespace(ctx, r.cfg.Namespace)
 }
 
-// goOwned runs f in a goroutine Close waits for; once the runtime is
-// closed it does not run f and returns false.
-func (r *Runtime) goOwned(f func()) bool {
-	r.bgMu.Lock()
-	defer r.bgMu.Unlock()
-	if r.closed {
-		return false
-	}
-	r.wg.Go(f)
-	return true
-}
-
 // end stops the background work and waits for it (Close and Destroy).
 func (r *Runtime) end() {
-	r.bgMu.Lock()
-	r.closed = true
-	r.bgMu.Unlock()
+	r.owned.Close()
 	r.endLife()
-	r.wg.Wait()
-}
-
-// sleep waits d on the runtime's clock; false when ctx ended first.
-func (r *Runtime) sleep(ctx context.Context, d time.Duration) bool {
-	t := r.cfg.Clock.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C():
-		return true
-	case <-ctx.Done():
-		return false
-	}
+	r.owned.Wait()
 }
 
 // Run keeps WarmSlots slots warm (and hot ones hot), checks disk use and
 // runs the image manager until ctx ends or the runtime is closed. It
 // returns once everything it started has stopped.
 func (r *Runtime) Run(ctx context.Context) error {
-	r.bgMu.Lock()
-	if r.closed {
-		r.bgMu.Unlock()
+	leave, ok := r.owned.Join()
+	if !ok {
 		return fmt.Errorf("containerd runtime of %s: closed: %w", r.cfg.Node, errdefs.ErrUnavailable)
 	}
-	r.wg.Add(1)
-	r.bgMu.Unlock()
-	defer r.wg.Done()
+	defer leave()
 	ctx, cancel := context.WithCancel(r.nsCtx(ctx))
 	defer context.AfterFunc(r.life, cancel)()
 	// Refills, hot starts, the disk check and the image manager.
@@ -230,7 +199,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 				r.mu.Unlock()
 				if err != nil && ctx.Err() == nil {
 					r.log.Error("make warm slot", "err", err)
-					r.sleep(ctx, time.Second)
+					lifecycle.Sleep(ctx, r.cfg.Clock, time.Second)
 				}
 				r.wake()
 			})

@@ -17,6 +17,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/sandman-dev/sandman/daemon/api"
+	"github.com/sandman-dev/sandman/internal/lifecycle"
 	"github.com/sandman-dev/sandman/runtime"
 )
 
@@ -67,7 +68,7 @@ func (r *Runtime) startTask(reqCtx context.Context, s *slot, container ctrd.Cont
 		_, _ = task.Delete(context.WithoutCancel(ctx), ctrd.WithProcessKill)
 		return err
 	}
-	r.goOwned(func() { r.watchExit(s, container.ID(), name, exit) })
+	r.owned.Go(func() { r.watchExit(s, container.ID(), name, exit) })
 	// The container is recorded in the slot (s.containers): a bind that
 	// fails now removes its task with it.
 	return reqCtx.Err()
@@ -116,7 +117,7 @@ func (r *Runtime) watchExit(s *slot, id, name string, exit <-chan ctrd.ExitStatu
 	if s.State == runtime.StateHot && slices.Contains(s.containers, id) {
 		r.log.Warn("hot sandbox exited while waiting", "slot", s.ID, "image", s.Image, "code", code)
 		s.State = runtime.StateBinding // nobody may take it while it is cleaned
-		r.goOwned(func() { r.coolDown(s) })
+		r.owned.Go(func() { r.coolDown(s) })
 		return
 	}
 	if !slices.Contains(s.containers, id) {
@@ -145,7 +146,7 @@ func (r *Runtime) rewait(s *slot, id string) (exit <-chan ctrd.ExitStatus, lost,
 		r.mu.Lock()
 		held := slices.Contains(s.containers, id)
 		r.mu.Unlock()
-		if !held || !r.sleep(ctx, backoff) {
+		if !held || !lifecycle.Sleep(ctx, r.cfg.Clock, backoff) {
 			return nil, false, true
 		}
 		container, err := r.client.LoadContainer(ctx, id)
@@ -194,7 +195,7 @@ func (r *Runtime) watchReady(s *slot, uid string, a *assignment) {
 		key = s.Pod.Namespace + "/" + s.Pod.Name
 	}
 	r.mu.Unlock()
-	started := r.goOwned(func() {
+	started := r.owned.Go(func() {
 		defer cancel()
 		for {
 			if a != nil {
@@ -210,7 +211,7 @@ func (r *Runtime) watchReady(s *slot, uid string, a *assignment) {
 					}
 				}
 			}
-			if !r.sleep(ctx, 5*time.Millisecond) {
+			if !lifecycle.Sleep(ctx, r.cfg.Clock, 5*time.Millisecond) {
 				if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 					r.log.Warn("sandbox daemon did not answer", "slot", s.ID, "pod", key, "uid", uid, "timeout", r.cfg.ReadyTimeout)
 				}
