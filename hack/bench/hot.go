@@ -14,7 +14,6 @@ import (
 	"sync"
 	"time"
 
-	ctrd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"github.com/google/go-containerregistry/pkg/crane"
@@ -23,6 +22,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sandman-dev/sandman/e2e/framework"
 	"github.com/sandman-dev/sandman/runtime"
 	"github.com/sandman-dev/sandman/runtime/noderuntime"
 	"github.com/sandman-dev/sandman/runtime/runtimetest"
@@ -83,12 +83,13 @@ type hotRun struct {
 }
 
 func benchHot(cfg config) ([]row, error) {
-	env, err := stackEnv()
+	stack, err := framework.Load(cfg.root)
 	if err != nil {
 		return nil, err
 	}
+	env := stack.Env
 	ctx := namespaces.WithNamespace(context.Background(), hotNamespace)
-	client, err := ctrd.New(env["CONTAINERD_ADDRESS"], ctrd.WithDefaultNamespace(hotNamespace))
+	client, err := stack.NewContainerd(hotNamespace)
 	if err != nil {
 		return nil, err
 	}

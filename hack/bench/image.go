@@ -13,6 +13,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 
+	"github.com/sandman-dev/sandman/e2e/framework"
 	"github.com/sandman-dev/sandman/nodeimage"
 	"github.com/sandman-dev/sandman/runtime"
 	"github.com/sandman-dev/sandman/runtime/noderuntime"
@@ -27,13 +28,14 @@ const imageBenchNamespace = "sandman-bench-image"
 // Every cold sample starts from nothing: the image, its content and its
 // snapshots are removed first.
 func benchImage(cfg config) ([]row, error) {
-	env, err := stackEnv()
+	stack, err := framework.Load(cfg.root)
 	if err != nil {
 		return nil, err
 	}
+	env := stack.Env
 	image := env["DEBIAN_IMAGE"]
 	ctx := namespaces.WithNamespace(context.Background(), imageBenchNamespace)
-	client, err := ctrd.New(env["CONTAINERD_ADDRESS"], ctrd.WithDefaultNamespace(imageBenchNamespace))
+	client, err := stack.NewContainerd(imageBenchNamespace)
 	if err != nil {
 		return nil, err
 	}

@@ -23,9 +23,14 @@ type row struct {
 	note     string
 }
 
+// A suite is one family of benchmarks. inAll says whether -suite all, make
+// bench's default, runs it; the others take many minutes or change the
+// stack, and run only when named.
 type suite struct {
-	name string
-	run  func(cfg config) ([]row, error)
+	name  string
+	inAll bool
+	about string // one line for -help
+	run   func(cfg config) ([]row, error)
 }
 
 type config struct {
@@ -33,46 +38,41 @@ type config struct {
 	n    int
 }
 
+// suites is every suite, in the order they run. The Makefile's bench help
+// and hack/bench.sh list them too (TestHelpListsEverySuite).
 var suites = []suite{
-	{"daemon", benchDaemon},
-	{"node", benchNode},
-	{"vk", benchVK},
-	{"image", benchImage},
-	{"e2b", benchE2B},
-	// failover kills sandman-vk leaders (about a minute a run): only when
-	// asked for (BENCH_SUITE=failover).
-	{"failover", benchFailover},
-	// hot runs issue 16's mixed burst once per hot budget (about 10
-	// minutes): only when asked for (BENCH_SUITE=hot).
-	{"hot", benchHot},
-	// deploy installs deploy/overlays/local: only when asked for (BENCH_SUITE=deploy).
-	{"deploy", benchDeploy},
-	// snapshot (prepared environments, issue 18) takes about two minutes:
-	// only when asked for (BENCH_SUITE=snapshot).
-	{"snapshot", benchSnapshot},
-	// scale takes many minutes: only when asked for (BENCH_SUITE=scale).
-	{"scale", benchScale},
+	{"daemon", true, "the daemon's HTTP API over loopback, as it ships", benchDaemon},
+	{"node", true, "binds on the real containerd runtime beside raw containerd", benchNode},
+	{"vk", true, "create → Ready through the virtual node and a node agent", benchVK},
+	{"image", true, "cold pulls through nodeimage beside containerd's, pre-pulled binds", benchImage},
+	{"e2b", true, "the E2B SDK through sandman-gateway beside sandman's own path", benchE2B},
+	{"failover", false, "sandman-vk leaders killed, about a minute a run", benchFailover},
+	{"hot", false, "the mixed burst once per hot budget, about 10 minutes (BENCH_HOT_*)", benchHot},
+	{"deploy", false, "installs deploy/overlays/local: the deployed path beside host processes", benchDeploy},
+	{"snapshot", false, "prepared environments: snapshot, fork and bind, about 2.5 minutes", benchSnapshot},
+	{"scale", false, "20,000 sandboxes, bursts and scheduler load, many minutes (BENCH_SCALE_*)", benchScale},
 }
 
 func main() {
 	var (
-		only = flag.String("suite", "all", "comma-separated suites to run: "+suiteNames()+" or all (all but failover, hot, deploy and scale)")
+		only = flag.String("suite", "all", "comma-separated suites to run (below), or all: "+strings.Join(suiteNames(true), ","))
 		n    = flag.Int("n", 500, "iterations for latency benchmarks")
 		out  = flag.String("out", "", "also write the table (markdown) to this file")
 	)
+	flag.Usage = usage
 	flag.Parse()
+	picked, err := pick(*only)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		usage()
+		os.Exit(2)
+	}
 	root, err := os.Getwd()
 	if err != nil {
 		fatal(err)
 	}
 	var rows []row
-	for _, s := range suites {
-		if *only == "all" && (s.name == "scale" || s.name == "deploy" || s.name == "failover" || s.name == "snapshot" || s.name == "hot") {
-			continue
-		}
-		if *only != "all" && !slices.Contains(strings.Split(*only, ","), s.name) {
-			continue
-		}
+	for _, s := range picked {
 		fmt.Fprintf(os.Stderr, "== suite %s\n", s.name)
 		r, err := s.run(config{root: root, n: *n})
 		if err != nil {
@@ -91,12 +91,47 @@ func main() {
 	}
 }
 
-func suiteNames() string {
+func usage() {
+	w := flag.CommandLine.Output()
+	fmt.Fprintf(w, "usage: go run ./hack/bench [-suite NAMES] [-n N] [-out FILE] (make bench: BENCH_SUITE, BENCH_N, BENCH_OUT)\n")
+	flag.PrintDefaults()
+	fmt.Fprintf(w, "suites (* in all):\n")
+	for _, s := range suites {
+		mark := " "
+		if s.inAll {
+			mark = "*"
+		}
+		fmt.Fprintf(w, "  %s %-9s %s\n", mark, s.name, s.about)
+	}
+}
+
+// suiteNames is the names of the suites all runs (inAll) or does not.
+func suiteNames(inAll bool) []string {
 	var names []string
 	for _, s := range suites {
-		names = append(names, s.name)
+		if s.inAll == inAll {
+			names = append(names, s.name)
+		}
 	}
-	return strings.Join(names, ",")
+	return names
+}
+
+// pick is the suites only names (comma-separated; all is every suite with
+// inAll), in the order of suites. A name that is no suite is an error.
+func pick(only string) ([]suite, error) {
+	names := strings.Split(only, ",")
+	for _, name := range names {
+		if name != "all" && !slices.ContainsFunc(suites, func(s suite) bool { return s.name == name }) {
+			return nil, fmt.Errorf("no suite %q: the suites are %s, or all", name, strings.Join(append(suiteNames(true), suiteNames(false)...), ","))
+		}
+	}
+	var picked []suite
+	for _, s := range suites {
+		if (s.inAll && slices.Contains(names, "all")) || slices.Contains(names, s.name) {
+			picked = append(picked, s)
+		}
+	}
+	return picked, nil
 }
 
 func render(rows []row) string {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"log/slog"
@@ -23,6 +22,7 @@ import (
 	"github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/sandman-dev/sandman/e2e/framework"
 	"github.com/sandman-dev/sandman/runtime"
 	"github.com/sandman-dev/sandman/runtime/noderuntime"
 	"github.com/sandman-dev/sandman/runtime/runtimetest"
@@ -30,36 +30,16 @@ import (
 
 const benchNamespace = "sandman-bench"
 
-// stackEnv reads the local stack's stack.env.
-func stackEnv() (map[string]string, error) {
-	dir := os.Getenv("SANDMAN_STATE")
-	if dir == "" {
-		dir = "/var/lib/sandman-local"
-	}
-	f, err := os.Open(filepath.Join(dir, "stack.env"))
-	if err != nil {
-		return nil, fmt.Errorf("the local stack is not up (%v): run make local-up", err)
-	}
-	defer f.Close()
-	env := map[string]string{"SANDMAN_STATE": dir}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if k, v, ok := strings.Cut(sc.Text(), "="); ok {
-			env[k] = v
-		}
-	}
-	return env, sc.Err()
-}
-
 // benchNode measures binds on the real containerd runtime beside raw
 // containerd create+start of an equivalent container.
 func benchNode(cfg config) ([]row, error) {
-	env, err := stackEnv()
+	stack, err := framework.Load(cfg.root)
 	if err != nil {
 		return nil, err
 	}
+	env := stack.Env
 	ctx := namespaces.WithNamespace(context.Background(), benchNamespace)
-	client, err := ctrd.New(env["CONTAINERD_ADDRESS"], ctrd.WithDefaultNamespace(benchNamespace))
+	client, err := stack.NewContainerd(benchNamespace)
 	if err != nil {
 		return nil, err
 	}

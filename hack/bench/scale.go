@@ -16,7 +16,6 @@ import (
 	"sync"
 	"time"
 
-	ctrd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"golang.org/x/sync/errgroup"
 	coordv1 "k8s.io/api/coordination/v1"
@@ -26,11 +25,12 @@ import (
 	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
+	"github.com/sandman-dev/sandman/e2e/framework"
 	"github.com/sandman-dev/sandman/runtime"
 	"github.com/sandman-dev/sandman/runtime/fake"
 	"github.com/sandman-dev/sandman/runtime/noderuntime"
@@ -73,14 +73,12 @@ func envInt(name string, def int) int {
 // agents are served from this process over the node API, sandman-vk is its
 // own process.
 func benchScale(cfg config) ([]row, error) {
-	env, err := stackEnv()
+	stack, err := framework.Load(cfg.root)
 	if err != nil {
 		return nil, err
 	}
-	rc, err := clientcmd.BuildConfigFromFlags("", env["KUBECONFIG"])
-	if err != nil {
-		return nil, err
-	}
+	env := stack.Env
+	rc := rest.CopyConfig(stack.RESTConfig)
 	rc.QPS, rc.Burst = 5000, 10000
 	kube, err := kubernetes.NewForConfig(rc)
 	if err != nil {
@@ -101,7 +99,7 @@ func benchScale(cfg config) ([]row, error) {
 	if err != nil {
 		return nil, err
 	}
-	client, err := ctrd.New(env["CONTAINERD_ADDRESS"], ctrd.WithDefaultNamespace(benchNamespace))
+	client, err := stack.NewContainerd(benchNamespace)
 	if err != nil {
 		return nil, err
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sandman-dev/sandman/daemon/api"
 	"github.com/sandman-dev/sandman/daemon/client"
+	"github.com/sandman-dev/sandman/e2e/framework"
 	"github.com/sandman-dev/sandman/runtime"
 	"github.com/sandman-dev/sandman/runtime/noderuntime"
 	"github.com/sandman-dev/sandman/runtime/runtimetest"
@@ -46,12 +47,13 @@ find /opt/pylib -name __pycache__ -prune -exec rm -rf {} +
 // frozen), a fork's bind to its first exec beside a bind of the base image
 // on the same warm slots, 20 forks at once, and the setup a fork saves.
 func benchSnapshot(cfg config) ([]row, error) {
-	env, err := stackEnv()
+	stack, err := framework.Load(cfg.root)
 	if err != nil {
 		return nil, err
 	}
+	env := stack.Env
 	ctx := namespaces.WithNamespace(context.Background(), snapNamespace)
-	cc, err := ctrd.New(env["CONTAINERD_ADDRESS"], ctrd.WithDefaultNamespace(snapNamespace))
+	cc, err := stack.NewContainerd(snapNamespace)
 	if err != nil {
 		return nil, err
 	}

@@ -30,11 +30,12 @@ import (
 	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
 
 	daemonapi "github.com/sandman-dev/sandman/daemon/api"
 	"github.com/sandman-dev/sandman/daemon/client"
+	"github.com/sandman-dev/sandman/e2e/framework"
 	"github.com/sandman-dev/sandman/podcontract"
 	"github.com/sandman-dev/sandman/runtime"
 	"github.com/sandman-dev/sandman/runtime/fake"
@@ -164,14 +165,12 @@ func benchVK(cfg config) ([]row, error) {
 // newVKBench connects to the stack, builds sandman-vk and the daemon into a
 // temp dir, and makes a namespace for the bench's pods; done undoes it.
 func newVKBench(cfg config, tmpPrefix string) (_ *vkBench, _ context.Context, done func(), retErr error) {
-	env, err := stackEnv()
+	stack, err := framework.Load(cfg.root)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	rc, err := clientcmd.BuildConfigFromFlags("", env["KUBECONFIG"])
-	if err != nil {
-		return nil, nil, nil, err
-	}
+	env := stack.Env
+	rc := rest.CopyConfig(stack.RESTConfig)
 	rc.QPS, rc.Burst = 2000, 4000
 	kube, err := kubernetes.NewForConfig(rc)
 	if err != nil {
@@ -203,7 +202,7 @@ func newVKBench(cfg config, tmpPrefix string) (_ *vkBench, _ context.Context, do
 	if out, err := build.CombinedOutput(); err != nil {
 		return nil, nil, nil, fmt.Errorf("build sandman-vk: %v\n%s", err, out)
 	}
-	client, err := ctrd.New(env["CONTAINERD_ADDRESS"], ctrd.WithDefaultNamespace(benchNamespace))
+	client, err := stack.NewContainerd(benchNamespace)
 	if err != nil {
 		return nil, nil, nil, err
 	}
