@@ -36,7 +36,7 @@ var _ processconnect.ProcessHandler = (*processService)(nil)
 type procMeta struct {
 	// config is the request's, with the directory it runs in (for List).
 	config *procpb.ProcessConfig
-	// tty: the process runs on a pseudo-terminal; process.stdin is a
+	// tty: the process runs on a pseudo-terminal; its Stdin is a
 	// descriptor of its master, for input and resizes.
 	tty bool
 	// stdin: started with stdin open (always true with a terminal).
