@@ -22,21 +22,6 @@ const (
 // hostPath is the search path for tools inside the host root.
 const hostPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-// Tools are the host programs the agent runs by name (go-iptables).
-var Tools = []string{"iptables", "iptables-save", "iptables-restore", "ip6tables", "ip6tables-save", "ip6tables-restore"}
-
-// Config says where the host is and where the shims go.
-type Config struct {
-	// HostRoot is where the host's root file system is mounted (required).
-	HostRoot string
-	// CNIBinDir is the host's CNI plugin directory, as a host path.
-	CNIBinDir string
-	// ShimDir is an empty directory of the agent's own (not on the host).
-	ShimDir string
-	// Executable is the agent's binary (default: os.Executable).
-	Executable string
-}
-
 // Setup writes the shims and points this process's PATH at the tool shims.
 // It returns the directory to hand go-cni as its plugin directory.
 func Setup(cfg Config) (cniDir string, err error) {
