@@ -10,7 +10,7 @@ TEST := GO=$(GO) bash hack/test.sh
 
 .PHONY: help
 help: ## list the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: build
 build: ## build every command into bin/ (sandman-daemon static)
@@ -31,7 +31,7 @@ test-root: deps tools images ## root tier (TestRoot* in *_root_test.go): tests a
 	$(TEST) root
 
 .PHONY: e2e
-e2e: deps tools images ## end-to-end tests against the real control plane
+e2e: deps tools images ## e2e tier (e2e/*_e2e_test.go): end-to-end tests against the real control plane
 	$(TEST) e2e
 
 .PHONY: test
