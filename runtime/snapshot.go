@@ -9,7 +9,7 @@ import (
 )
 
 // Snapshotter is implemented by runtimes that can commit a bound sandbox's
-// filesystem as an image (prepared environments, issue 18): runtime/noderuntime,
+// filesystem as an image (prepared environments): runtime/noderuntime,
 // runtime/fake and the node API client.
 //
 // Snapshot pauses the pod's sandbox (cgroup freezer), takes the filesystem

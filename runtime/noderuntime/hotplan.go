@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// The hot pool follows demand (issue 16). What is kept hot is planned from
+// The hot pool follows demand. What is kept hot is planned from
 // the recent bind mix by pure functions, so the policy is tested without
 // containerd: hotMix records binds, hotTargets turns their decayed counts
 // into a target per image within the node's budget, hotSurplus says what

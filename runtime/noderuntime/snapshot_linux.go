@@ -24,7 +24,7 @@ import (
 	"github.com/sandman-dev/sandman/runtime"
 )
 
-// Snapshots (runtime.Snapshotter, issue 18). A snapshot takes what one
+// Snapshots (runtime.Snapshotter). A snapshot takes what one
 // container of a bound sandbox changed in its filesystem as one new layer
 // over its image:
 //
