@@ -106,7 +106,7 @@ func TestOutageAPIServer(t *testing.T) {
 	back := time.Now()
 	// New pods, one with spec.nodeName preset and one through
 	// kube-scheduler. sandman-vk's informers ride out the outage
-	// (vk.WaitForAPIServer), so the first is Ready within 10 s.
+	// (vk.ConfigureClient waits for the apiserver), so the first is Ready within 10 s.
 	// kube-scheduler's informers retry on client-go's capped, jittered
 	// back-off (30 s, up to twice that with jitter), which informer
 	// factories do not let anyone shorten (kubernetes#136943): the second
@@ -150,7 +150,7 @@ func TestOutageAPIServer(t *testing.T) {
 	// back, before it sees the node's lease renewed: it marks the node
 	// Unknown and its pods NotReady, as it would a kubelet's. That is
 	// Kubernetes, not a fault; what sandman owes is to put both right at
-	// once (vk.NodeProvider's resync, the reconciler's status restore).
+	// once (the virtual node's status resync, the reconciler's status restore).
 	marked := 0
 	for _, ev := range evs.Items {
 		if ev.Type != corev1.EventTypeWarning || ev.LastTimestamp.Time.Before(down.Truncate(time.Second)) {

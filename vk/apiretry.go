@@ -8,7 +8,7 @@ import (
 	"k8s.io/client-go/rest"
 )
 
-// WaitForAPIServer makes cfg's reads ride out an apiserver outage: a GET
+// waitForAPIServer makes cfg's reads ride out an apiserver outage: a GET
 // (list, watch, get) that cannot connect is tried again every interval
 // until it connects, its context ends or maxWait passes.
 //
@@ -21,7 +21,7 @@ import (
 // soon as the apiserver answers. Writes are not retried here: they fail
 // at once and the controllers' rate-limited queues (capped at seconds)
 // retry them.
-func WaitForAPIServer(cfg *rest.Config, interval, maxWait time.Duration) {
+func waitForAPIServer(cfg *rest.Config, interval, maxWait time.Duration) {
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
 		return &waitingTransport{next: rt, interval: interval, maxWait: maxWait}
 	})

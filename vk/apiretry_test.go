@@ -22,7 +22,7 @@ func TestWaitForAPIServer(t *testing.T) {
 	l.Close() // nothing listens now
 
 	cfg := &rest.Config{Host: "http://" + addr}
-	WaitForAPIServer(cfg, 20*time.Millisecond, time.Minute)
+	waitForAPIServer(cfg, 20*time.Millisecond, time.Minute)
 	tr, err := rest.TransportFor(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -6,10 +6,10 @@ import (
 	"k8s.io/client-go/tools/record"
 )
 
-// QuietRecorder drops virtual-kubelet's routine events — one Normal event
+// quietRecorder drops virtual-kubelet's routine events — one Normal event
 // per pod created, updated or deleted, a write to the apiserver each in a
 // burst of thousands — and passes on warnings and the provider's own events.
-type QuietRecorder struct {
+type quietRecorder struct {
 	record.EventRecorder
 }
 
@@ -20,7 +20,7 @@ var routine = map[string]bool{
 }
 
 // Event implements record.EventRecorder.
-func (r QuietRecorder) Event(obj kruntime.Object, eventtype, reason, message string) {
+func (r quietRecorder) Event(obj kruntime.Object, eventtype, reason, message string) {
 	if eventtype == corev1.EventTypeNormal && routine[reason] {
 		return
 	}
@@ -28,7 +28,7 @@ func (r QuietRecorder) Event(obj kruntime.Object, eventtype, reason, message str
 }
 
 // Eventf implements record.EventRecorder.
-func (r QuietRecorder) Eventf(obj kruntime.Object, eventtype, reason, format string, args ...any) {
+func (r quietRecorder) Eventf(obj kruntime.Object, eventtype, reason, format string, args ...any) {
 	if eventtype == corev1.EventTypeNormal && routine[reason] {
 		return
 	}
@@ -36,7 +36,7 @@ func (r QuietRecorder) Eventf(obj kruntime.Object, eventtype, reason, format str
 }
 
 // AnnotatedEventf implements record.EventRecorder.
-func (r QuietRecorder) AnnotatedEventf(obj kruntime.Object, annotations map[string]string, eventtype, reason, format string, args ...any) {
+func (r quietRecorder) AnnotatedEventf(obj kruntime.Object, annotations map[string]string, eventtype, reason, format string, args ...any) {
 	if eventtype == corev1.EventTypeNormal && routine[reason] {
 		return
 	}

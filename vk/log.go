@@ -14,8 +14,8 @@ import (
 // none above Error).
 const LevelFatal = slog.LevelError + 4
 
-// VKLogger adapts l to virtual-kubelet's logger interface. Set
-// virtual-kubelet's log.L to it (in cmd/) so the pod and node controllers'
+// vkLogger adapts l to virtual-kubelet's logger interface. NewNode sets
+// virtual-kubelet's log.L to it (WithControllerLogger) so the pod and node controllers'
 // messages — errors syncing pods among them — reach the process's log
 // instead of virtual-kubelet's default, which discards everything.
 //
@@ -24,7 +24,7 @@ const LevelFatal = slog.LevelError + 4
 // becomes one "pod" field, namespace/name, as sandman's own logs have it.
 // Fatal logs at LevelFatal and does not exit: virtual-kubelet's code
 // never calls it, and a library has no business ending the process.
-func VKLogger(l *slog.Logger) vklog.Logger { return slogAdapter{l} }
+func vkLogger(l *slog.Logger) vklog.Logger { return slogAdapter{l} }
 
 type slogAdapter struct{ l *slog.Logger }
 

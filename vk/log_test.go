@@ -55,7 +55,7 @@ func TestVKLogger(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var buf bytes.Buffer
-			tc.log(VKLogger(slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: tc.level}))))
+			tc.log(vkLogger(slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: tc.level}))))
 			lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
 			if buf.Len() == 0 {
 				lines = nil

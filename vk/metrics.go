@@ -80,9 +80,9 @@ func Collectors() []prometheus.Collector {
 		metricReleases, metricReleaseSeconds, metricDeletesSeen, metricWaitingUntold, metricReclaims, metricStatusUpdates, metricAPIRequests}
 }
 
-// InstrumentRESTConfig counts every apiserver request made through cfg in
+// instrumentRESTConfig counts every apiserver request made through cfg in
 // sandman_vk_apiserver_requests_total.
-func InstrumentRESTConfig(cfg *rest.Config) {
+func instrumentRESTConfig(cfg *rest.Config) {
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return countingTransport{rt} })
 }
 

@@ -18,8 +18,8 @@ import (
 	"github.com/sandman-dev/sandman/runtime"
 )
 
-// NodeConfig describes the virtual node.
-type NodeConfig struct {
+// nodeConfig describes the virtual node.
+type nodeConfig struct {
 	Name string
 	// PoolName is the value of the sandman.io/pool label and taint.
 	PoolName string
@@ -39,10 +39,10 @@ type NodeConfig struct {
 	QueueRoom int
 }
 
-// NodeSpec is the virtual node as it is registered: labels for the node
+// nodeSpec is the virtual node as it is registered: labels for the node
 // selector, a taint sandboxes tolerate, addresses, and the capacity of the
 // pool's healthy node agents.
-func NodeSpec(cfg NodeConfig, capa runtime.Capacity, agents int) corev1.Node {
+func nodeSpec(cfg nodeConfig, capa runtime.Capacity, agents int) corev1.Node {
 	n := corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: cfg.Name,
@@ -141,11 +141,11 @@ func setCapacity(n *corev1.Node, capa runtime.Capacity, agents, room int) {
 	}
 }
 
-// NodeProvider reports the pool's capacity as the virtual node's status.
+// nodeProvider reports the pool's capacity as the virtual node's status.
 // Its Ping checks only the provider itself: one unhealthy worker must not
 // make the whole virtual node NotReady.
-type NodeProvider struct {
-	Config NodeConfig
+type nodeProvider struct {
+	Config nodeConfig
 	Pool   *pool.Pool
 	// Interval between capacity checks (default 1 s).
 	Interval time.Duration
@@ -160,14 +160,14 @@ type NodeProvider struct {
 	Logger *slog.Logger
 }
 
-var _ node.NodeProvider = (*NodeProvider)(nil)
+var _ node.NodeProvider = (*nodeProvider)(nil)
 
 // Ping implements node.NodeProvider.
-func (np *NodeProvider) Ping(ctx context.Context) error { return ctx.Err() }
+func (np *nodeProvider) Ping(ctx context.Context) error { return ctx.Err() }
 
 // NotifyNodeStatus implements node.NodeProvider: a status is pushed when
 // the healthy capacity changes.
-func (np *NodeProvider) NotifyNodeStatus(ctx context.Context, cb func(*corev1.Node)) {
+func (np *nodeProvider) NotifyNodeStatus(ctx context.Context, cb func(*corev1.Node)) {
 	interval := np.Interval
 	if interval <= 0 {
 		interval = time.Second
@@ -194,7 +194,7 @@ func (np *NodeProvider) NotifyNodeStatus(ctx context.Context, cb func(*corev1.No
 			}
 			if key := fmt.Sprint(capa, agents); key != last {
 				last = key
-				n := NodeSpec(np.Config, capa, agents)
+				n := nodeSpec(np.Config, capa, agents)
 				cb(&n)
 			}
 			select {
@@ -208,7 +208,7 @@ func (np *NodeProvider) NotifyNodeStatus(ctx context.Context, cb func(*corev1.No
 
 // notReadyInAPI is the node's Ready condition in the API when it is not
 // True (an unreadable node is left to the next check).
-func (np *NodeProvider) notReadyInAPI(ctx context.Context) string {
+func (np *nodeProvider) notReadyInAPI(ctx context.Context) string {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	n, err := np.Nodes.Get(ctx, np.Config.Name, metav1.GetOptions{})
@@ -226,7 +226,7 @@ func (np *NodeProvider) notReadyInAPI(ctx context.Context) string {
 	return "no Ready condition"
 }
 
-func (np *NodeProvider) capacity() (runtime.Capacity, int) {
+func (np *nodeProvider) capacity() (runtime.Capacity, int) {
 	agents := 0
 	for _, v := range np.Pool.Nodes() {
 		if v.Healthy {
@@ -237,4 +237,4 @@ func (np *NodeProvider) capacity() (runtime.Capacity, int) {
 }
 
 // Capacity is the pool's healthy capacity and number of reachable agents.
-func (np *NodeProvider) Capacity() (runtime.Capacity, int) { return np.capacity() }
+func (np *nodeProvider) Capacity() (runtime.Capacity, int) { return np.capacity() }

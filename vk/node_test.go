@@ -14,9 +14,9 @@ import (
 // CPU and memory scaled alike, and says so; without, exactly its slots.
 func TestQueueRoom(t *testing.T) {
 	capa := runtime.Capacity{Slots: 1000, Resources: runtime.Resources{MilliCPU: 250_000, MemoryBytes: 1 << 40}}
-	cfg := NodeConfig{Name: "vn", PoolName: "p"}
+	cfg := nodeConfig{Name: "vn", PoolName: "p"}
 
-	n := NodeSpec(cfg, capa, 10)
+	n := nodeSpec(cfg, capa, 10)
 	if got := n.Status.Capacity.Pods().Value(); got != 1000 {
 		t.Errorf("truthful: pods %d, want 1000", got)
 	}
@@ -30,7 +30,7 @@ func TestQueueRoom(t *testing.T) {
 	}
 
 	cfg.QueueRoom = 4000
-	n = NodeSpec(cfg, capa, 10)
+	n = nodeSpec(cfg, capa, 10)
 	st := n.Status
 	if got := st.Capacity.Pods().Value(); got != 5000 {
 		t.Errorf("pods %d, want 5000 (1000 slots + 4000 room)", got)

@@ -26,13 +26,13 @@ import (
 // (342 on the local stack, at most 1,000): 6 closes in that burst, not
 // ~240. The pods of other nodes are dropped here, before they reach the
 // informer's cache; their events still cost the apiserver and this
-// process a decode each (protobuf, see cmd/sandman-vk).
+// process a decode each (protobuf, see ConfigureClient).
 
-// WidePodWatch wraps client so that listing and watching pods with the
+// widePodWatch wraps client so that listing and watching pods with the
 // selector spec.nodeName=node (what virtual-kubelet's pod informer asks)
 // asks the apiserver for all assigned pods instead and keeps node's.
 // Every other call goes through unchanged.
-func WidePodWatch(client kubernetes.Interface, node string) kubernetes.Interface {
+func widePodWatch(client kubernetes.Interface, node string) kubernetes.Interface {
 	return widePodsClientset{Interface: client, node: node,
 		selector: fields.OneTermEqualSelector("spec.nodeName", node).String()}
 }

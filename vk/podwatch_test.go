@@ -31,7 +31,7 @@ func TestWidePodWatchAsksForAssignedPodsAndKeepsTheNodes(t *testing.T) {
 		selectors = append(selectors, a.(ktesting.WatchAction).GetWatchRestrictions().Fields.String())
 		return true, fw, nil
 	})
-	pods := WidePodWatch(kube, "vn").CoreV1().Pods("")
+	pods := widePodWatch(kube, "vn").CoreV1().Pods("")
 
 	list, err := pods.List(t.Context(), metav1.ListOptions{FieldSelector: "spec.nodeName=vn"})
 	if err != nil {

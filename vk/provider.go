@@ -44,7 +44,7 @@ type Config struct {
 	NodeName string
 	Pool     *pool.Pool
 	// QueueRoom is the room beyond its slots the node advertises
-	// (NodeConfig.QueueRoom), shown on the capacity page.
+	// (nodeConfig.QueueRoom), shown on the capacity page.
 	QueueRoom int
 	// Client writes pod deletions after a sandbox's release (as a kubelet
 	// does); Pods and Secrets are listers from the node's informers.
@@ -961,9 +961,9 @@ func lostWhileRunning(pod *corev1.Pod) bool {
 	return false
 }
 
-// TrimPod drops what the virtual node never reads from pods it caches
+// trimPod drops what the virtual node never reads from pods it caches
 // (managedFields), for the pod informer's SetTransform.
-func TrimPod(obj any) (any, error) {
+func trimPod(obj any) (any, error) {
 	if pod, ok := obj.(*corev1.Pod); ok {
 		pod.ManagedFields = nil
 	}

@@ -329,9 +329,9 @@ func TestExitEndsThePodAndFreesTheSlot(t *testing.T) {
 
 func TestNodeCapacityIsThePools(t *testing.T) {
 	h := newHarness(t, 3)
-	np := &NodeProvider{Config: NodeConfig{Name: "vn", PoolName: "t", IP: "10.0.0.1", KubeletPort: 10250}, Pool: h.pool}
+	np := &nodeProvider{Config: nodeConfig{Name: "vn", PoolName: "t", IP: "10.0.0.1", KubeletPort: 10250}, Pool: h.pool}
 	capa, agents := np.Capacity()
-	n := NodeSpec(np.Config, capa, agents)
+	n := nodeSpec(np.Config, capa, agents)
 	if n.Status.Capacity.Pods().Value() != 3 || n.Status.Allocatable.Cpu().MilliValue() != 3000 || agents != 1 {
 		t.Fatalf("capacity %v allocatable %v agents %d", n.Status.Capacity, n.Status.Allocatable, agents)
 	}
@@ -462,13 +462,13 @@ func TestCloseStopsReleaseRetries(t *testing.T) {
 // again within the resync interval; a Ready one is not.
 func TestNodeStatusRewrittenWhenMarkedNotReady(t *testing.T) {
 	h := newHarness(t, 3)
-	cfg := NodeConfig{Name: "vn", PoolName: "t", IP: "10.0.0.1", KubeletPort: 10250}
-	capa, agents := (&NodeProvider{Config: cfg, Pool: h.pool}).Capacity()
-	n := NodeSpec(cfg, capa, agents)
+	cfg := nodeConfig{Name: "vn", PoolName: "t", IP: "10.0.0.1", KubeletPort: 10250}
+	capa, agents := (&nodeProvider{Config: cfg, Pool: h.pool}).Capacity()
+	n := nodeSpec(cfg, capa, agents)
 	if _, err := h.client.CoreV1().Nodes().Create(t.Context(), &n, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	np := &NodeProvider{Config: cfg, Pool: h.pool, Nodes: h.client.CoreV1().Nodes(), Interval: 5 * time.Millisecond, ResyncInterval: 5 * time.Millisecond}
+	np := &nodeProvider{Config: cfg, Pool: h.pool, Nodes: h.client.CoreV1().Nodes(), Interval: 5 * time.Millisecond, ResyncInterval: 5 * time.Millisecond}
 	var pushes atomic.Int32
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()

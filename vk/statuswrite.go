@@ -21,14 +21,14 @@ import (
 // sandman.io/expires-at went back to the old time, so the sandbox was not
 // reclaimed). A kubelet writes only the status.
 
-// StatusOnlyPods wraps the pod client virtual-kubelet writes statuses
+// statusWritesOnly wraps the pod client virtual-kubelet writes statuses
 // with: UpdateStatus sends the pod as pods (the informer virtual-kubelet
 // reads) has it at the resourceVersion virtual-kubelet chose, with the
 // provider's status, so only the status changes. When the informer has
 // moved past that version the write would conflict anyway: it is refused
 // as a conflict without a request, and virtual-kubelet retries with the
 // pod as it now is.
-func StatusOnlyPods(pods corev1client.PodsGetter, lister corev1listers.PodLister) corev1client.PodsGetter {
+func statusWritesOnly(pods corev1client.PodsGetter, lister corev1listers.PodLister) corev1client.PodsGetter {
 	return statusOnlyPods{PodsGetter: pods, lister: lister}
 }
 

@@ -35,7 +35,7 @@ func TestStatusOnlyPods(t *testing.T) {
 	if err := idx.Add(stored.DeepCopy()); err != nil {
 		t.Fatal(err)
 	}
-	pods := StatusOnlyPods(client.CoreV1(), corev1listers.NewPodLister(idx))
+	pods := statusWritesOnly(client.CoreV1(), corev1listers.NewPodLister(idx))
 
 	// The provider's copy: from before the annotation moved and the label
 	// and finalizer were added; virtual-kubelet gives it the informer's
@@ -96,7 +96,7 @@ func TestStatusOnlyPodsSkipsDeletingWhatIsGone(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	pods := StatusOnlyPods(client.CoreV1(), corev1listers.NewPodLister(idx)).Pods("ns")
+	pods := statusWritesOnly(client.CoreV1(), corev1listers.NewPodLister(idx)).Pods("ns")
 	uid := types.UID("u1")
 	if err := pods.Delete(t.Context(), "gone", metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}); err != nil {
 		t.Fatalf("deleting a pod removed at once: %v", err)

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -172,3 +173,58 @@ func watchControlKeyFile(ctx context.Context, path string, every time.Duration, 
 // errNoControlKey says sandman-vk was given nothing to derive control
 // tokens from.
 var errNoControlKey = errors.New("no control key: give --control-key-secret or --pool-secret-file (or a pool token, which is then the control key)")
+
+// loadControlKeys reads the control keys from --control-key-secret
+// (created when missing, seeded with the pool token or
+// --control-key-seed-secret), from --pool-secret-file, or else takes the
+// pool token; they are followed until ctx ends (wg waits for the file's
+// watch). nil: there is no control key.
+func loadControlKeys(ctx context.Context, wg *sync.WaitGroup, o options, client kubernetes.Interface, token string, log *slog.Logger) (*vk.ControlKeys, error) {
+	switch {
+	case o.controlKeySecret != "":
+		ns, name, err := parseSecretName(o.controlKeySecret)
+		if err != nil {
+			return nil, fmt.Errorf("--control-key-secret: %w", err)
+		}
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		// Until now the pool token (if any) was the control key: a new
+		// Secret keeps it as the previous key, so running sandboxes are
+		// re-keyed, not cut off.
+		seed := func() ([]byte, error) { return []byte(token), nil }
+		if o.controlKeySeedSecret != "" {
+			sns, sname, err := parseSecretName(o.controlKeySeedSecret)
+			if err != nil {
+				return nil, fmt.Errorf("--control-key-seed-secret: %w", err)
+			}
+			seed = func() ([]byte, error) { return readSeedSecret(sctx, client, sns, sname) }
+		}
+		current, previous, err := ensureControlKeySecret(sctx, client, ns, name, seed)
+		if err != nil {
+			return nil, err
+		}
+		keys, err := vk.NewControlKeys(current, previous...)
+		if err != nil {
+			return nil, err
+		}
+		if err := watchControlKeySecret(ctx, client, ns, name, keys, log); err != nil {
+			return nil, err
+		}
+		return keys, nil
+	case o.poolSecretFile != "":
+		current, previous, err := readControlKeyFile(o.poolSecretFile)
+		if err != nil {
+			return nil, fmt.Errorf("--pool-secret-file: %w", err)
+		}
+		keys, err := vk.NewControlKeys(current, previous...)
+		if err != nil {
+			return nil, err
+		}
+		wg.Go(func() { watchControlKeyFile(ctx, o.poolSecretFile, 2*time.Second, keys, log) })
+		return keys, nil
+	case token != "":
+		return vk.NewControlKeys([]byte(token))
+	}
+	log.Warn(errNoControlKey.Error() + ": kubectl exec and logs of authenticated sandboxes, and their idle timeouts, do not work")
+	return nil, nil
+}

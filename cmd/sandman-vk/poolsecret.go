@@ -6,7 +6,9 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -185,4 +187,53 @@ func followSecret(ctx context.Context, client kubernetes.Interface, namespace, n
 		}
 	}
 	return nil
+}
+
+// poolCredentials are how sandman-vk authenticates to the node agents:
+// the node API CA with --node-api-ca-secret (mutual TLS; followed until
+// ctx ends), and the pool token from --pool-secret-name, --token-file or
+// SANDMAN_POOL_TOKEN (empty with the CA and none of those).
+func poolCredentials(ctx context.Context, o options, client kubernetes.Interface, log *slog.Logger) (apiCerts *nodetls.Authority, token string, err error) {
+	if o.nodeAPICASecret != "" {
+		ns, name, err := parseSecretName(o.nodeAPICASecret)
+		if err != nil {
+			return nil, "", fmt.Errorf("--node-api-ca-secret: %w", err)
+		}
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		apiCerts, err = watchNodeAPICA(sctx, ctx, client, ns, name, o.poolName, log)
+		cancel()
+		if err != nil {
+			return nil, "", err
+		}
+	}
+	if o.poolSecretName != "" {
+		ns, name, err := parseSecretName(o.poolSecretName)
+		if err != nil {
+			return nil, "", fmt.Errorf("--pool-secret-name: %w", err)
+		}
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		token, err = ensurePoolSecret(sctx, client, ns, name)
+		cancel()
+		if err != nil {
+			return nil, "", err
+		}
+	} else if apiCerts == nil {
+		if token, err = secret(o.tokenFile, "SANDMAN_POOL_TOKEN"); err != nil || token == "" {
+			return nil, "", fmt.Errorf("no pool token: give --token-file, SANDMAN_POOL_TOKEN or --pool-secret-name (%v)", err)
+		}
+	}
+	return apiCerts, token, nil
+}
+
+// secret reads a file's trimmed content, or an environment variable when
+// no file is given.
+func secret(file, env string) (string, error) {
+	if file == "" {
+		return os.Getenv(env), nil
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(b)), nil
 }
