@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/url"
 	"strconv"
@@ -17,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
 	"github.com/sandman-dev/sandman/daemon/api"
@@ -170,10 +172,28 @@ func TestAttackSuite(t *testing.T) {
 
 	// Afterwards: the attacker's daemon (PID 1) still serves, the victim
 	// still serves its owner, and the agent still binds.
-	framework.Eventually(t, time.Minute, "the attacker's daemon to serve after the attacks", func(ctx context.Context) (bool, error) {
-		r, err := a.Exec(ctx, api.ExecRequest{Cmd: []string{"cat", "/proc/1/comm"}})
-		return err == nil && strings.TrimSpace(string(r.Stdout)) == "sandman-daemon", nil
+	// Each try has a deadline of its own, so one request that hangs does
+	// not take the whole wait; a failure says what the last try saw.
+	var last string
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		r, err := a.Exec(tctx, api.ExecRequest{Cmd: []string{"cat", "/proc/1/comm"}})
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		last = fmt.Sprintf("exit %d, stdout %q, stderr %q", r.ExitCode, r.Stdout, r.Stderr)
+		return strings.TrimSpace(string(r.Stdout)) == "sandman-daemon", nil
 	})
+	if err != nil {
+		pod, perr := s.Kube.CoreV1().Pods(p.ns).Get(context.Background(), "attacker", metav1.GetOptions{})
+		state := fmt.Sprint(perr)
+		if perr == nil {
+			state = fmt.Sprintf("phase %s, containers %+v", pod.Status.Phase, pod.Status.ContainerStatuses)
+		}
+		t.Fatalf("waiting 1m for the attacker's daemon to serve after the attacks: %v; the last try: %s; the pod: %s", err, last, state)
+	}
 	if r, err := daemonAt(t, victim.Status.PodIP, trainerToken).Exec(ctx, api.ExecRequest{Cmd: []string{"true"}}); err != nil || r.ExitCode != 0 {
 		t.Errorf("the victim after the attacks: %v", err)
 	}
