@@ -25,7 +25,7 @@ import (
 )
 
 // TestVKKubeletPortAuthz: the virtual node's kubelet port authorizes like a
-// kubelet (issue 13). For exec, logs and stats, straight to the port:
+// kubelet. For exec, logs and stats, straight to the port:
 // anonymous → 401; an unprivileged ServiceAccount's token → 403; a
 // ServiceAccount with nodes/proxy on the node → exec and logs work, stats
 // (nodes/stats) does not; the apiserver's kubelet client certificate → all

@@ -57,7 +57,7 @@ func bindsByPath(t *testing.T, rt *noderuntime.Runtime) map[string]float64 {
 	return out
 }
 
-// TestRootHotFollowsDemand: the hot pool follows the bind mix (issue 16).
+// TestRootHotFollowsDemand: the hot pool follows the bind mix.
 // Binds of image A make A's sandboxes hot; when the mix moves to image B,
 // A's idle hot sandboxes are cooled down (their slots warm again) and B's
 // are started, within the budget.

@@ -24,11 +24,12 @@ import (
 )
 
 // runtimeWithUserNS is a containerd runtime with user namespaces on, under
-// the pinned runc (skips when hack/build-tools.sh has not built it).
+// the pinned runc. A missing runc fails the test: the stack's tools are
+// part of the tier, so a missing one is a broken install, not a reason to skip.
 func runtimeWithUserNS(t *testing.T, s *framework.Stack, slots, warm int, mutate ...func(*noderuntime.Config)) *noderuntime.Runtime {
 	t.Helper()
 	if fi, err := os.Stat(s.RuncBin); s.RuncBin == "" || err != nil || fi.Mode()&0o111 == 0 {
-		t.Skipf("no pinned runc at %q: build it with hack/build-tools.sh runc", s.RuncBin)
+		t.Fatalf("no pinned runc at %q: build it with hack/build-tools.sh runc", s.RuncBin)
 	}
 	return newContainerdRuntime(t, s, slots, warm, append([]func(*noderuntime.Config){func(c *noderuntime.Config) {
 		c.RuncPath, c.UserNamespaces = s.RuncBin, noderuntime.UserNamespacesOn

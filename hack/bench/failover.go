@@ -11,7 +11,7 @@ import (
 	"github.com/sandman-dev/sandman/runtime/noderuntime"
 )
 
-// benchFailover measures sandman-vk's failover (issue 13): two replicas of
+// benchFailover measures sandman-vk's failover: two replicas of
 // one virtual node over a node agent on the stack's containerd, 20 sandbox
 // pods Ready, then the leader SIGKILLed and one new pod created at once.
 // Per run: kill → the standby holds the Lease, and kill → the new pod is

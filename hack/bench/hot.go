@@ -28,7 +28,7 @@ import (
 	"github.com/sandman-dev/sandman/runtime/runtimetest"
 )
 
-// The hot suite (issue 16, "hot slots follow demand"): a mixed burst over
+// The hot suite (hot slots follow demand): a mixed burst over
 // five images with a skewed mix on the real containerd runtime, binds
 // arriving continuously and released after a short hold so slots turn
 // over; the same burst with hot slots off is the baseline. Sized by

@@ -117,7 +117,7 @@ func benchNode(cfg config) ([]row, error) {
 		return nil, fmt.Errorf("generic bind: %w", err)
 	}
 
-	// The isolation layers of issue 14, each against the same runtime
+	// The isolation layers, each against the same runtime
 	// without it, in the same run: the sandbox firewall (on above: its
 	// cost is in generic), and user namespaces with the pinned runc.
 	noFW, err := be.genericBinds(ctx, "bench-nofw", image, n, func(c *noderuntime.Config) { c.NoFirewall = true })

@@ -41,7 +41,7 @@ cp -r /usr/lib/python3.11 /opt/pylib
 find /opt/pylib -name __pycache__ -prune -exec rm -rf {} +
 /opt/venv/bin/python -m compileall -q /opt/pylib >/dev/null`
 
-// benchSnapshot measures prepared environments (issue 18) on the real
+// benchSnapshot measures prepared environments (snapshots and forks) on the real
 // containerd runtime with the stack's registry as the snapshot registry:
 // snapshots of a Debian sandbox with 100 MB of changes (and the time it is
 // frozen), a fork's bind to its first exec beside a bind of the base image
