@@ -27,10 +27,12 @@ import (
 
 	"github.com/sandman-dev/sandman/daemon"
 	"github.com/sandman-dev/sandman/daemon/api"
+	"github.com/sandman-dev/sandman/internal/buildinfo"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
+// version is what a release build stamps with -ldflags
+// "-X main.version=v1.2.3"; empty, the build info says (buildinfo.Version).
+var version string
 
 type hashList []string
 
@@ -91,8 +93,9 @@ func run(args []string) (int, error) {
 	if err := fs.Parse(args); err != nil {
 		return 2, nil
 	}
+	ver := buildinfo.Version(version)
 	if o.printVersion {
-		fmt.Println(version)
+		fmt.Println("sandman-daemon", ver)
 		return 0, nil
 	}
 	if o.hold {
@@ -111,7 +114,7 @@ func run(args []string) (int, error) {
 		MaxProcesses:         o.maxProcesses,
 		RestartPolicy:        o.restart,
 		MaxUploadBytes:       o.maxUpload,
-		Version:              version,
+		Version:              ver,
 		Logger:               log,
 	}
 	for _, h := range o.hashes {
@@ -169,7 +172,7 @@ func run(args []string) (int, error) {
 	if len(listeners) == 0 {
 		return 2, fmt.Errorf("nothing to serve on: give --listen or --socket")
 	}
-	log.Info("serving", "listen", o.listen, "socket", o.socket, "pid", os.Getpid(), "version", version,
+	log.Info("serving", "listen", o.listen, "socket", o.socket, "pid", os.Getpid(), "version", ver,
 		"tokens", len(cfg.TokenHashes), "unauthenticated", o.allowUnauth)
 	return srv.Supervise(context.Background(), listeners, fs.Args(), o.grace)
 }

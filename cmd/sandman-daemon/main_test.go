@@ -169,6 +169,13 @@ func TestFlagsErrors(t *testing.T) {
 	}
 }
 
+// TestVersionFlag: --version answers before the flags are checked.
+func TestVersionFlag(t *testing.T) {
+	if code, err := run([]string{"--version"}); code != 0 || err != nil {
+		t.Fatalf("run(--version) = %d, %v", code, err)
+	}
+}
+
 func alive(pid int) bool {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {

@@ -35,6 +35,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/sandman-dev/sandman/gateway"
+	"github.com/sandman-dev/sandman/internal/buildinfo"
 )
 
 type options struct {
@@ -54,7 +55,12 @@ type options struct {
 	qps                                float64
 	burst                              int
 	logLevel                           string
+	printVersion                       bool
 }
+
+// version is what a release build stamps with -ldflags
+// "-X main.version=v1.2.3"; empty, the build info says (buildinfo.Version).
+var version string
 
 func main() {
 	if err := run(os.Args[1:]); err != nil {
@@ -96,8 +102,13 @@ func run(args []string) error {
 	fs.Float64Var(&o.qps, "kube-api-qps", 200, "apiserver requests per second")
 	fs.IntVar(&o.burst, "kube-api-burst", 400, "apiserver request burst")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.BoolVar(&o.printVersion, "version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if o.printVersion {
+		fmt.Println("sandman-gateway", buildinfo.Version(version))
+		return nil
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {

@@ -23,3 +23,11 @@ func TestNamespaceList(t *testing.T) {
 		}
 	}
 }
+
+// TestVersionFlag: --version answers before the flags are checked, with
+// no credentials or cluster.
+func TestVersionFlag(t *testing.T) {
+	if err := run([]string{"--version"}); err != nil {
+		t.Fatalf("run(--version): %v", err)
+	}
+}

@@ -51,6 +51,7 @@ type options struct {
 	hotMixWindow                                int
 	hotMixHalfLife                              time.Duration
 	stopTimeout                                 time.Duration
+	printVersion                                bool
 
 	// Set by validate.
 	level      slog.Level
@@ -142,6 +143,7 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.controlNamespaces, "control-namespaces", "sandman-system", "comma-separated namespaces whose pods (sandman-vk, the gateway) always reach sandbox daemons, whatever a policy says")
 	fs.DurationVar(&o.stopTimeout, "stop-timeout", 25*time.Second, "how long a stopping agent (SIGTERM) has to finish releases under way and tear its warm and hot slots down; keep it a few seconds under the pod's terminationGracePeriodSeconds. What is not removed by then, the next agent's recovery removes (about 9 s for 110 slots on 2 busy cores)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.BoolVar(&o.printVersion, "version", false, "print the version and exit")
 }
 
 // validate checks the flags against each other, parses the sizes and log

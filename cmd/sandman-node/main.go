@@ -5,7 +5,7 @@
 // Files: flags.go (the flags), serve.go (the node API's listener, served
 // from the start), runtime.go (containerd, the runtime, network policies,
 // the sandbox resolver), install.go (binaries copied to the host), hot.go,
-// cordon.go, uninstall.go, version.go.
+// cordon.go, uninstall.go.
 package main
 
 import (
@@ -29,11 +29,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/klog/v2"
 
+	"github.com/sandman-dev/sandman/internal/buildinfo"
 	"github.com/sandman-dev/sandman/runtime/hostexec"
 	"github.com/sandman-dev/sandman/runtime/nodeapi"
 	"github.com/sandman-dev/sandman/runtime/noderuntime"
 	"github.com/sandman-dev/sandman/runtime/sandboxdns"
 )
+
+// version is what a release build stamps with -ldflags
+// "-X main.version=v1.2.3"; empty, the build info says (buildinfo.Version).
+var version string
 
 func main() {
 	// Through a shim, this binary stands for one of the host's CNI plugins
@@ -54,6 +59,10 @@ func run(args []string) error {
 	o.bindFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if o.printVersion {
+		fmt.Println("sandman-node", buildinfo.Version(version))
+		return nil
 	}
 	if err := o.validate(); err != nil {
 		return err

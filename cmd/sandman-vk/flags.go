@@ -52,6 +52,7 @@ type options struct {
 	leaderElectNamespace                   string
 	leaseDuration, renewDeadline           time.Duration
 	retryPeriod                            time.Duration
+	printVersion                           bool
 
 	// Set by validate.
 	level   slog.Level
@@ -129,6 +130,7 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.lost, "lost-after", 2*time.Minute, "how long a node agent may be unreachable before its running pods are failed as lost")
 	fs.StringVar(&o.metricsListen, "metrics-listen", "127.0.0.1:9652", "Prometheus /metrics and /healthz address")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.BoolVar(&o.printVersion, "version", false, "print the version and exit")
 	o.defaultLimits, o.maxLimits = mustResourceList(defaultLimits), mustResourceList(maxLimits)
 	fs.Var(&o.defaultLimits, "default-limits", "limits of a sandbox container that sets none: cpu, memory, ephemeral-storage (a larger request is the limit instead; empty: none)")
 	fs.Var(&o.maxLimits, "max-limits", "largest request or limit a sandbox container may ask for: cpu, memory, ephemeral-storage (pods above are refused; empty: no maximum)")

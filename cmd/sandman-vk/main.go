@@ -29,9 +29,14 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 
+	"github.com/sandman-dev/sandman/internal/buildinfo"
 	"github.com/sandman-dev/sandman/pool"
 	"github.com/sandman-dev/sandman/vk"
 )
+
+// version is what a release build stamps with -ldflags
+// "-X main.version=v1.2.3"; empty, the build info says (buildinfo.Version).
+var version string
 
 func main() {
 	if err := run(os.Args[1:]); err != nil {
@@ -46,6 +51,10 @@ func run(args []string) error {
 	o.bindFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if o.printVersion {
+		fmt.Println("sandman-vk", buildinfo.Version(version))
+		return nil
 	}
 	if err := o.validate(); err != nil {
 		return err

@@ -29,3 +29,11 @@ func TestKubeletVersionOf(t *testing.T) {
 		t.Errorf("kubeletVersion of this build = %q: no k8s.io/client-go in its build info", got)
 	}
 }
+
+// TestVersionFlag: --version answers before the flags are checked, with
+// no credentials or cluster.
+func TestVersionFlag(t *testing.T) {
+	if err := run([]string{"--version"}); err != nil {
+		t.Fatalf("run(--version): %v", err)
+	}
+}
