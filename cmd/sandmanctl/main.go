@@ -1,8 +1,9 @@
 // Command sandmanctl is the trainer's and operator's command line for
-// sandboxes: run, exec, cp, ls, rm, renew, get, delete, snapshot; and the
-// pool's images and capacity: prepull, images, top. It follows kubectl's
-// kubeconfig conventions (--kubeconfig, $KUBECONFIG, ~/.kube/config, the
-// context's namespace) and keeps each sandbox's token in a file of its own.
+// sandboxes: run, exec, cp, ls, rm, renew, get, delete, snapshot; the
+// pool's images and capacity: prepull, images, top; and version. It
+// follows kubectl's kubeconfig conventions (--kubeconfig, $KUBECONFIG,
+// ~/.kube/config, the context's namespace) and keeps each sandbox's token
+// in a file of its own.
 //
 // Exit codes: 0 success; for exec, the command's exit code; 1 an error;
 // 2 bad usage; 3 no such sandbox or path; 4 the daemon refused the token.
@@ -11,7 +12,7 @@
 // codes), client.go (the cluster, the virtual node's routes, a sandbox's
 // daemon and its token), and a file per verb: run.go, exec.go, cp.go,
 // ls.go, rm.go, renew.go, get.go, delete.go, prepull.go, images.go,
-// top.go, snapshot.go.
+// top.go, snapshot.go, version.go.
 package main
 
 import (
@@ -48,6 +49,7 @@ Commands:
   top nodes            slots, CPU, memory, images and bind latency per worker (--watch)
   snapshot POD IMAGE   commit a sandbox's filesystem changes as IMAGE in the pool's
                        snapshot registry (--container C); prints IMAGE@DIGEST
+  version              print sandmanctl's version
 
 Global flags:
 `
@@ -99,7 +101,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	c := &ctl{tokenDir: *tokenDir, token: *token, out: stdout, errw: stderr}
-	err := c.connect(*kubeconfig, *namespace)
+	var err error
+	if fs.Arg(0) != "version" { // the one verb that needs no cluster
+		err = c.connect(*kubeconfig, *namespace)
+	}
 	if err == nil {
 		err = c.dispatch(ctx, fs.Arg(0), fs.Args()[1:])
 	}
@@ -150,6 +155,8 @@ func (c *ctl) dispatch(ctx context.Context, cmd string, args []string) error {
 		return c.top(ctx, args)
 	case "snapshot":
 		return c.snapshot(ctx, args)
+	case "version":
+		return c.showVersion(args)
 	}
 	return fail(exitUsage, "unknown command %q (run sandmanctl without arguments for the list)", cmd)
 }

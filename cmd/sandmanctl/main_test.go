@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -33,5 +34,22 @@ func TestRunAndSnapshotUsage(t *testing.T) {
 		if err := c.dispatch(t.Context(), args[0], args[1:]); exitCode(err) != exitUsage {
 			t.Errorf("%v: %v", args, err)
 		}
+	}
+}
+
+// TestVersionNeedsNoCluster: `sandmanctl version` answers without a
+// kubeconfig, and takes no arguments.
+func TestVersionNeedsNoCluster(t *testing.T) {
+	t.Setenv("KUBECONFIG", filepath.Join(t.TempDir(), "none"))
+	var out, errw strings.Builder
+	if code := run(t.Context(), []string{"--kubeconfig", filepath.Join(t.TempDir(), "none"), "version"}, &out, &errw); code != 0 {
+		t.Fatalf("exit %d: %s", code, errw.String())
+	}
+	if !strings.HasPrefix(out.String(), "sandmanctl ") || !strings.HasSuffix(out.String(), "\n") || strings.Count(out.String(), "\n") != 1 {
+		t.Fatalf("printed %q", out.String())
+	}
+	out.Reset()
+	if code := run(t.Context(), []string{"version", "extra"}, &out, &errw); code != exitUsage || out.Len() != 0 {
+		t.Fatalf("version extra: exit %d, printed %q", code, out.String())
 	}
 }
