@@ -2,7 +2,6 @@
 SHELL := /usr/bin/env bash
 GO ?= go
 BIN := bin
-CMDS := sandman-vk sandman-node sandman-daemon sandmanctl
 # Every test tier is defined once, in hack/test.sh; the targets below call it.
 TEST := GO=$(GO) bash hack/test.sh
 
@@ -16,7 +15,7 @@ help: ## list the targets
 build: ## build every command into bin/ (sandman-daemon static)
 	@mkdir -p $(BIN)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $(BIN)/sandman-daemon ./cmd/sandman-daemon
-	$(GO) build -o $(BIN)/ ./cmd/sandman-vk ./cmd/sandman-node ./cmd/sandmanctl
+	$(GO) build -o $(BIN)/ ./cmd/sandman-vk ./cmd/sandman-node ./cmd/sandman-gateway ./cmd/sandmanctl
 
 .PHONY: lint
 lint: ## gofmt, go vet and staticcheck (with the root, e2e and soak tags)

@@ -16,8 +16,6 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 need go "apt-get install golang (Go 1.26 is expected at /usr/local/go)"
 
-# The builds are big; two at once crawl on a small machine.
-export GOFLAGS="${GOFLAGS:-} -trimpath"
 LDFLAGS="-s -w"
 
 # kube_ldflags: the version stamp Kubernetes' own build gives its binaries
@@ -126,18 +124,23 @@ build_gvisor() {
 	mv "$tmp/runsc" "$RUNSC_BIN" && mv "$tmp/shim" "$RUNSC_SHIM_BIN" && rmdir "$tmp"
 }
 
-# metrics-server for `kubectl top` (hack/metrics-server.sh). Its own module
-# (hack/tools/metrics-server) with metrics-server's k8s.io versions, not the
-# stack's.
+# metrics-server for `kubectl top` (hack/metrics-server.sh), built in the
+# Kubernetes module (hack/tools/kube) against the stack's own k8s.io
+# modules: the packages it shares with the control plane are compiled once
+# (13 s after build_kube, where its own module's versions took 3.4 min).
 build_metrics_server() {
 	if [ -x "$METRICS_SERVER_BIN/metrics-server" ]; then
 		log "metrics-server $METRICS_SERVER_VERSION: cached in $METRICS_SERVER_BIN"; return
 	fi
 	log "metrics-server $METRICS_SERVER_VERSION: building into $METRICS_SERVER_BIN"
 	mkdir -p "$METRICS_SERVER_BIN"
+	local m flags=""
+	for m in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
+		flags+=" -X $m.gitVersion=$METRICS_SERVER_VERSION"
+	done
 	(
-		cd "$SANDMAN_ROOT/hack/tools/metrics-server"
-		CGO_ENABLED=0 go build -ldflags "$LDFLAGS -X k8s.io/client-go/pkg/version.gitVersion=$METRICS_SERVER_VERSION" \
+		cd "$SANDMAN_ROOT/hack/tools/kube"
+		go build -ldflags "$LDFLAGS$flags" \
 			-o "$METRICS_SERVER_BIN/metrics-server.tmp" sigs.k8s.io/metrics-server/cmd/metrics-server
 	)
 	mv "$METRICS_SERVER_BIN/metrics-server.tmp" "$METRICS_SERVER_BIN/metrics-server"

@@ -25,4 +25,7 @@ log "component images: building and pushing to $REGISTRY (tags $tags)"
 cd "$SANDMAN_ROOT"
 need "$RUNC_BIN" "hack/build-tools.sh runc (the sandman-node image carries it)"
 need "$RUNSC_BIN" "hack/build-tools.sh gvisor (the sandman-node image carries it)"
-go run ./hack/imagebuild -registry "$REGISTRY" -tag "$tags" -images "${IMAGES:-all}" -runc "$RUNC_BIN" -runsc "$RUNSC_BIN" -print-digests "$@"
+# The binaries' --version: the commit (and -dirty for a changed tree); the
+# images build without VCS info, so nothing else would say it.
+version=${VERSION:-$(git -C "$SANDMAN_ROOT" describe --tags --always --dirty 2>/dev/null || echo dev)}
+go run ./hack/imagebuild -registry "$REGISTRY" -tag "$tags" -version "$version" -images "${IMAGES:-all}" -runc "$RUNC_BIN" -runsc "$RUNSC_BIN" -print-digests "$@"

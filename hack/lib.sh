@@ -26,9 +26,19 @@ GVISOR_DIR=$SANDMAN_CACHE/gvisor-$GVISOR_VERSION
 RUNSC_BIN=$GVISOR_DIR/runsc
 RUNSC_SHIM_BIN=$GVISOR_DIR/containerd-shim-runsc-v1
 METRICS_SERVER_VERSION=v0.8.0
-METRICS_SERVER_BIN=$SANDMAN_CACHE/metrics-server-$METRICS_SERVER_VERSION
+# -k8s: built against the stack's k8s.io modules (hack/tools/kube).
+METRICS_SERVER_BIN=$SANDMAN_CACHE/metrics-server-$METRICS_SERVER_VERSION-k8s$KUBE_VERSION
 METRICS_SERVER_PORT=14443
 IMAGES_DIR=$SANDMAN_CACHE/images
+
+# One build configuration for everything these scripts compile: the tools,
+# the component images, the stack's binaries and every test tier (go vet,
+# go test, the binaries tests build). Packages compiled once are then reused
+# from GOCACHE by every later step; with the defaults (cgo on, full paths)
+# the tests compiled sandman's dependencies a second time. runc, the one cgo
+# build, sets CGO_ENABLED=1 itself.
+export CGO_ENABLED=${CGO_ENABLED:-0}
+case " ${GOFLAGS:-} " in *" -trimpath "*) ;; *) export GOFLAGS="${GOFLAGS:+$GOFLAGS }-trimpath" ;; esac
 
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }

@@ -98,6 +98,7 @@ type options struct {
 	printDigests bool
 	runc         string
 	runsc        string
+	version      string
 }
 
 // runcPath is where the sandman-node image carries the runc it copies to
@@ -119,6 +120,7 @@ func main() {
 	fs.StringVar(&o.layoutDir, "layout", "", "also write an OCI image layout to this directory")
 	fs.BoolVar(&o.printDigests, "print-digests", false, "print image@sha256:... lines on stdout")
 	fs.StringVar(&o.runc, "runc", "", "runc binary (hack/build-tools.sh runc) the sandman-node image carries at "+runcPath+" for the node's sandboxes (required for sandman-node)")
+	fs.StringVar(&o.version, "version", "", "version stamped into every binary (-X main.version, which their --version prints); empty: the build info's, \"(devel)\" for these VCS-less builds")
 	fs.StringVar(&o.runsc, "runsc", "", "gVisor's runsc (hack/build-tools.sh gvisor) the sandman-node image carries at "+runscPath+" (optional: without it the image's agents run no gVisor pods)")
 	_ = fs.Parse(os.Args[1:])
 	if len(o.tags) == 0 {
@@ -169,7 +171,7 @@ func run(ctx context.Context, log *slog.Logger, o options) error {
 		}
 	}
 	start := time.Now()
-	if err := goBuild(ctx, tmp, bins); err != nil {
+	if err := goBuild(ctx, tmp, bins, o.version); err != nil {
 		return err
 	}
 	log.Info("built binaries", "binaries", strings.Join(bins, ","), "took", time.Since(start).Round(time.Millisecond))
@@ -251,8 +253,9 @@ func selectSpecs(names []string) ([]imageSpec, error) {
 }
 
 // goBuild builds each binary as a static, reproducible linux/amd64 program
-// into dir, from the module the working directory is in.
-func goBuild(ctx context.Context, dir string, bins []string) error {
+// into dir, from the module the working directory is in, with version (when
+// set) as main.version.
+func goBuild(ctx context.Context, dir string, bins []string, version string) error {
 	gomod, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
 	if err != nil {
 		return fmt.Errorf("go env GOMOD: %w", err)
@@ -262,8 +265,12 @@ func goBuild(ctx context.Context, dir string, bins []string) error {
 		return errors.New("not inside the sandman module: run from the repository root")
 	}
 	root := filepath.Dir(mod)
+	ldflags := "-s -w"
+	if version != "" {
+		ldflags += " -X main.version=" + version
+	}
 	for _, b := range bins {
-		cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-buildvcs=false", "-ldflags", "-s -w",
+		cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-buildvcs=false", "-ldflags", ldflags,
 			"-o", filepath.Join(dir, b), packages[b])
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
