@@ -6,12 +6,9 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"time"
-
-	"golang.org/x/term"
 
 	"github.com/sandman-dev/sandman/runtime"
 	vkapi "github.com/sandman-dev/sandman/vk/api"
@@ -43,7 +40,7 @@ func (c *ctl) prepull(ctx context.Context, args []string) error {
 	}
 	defer stream.Close()
 	tty := false
-	if f, ok := c.out.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+	if isTerminal(c.out) {
 		tty = true
 	}
 	var last vkapi.PrePullLine

@@ -6,12 +6,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
-
-	"golang.org/x/term"
 
 	"github.com/sandman-dev/sandman/runtime"
 	vkapi "github.com/sandman-dev/sandman/vk/api"
@@ -36,7 +33,7 @@ func (c *ctl) top(ctx context.Context, args []string) error {
 		return err
 	}
 	tty := false
-	if f, ok := c.out.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+	if isTerminal(c.out) {
 		tty = true
 	}
 	for {
