@@ -22,7 +22,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sandman-dev/sandman/e2e/framework"
 	"github.com/sandman-dev/sandman/runtime"
 	"github.com/sandman-dev/sandman/runtime/noderuntime"
 	"github.com/sandman-dev/sandman/runtime/runtimetest"
@@ -83,26 +82,13 @@ type hotRun struct {
 }
 
 func benchHot(cfg config) ([]row, error) {
-	stack, err := framework.Load(cfg.root)
+	be, closeEnv, err := openBenchEnv(cfg, hotNamespace)
 	if err != nil {
 		return nil, err
 	}
-	env := stack.Env
+	defer closeEnv()
+	env := be.env
 	ctx := namespaces.WithNamespace(context.Background(), hotNamespace)
-	client, err := stack.NewContainerd(hotNamespace)
-	if err != nil {
-		return nil, err
-	}
-	defer client.Close()
-	tmp, err := os.MkdirTemp("", "sandman-bench-hot")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(tmp)
-	daemonBin, err := buildDaemon(cfg.root, tmp)
-	if err != nil {
-		return nil, err
-	}
 	images, err := pushHotImages(env["REGISTRY"], env["BUSYBOX_IMAGE"], len(hotMixShares))
 	if err != nil {
 		return nil, fmt.Errorf("push the mix's images: %w", err)
@@ -122,7 +108,6 @@ func benchHot(cfg config) ([]row, error) {
 		}
 	}
 	sched := hotSchedule(n, rate)
-	be := benchEnv{client: client, env: env, daemonBin: daemonBin, namespace: hotNamespace}
 	var runs []hotRun
 	for _, budget := range append([]int{0}, budgets...) {
 		fmt.Fprintf(os.Stderr, "hot: burst of %d binds at %.0f/s, hot budget %d\n", n, rate, budget)

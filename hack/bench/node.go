@@ -33,26 +33,13 @@ const benchNamespace = "sandman-bench"
 // benchNode measures binds on the real containerd runtime beside raw
 // containerd create+start of an equivalent container.
 func benchNode(cfg config) ([]row, error) {
-	stack, err := framework.Load(cfg.root)
+	be, closeEnv, err := openBenchEnv(cfg, benchNamespace)
 	if err != nil {
 		return nil, err
 	}
-	env := stack.Env
+	defer closeEnv()
+	env, client, daemonBin := be.env, be.client, be.daemonBin
 	ctx := namespaces.WithNamespace(context.Background(), benchNamespace)
-	client, err := stack.NewContainerd(benchNamespace)
-	if err != nil {
-		return nil, err
-	}
-	defer client.Close()
-	tmp, err := os.MkdirTemp("", "sandman-bench-node")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(tmp)
-	daemonBin, err := buildDaemon(cfg.root, tmp)
-	if err != nil {
-		return nil, err
-	}
 	image := env["BUSYBOX_IMAGE"]
 	resolver := docker.NewResolver(docker.ResolverOptions{Hosts: docker.ConfigureDefaultRegistries(docker.WithPlainHTTP(docker.MatchLocalhost))})
 	img, err := client.Pull(ctx, image, ctrd.WithPullUnpack, ctrd.WithResolver(resolver))
@@ -60,7 +47,6 @@ func benchNode(cfg config) ([]row, error) {
 		return nil, err
 	}
 	n := min(cfg.n, 60)
-	be := benchEnv{client: client, env: env, daemonBin: daemonBin}
 	if os.Getenv("BENCH_NODE_MEMORY_ONLY") != "" {
 		return be.memoryRows(ctx)
 	}
@@ -354,6 +340,35 @@ type benchEnv struct {
 	daemonBin string
 	// namespace is the containerd namespace (default benchNamespace).
 	namespace string
+}
+
+// openBenchEnv is the set-up the suites on the stack's containerd share:
+// the stack, a containerd client in namespace and the daemon built into a
+// temporary directory. closeEnv undoes it.
+func openBenchEnv(cfg config, namespace string) (be benchEnv, closeEnv func(), err error) {
+	stack, err := framework.Load(cfg.root)
+	if err != nil {
+		return be, nil, err
+	}
+	client, err := stack.NewContainerd(namespace)
+	if err != nil {
+		return be, nil, err
+	}
+	tmp, err := os.MkdirTemp("", namespace)
+	if err != nil {
+		client.Close()
+		return be, nil, err
+	}
+	closeEnv = func() {
+		os.RemoveAll(tmp)
+		client.Close()
+	}
+	daemonBin, err := buildDaemon(cfg.root, tmp)
+	if err != nil {
+		closeEnv()
+		return be, nil, err
+	}
+	return benchEnv{client: client, env: stack.Env, daemonBin: daemonBin, namespace: namespace}, closeEnv, nil
 }
 
 // startRuntime starts a containerd runtime for a benchmark; stop destroys it.

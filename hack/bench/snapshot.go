@@ -17,7 +17,6 @@ import (
 
 	"github.com/sandman-dev/sandman/daemon/api"
 	"github.com/sandman-dev/sandman/daemon/client"
-	"github.com/sandman-dev/sandman/e2e/framework"
 	"github.com/sandman-dev/sandman/runtime"
 	"github.com/sandman-dev/sandman/runtime/noderuntime"
 	"github.com/sandman-dev/sandman/runtime/runtimetest"
@@ -47,29 +46,15 @@ find /opt/pylib -name __pycache__ -prune -exec rm -rf {} +
 // frozen), a fork's bind to its first exec beside a bind of the base image
 // on the same warm slots, 20 forks at once, and the setup a fork saves.
 func benchSnapshot(cfg config) ([]row, error) {
-	stack, err := framework.Load(cfg.root)
+	be, closeEnv, err := openBenchEnv(cfg, snapNamespace)
 	if err != nil {
 		return nil, err
 	}
-	env := stack.Env
+	defer closeEnv()
+	env, cc := be.env, be.client
 	ctx := namespaces.WithNamespace(context.Background(), snapNamespace)
-	cc, err := stack.NewContainerd(snapNamespace)
-	if err != nil {
-		return nil, err
-	}
-	defer cc.Close()
-	tmp, err := os.MkdirTemp("", "sandman-bench-snap")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(tmp)
-	daemonBin, err := buildDaemon(cfg.root, tmp)
-	if err != nil {
-		return nil, err
-	}
 	defer removeNamespace(cc, snapNamespace)
 	base := env["DEBIAN_IMAGE"]
-	be := benchEnv{client: cc, env: env, daemonBin: daemonBin, namespace: snapNamespace}
 	rt, stop, err := be.startRuntime(ctx, "bench-snap", func(c *noderuntime.Config) {
 		c.Slots, c.WarmSlots = 24, 21
 		c.SnapshotRegistry = env["REGISTRY"] + "/" + snapRepo
