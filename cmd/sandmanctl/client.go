@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -14,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/sandman-dev/sandman/daemon/api"
 	"github.com/sandman-dev/sandman/daemon/client"
 	"github.com/sandman-dev/sandman/podcontract"
 	vkapi "github.com/sandman-dev/sandman/vk/api"
@@ -79,7 +82,7 @@ func (c *ctl) daemon(ctx context.Context, name string) (*client.Client, error) {
 		}
 		token = strings.TrimSpace(string(b))
 	}
-	return client.New(pod.Status.PodIP+":49983", client.WithToken(token))
+	return client.New(daemonAddr(pod), client.WithToken(token))
 }
 
 // splitRemote splits NAME:/path; ok is false for a local path.
@@ -143,4 +146,9 @@ func (c *ctl) virtualNode(ctx context.Context, pool string) (string, error) {
 // nodeProxy is the apiserver's path to the virtual node's sandman routes.
 func nodeProxy(node, route string) string {
 	return "/api/v1/nodes/" + node + "/proxy" + vkapi.APIPrefix + route
+}
+
+// daemonAddr is the address of a sandbox pod's daemon.
+func daemonAddr(pod *corev1.Pod) string {
+	return net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(api.Port))
 }

@@ -33,7 +33,7 @@ func (c *ctl) get(ctx context.Context, args []string) error {
 		found = true
 		idle := "-"
 		if ready(&pod) && pod.Status.PodIP != "" {
-			if d, err := client.New(pod.Status.PodIP+":49983", client.WithRetries(0)); err == nil {
+			if d, err := client.New(daemonAddr(&pod), client.WithRetries(0)); err == nil {
 				hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 				if h, err := d.Health(hctx); err == nil {
 					idle = duration.HumanDuration(time.Duration(h.IdleSeconds * float64(time.Second)))
