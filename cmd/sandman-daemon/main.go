@@ -19,7 +19,9 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -223,6 +225,37 @@ func hardenPID1(cfg *daemon.Config) {
 		}
 	}()
 	cfg.StopSignals = []os.Signal{unix.SIGTERM}
+	reserveThreads(reservedThreads)
+}
+
+// reservedThreads is how many OS threads the daemon starts as PID 1 and keeps
+// idle: more than it ever blocks in system calls at once while a bomb runs
+// (the reaper's wait, a file call), at ~24 KiB of kernel and stack memory
+// each and as many pids of the sandbox's limit (1,024 by default).
+const reservedThreads = 8
+
+// reserveThreads starts n OS threads now and leaves them idle: the Go
+// runtime keeps an idle thread for the next one it needs, and aborts the
+// process when it cannot create one. The sandbox's processes share the
+// daemon's pids limit, so a fork bomb that fills it would otherwise end the
+// daemon the first time a blocking system call needed a new thread; with the
+// reserve it serves on and the bomb's exec fails alone.
+func reserveThreads(n int) {
+	var started, release sync.WaitGroup
+	release.Add(1)
+	for range n {
+		started.Add(1)
+		go func() {
+			// Locked and parked, each goroutine holds its thread, so the
+			// next one needs a new thread.
+			runtime.LockOSThread()
+			started.Done()
+			release.Wait()
+			runtime.UnlockOSThread()
+		}()
+	}
+	started.Wait()
+	release.Done()
 }
 
 // ignoredSignals are every catchable signal but SIGTERM and SIGCHLD. For

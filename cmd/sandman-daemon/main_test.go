@@ -282,3 +282,36 @@ func TestHold(t *testing.T) {
 		t.Fatal("the holder did not stop on SIGTERM")
 	}
 }
+
+// TestReserveThreads: the reserve leaves at least that many OS threads in
+// the process (a test binary runs with far fewer than 64).
+func TestReserveThreads(t *testing.T) {
+	const n = 64
+	if before := osThreads(t); before >= n {
+		t.Fatalf("the test process already runs %d threads: the check needs fewer than %d", before, n)
+	}
+	reserveThreads(n)
+	if after := osThreads(t); after < n {
+		t.Fatalf("%d threads after reserveThreads(%d)", after, n)
+	}
+}
+
+// osThreads is the process's thread count, from /proc/self/status.
+func osThreads(t *testing.T) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Threads:"); ok {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	t.Fatal("no Threads line in /proc/self/status")
+	return 0
+}
