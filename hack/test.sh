@@ -120,9 +120,10 @@ print_stages() {
 # machine, and the stages it runs beside (module downloads, debootstrap, the
 # tests' waits) leave about that much idle. The tests keep their CPU: a
 # SCHED_IDLE task yields to any other at once.
-lint_log=$(mktemp)
+lint_log=
 lint_pid=
 lint_start() {
+	lint_log=$(mktemp)
 	log "lint: in the background at idle priority (output in $lint_log)"
 	setsid chrt --idle 0 bash "$SANDMAN_ROOT/hack/test.sh" lint >"$lint_log" 2>&1 &
 	lint_pid=$!
@@ -137,6 +138,7 @@ lint_done() {
 	wait "$lint_pid" || rc=$?
 	lint_pid=
 	cat "$lint_log"
+	rm -f "$lint_log"
 	[ $rc = 0 ] || die "lint failed (exit $rc)"
 	log "lint passed"
 }
