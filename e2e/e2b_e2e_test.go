@@ -78,26 +78,38 @@ func TestE2BWireFormatMatchesSDK(t *testing.T) {
 }
 
 // TestE2BSDK: the official E2B SDK, unchanged, drives sandboxes through
-// sandman-gateway (e2e/e2b/sdk.test.mjs holds its calls and assertions);
-// afterwards the Go side checks what the SDK cannot see: the killed
-// sandbox's slot is free, the expired one was reclaimed with an event.
+// sandman-gateway (e2e/e2b/*.test.mjs hold its calls and assertions, a
+// file per area, run one after another); afterwards the Go side checks
+// what the SDK cannot see: the killed sandbox's slot is free, the expired
+// one was reclaimed with an event.
 func TestE2BSDK(t *testing.T) {
 	s := framework.Get(t)
 	sdk := e2bSDK(t, s.Root)
-	p := startPool(t, s, 1, 6)
+	// The pool's agents push snapshots (createSnapshot, templates built
+	// from code) under a repository of their own in the stack's registry.
+	snapRepo := s.Registry + "/sandman-e2e-e2b-" + rand.String(4)
+	p := startPool(t, s, 1, 6, "--snapshot-registry", snapRepo, "--snapshot-repository", snapRepo+"/e2b")
 	ctx := t.Context()
 	g := startGateway(t, s, p)
 
+	files, err := filepath.Glob(filepath.Join(sdk, "*.test.mjs"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no SDK test files in %s: %v", sdk, err)
+	}
 	state := filepath.Join(t.TempDir(), "state.json")
-	args := []string{"--test", "--test-reporter=spec"}
+	args := []string{"--test", "--test-reporter=spec", "--test-concurrency=1"}
 	if pat := os.Getenv("E2B_TEST_PATTERN"); pat != "" {
 		args = append(args, "--test-name-pattern="+pat)
 	}
-	cmd := exec.CommandContext(ctx, "node", append(args, "sdk.test.mjs")...)
+	for _, f := range files {
+		args = append(args, filepath.Base(f))
+	}
+	cmd := exec.CommandContext(ctx, "node", args...)
 	cmd.Dir = sdk
 	cmd.Env = append(os.Environ(),
 		"E2B_API_URL="+g.url, "E2B_SANDBOX_URL="+g.url, "E2B_API_KEY="+g.key,
-		"SANDMAN_TEMPLATE=debian", "SANDMAN_IMAGE="+s.DebianImage, "SANDMAN_STATE_FILE="+state)
+		"SANDMAN_TEMPLATE=debian", "SANDMAN_BASE_TEMPLATE=base", "SANDMAN_IMAGE="+s.DebianImage,
+		"SANDMAN_SNAPSHOT_REGISTRY="+snapRepo, "SANDMAN_STATE_FILE="+state)
 	out, err := cmd.CombinedOutput()
 	t.Logf("the SDK's run:\n%s", out)
 	if err != nil {
@@ -151,7 +163,8 @@ type gateway struct {
 }
 
 // startGateway runs sandman-gateway for pool p: one key for p's
-// namespace, a template "debian" for the stack's Debian image.
+// namespace, templates "debian" (the stack's Debian image, root) and
+// "base" (E2B's base template: the same as user `user`).
 func startGateway(t *testing.T, s *framework.Stack, p *vpool) *gateway {
 	t.Helper()
 	ctx := t.Context()
@@ -163,7 +176,9 @@ func startGateway(t *testing.T, s *framework.Stack, p *vpool) *gateway {
 		t.Fatal(err)
 	}
 	tmplJSON, _ := json.Marshal(map[string]string{"image": s.DebianImage, "cpu": "250m", "memory": "256Mi"})
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "e2b-templates", Namespace: p.ns}, Data: map[string]string{"debian": string(tmplJSON)}}
+	baseJSON, _ := json.Marshal(map[string]string{"image": s.E2BBaseImage, "cpu": "250m", "memory": "256Mi"})
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "e2b-templates", Namespace: p.ns},
+		Data: map[string]string{"debian": string(tmplJSON), "base": string(baseJSON)}}
 	if _, err := s.Kube.CoreV1().ConfigMaps(p.ns).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,10 @@
 #   sandman/busybox   busybox-static with its applets, /etc/passwd, /tmp
 #   sandman/noshell   one static program and no shell at all
 #   sandman/debian    debootstrap minbase bookworm + git, python3, python3-pytest,
-#                     python3-venv, python3-pip (virtualenvs and offline installs)
+#                     python3-venv, python3-pip (virtualenvs and offline installs),
+#                     sudo, curl; runs as root
+#   sandman/e2b-base  the same layer, as E2B's base template: default user `user`
+#                     (uid 1000, home /home/user, passwordless sudo), workdir its home
 # `images.sh build` writes OCI layouts into $SANDMAN_CACHE/images (skipped when
 # present); `images.sh push` also pushes them (skipped when the registry has them).
 set -o errexit -o nounset -o pipefail
@@ -29,6 +32,28 @@ layout() {
 	ldig=$(sha "$tmp/layer.tar.gz")
 	lsize=$(stat -c %s "$tmp/layer.tar.gz")
 	mv "$tmp/layer.tar.gz" "$tmp/blobs/sha256/$ldig"
+	finish "$dir" "$tmp" "$cfg" "$diffid" "$ldig" "$lsize"
+}
+
+# relayout DIR FROM CONFIG_JSON: the layout FROM's one layer (the blob
+# copied, not made again) under another image config.
+relayout() {
+	local dir=$1 from=$2 cfg=$3 tmp mdig man ldig
+	tmp=$(mktemp -d "$IMAGES_DIR/.build.XXXXXX")
+	mkdir -p "$tmp/blobs/sha256"
+	mdig=$(jq -r '.manifests[0].digest' "$from/index.json")
+	man=$from/blobs/sha256/${mdig#sha256:}
+	ldig=$(jq -r '.layers[0].digest' "$man")
+	cp "$from/blobs/sha256/${ldig#sha256:}" "$tmp/blobs/sha256/"
+	finish "$dir" "$tmp" "$cfg" \
+		"$(jq -r '.rootfs.diff_ids[0]' "$from/blobs/sha256/$(jq -r '.config.digest' "$man" | cut -d: -f2)" | cut -d: -f2)" \
+		"${ldig#sha256:}" "$(jq -r '.layers[0].size' "$man")"
+}
+
+# finish DIR TMP CONFIG_JSON DIFFID LAYER_DIGEST LAYER_SIZE: the config,
+# manifest and index around the layer blob already in TMP; TMP becomes DIR.
+finish() {
+	local dir=$1 tmp=$2 cfg=$3 diffid=$4 ldig=$5 lsize=$6
 	jq -cn --argjson c "$cfg" --arg d "sha256:$diffid" \
 		'{architecture:"amd64",os:"linux",config:$c,rootfs:{type:"layers",diff_ids:[$d]}}' >"$tmp/config.json"
 	local cdig csize
@@ -82,18 +107,28 @@ build_noshell() {
 }
 
 build_debian() {
-	local dir=$IMAGES_DIR/debian-bookworm-v2
+	local dir=$IMAGES_DIR/debian-bookworm-v3
 	[ -f "$dir/index.json" ] && { log "image debian: cached"; return; }
 	need debootstrap "hack/install-deps.sh"
-	log "image debian: debootstrap bookworm minbase + git python3 python3-pytest python3-venv python3-pip (~5 minutes once)"
+	log "image debian: debootstrap bookworm minbase + git python3 python3-pytest python3-venv python3-pip sudo curl (~5 minutes once)"
 	local root
 	root=$(mktemp -d "$IMAGES_DIR/.debian.XXXXXX")
-	debootstrap --variant=minbase --include=git,python3,python3-pytest,python3-venv,python3-pip bookworm "$root" \
+	debootstrap --variant=minbase --include=git,python3,python3-pytest,python3-venv,python3-pip,sudo,curl,ca-certificates bookworm "$root" \
 		"${DEBIAN_MIRROR:-http://deb.debian.org/debian}" >"$IMAGES_DIR/debootstrap.log" 2>&1 ||
 		{ tail -n 20 "$IMAGES_DIR/debootstrap.log" >&2; rm -rf "$root"; die "debootstrap failed; log: $IMAGES_DIR/debootstrap.log"; }
+	# E2B's base template's user: uid 1000, a home, sudo without a password.
+	chroot "$root" useradd --create-home --uid 1000 --shell /bin/bash user
+	echo 'user ALL=(ALL:ALL) NOPASSWD: ALL' >"$root/etc/sudoers.d/user"
+	chmod 0440 "$root/etc/sudoers.d/user"
 	rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/* "$root"/dev/*
 	layout "$dir" "$root" '{"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin","LANG=C.UTF-8"],"Cmd":["bash"],"WorkingDir":"/root"}'
 	rm -rf "$root"
+}
+
+build_e2b_base() {
+	local dir=$IMAGES_DIR/e2b-base-v1 from=$IMAGES_DIR/debian-bookworm-v3
+	[ -f "$dir/index.json" ] && { log "image e2b-base: cached"; return; }
+	relayout "$dir" "$from" '{"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin","LANG=C.UTF-8","HOME=/home/user"],"Cmd":["bash"],"User":"user","WorkingDir":"/home/user"}'
 }
 
 # push DIR REPO:TAG: upload the layout's blobs and manifest unless present.
@@ -131,9 +166,11 @@ need jq "hack/install-deps.sh"
 build_busybox
 build_noshell
 build_debian
+build_e2b_base
 if [ "${1:-build}" = push ]; then
 	curl -fsS "http://$REGISTRY/v2/" >/dev/null || die "registry at $REGISTRY is not up: run hack/local-up.sh"
 	push "$IMAGES_DIR/busybox-v1" "$BUSYBOX_REPO"
 	push "$IMAGES_DIR/noshell-v1" "$NOSHELL_REPO"
-	push "$IMAGES_DIR/debian-bookworm-v2" "$DEBIAN_REPO"
+	push "$IMAGES_DIR/debian-bookworm-v3" "$DEBIAN_REPO"
+	push "$IMAGES_DIR/e2b-base-v1" "$E2B_BASE_REPO"
 fi

@@ -85,6 +85,7 @@ NODE_AGENT_STATE=/var/lib/sandman-node
 BUSYBOX_REPO=sandman/busybox:1.35
 NOSHELL_REPO=sandman/noshell:1
 DEBIAN_REPO=sandman/debian:bookworm
+E2B_BASE_REPO=sandman/e2b-base:bookworm
 
 # kubeconfig NAME [CERT]: $SANDMAN_STATE/pki/NAME.kubeconfig for the client
 # certificate CERT (default NAME) in that directory; kept if present.

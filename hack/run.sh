@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # `make run`: the local stack, two sandman-node agents (two workers' worth of
 # slots on this machine, in their own containerd namespaces), the virtual
-# node (sandman-vk), and a demo: a sandbox pod created with the pool's node
-# selector, a command run in it through its daemon, and what to type next.
-# Running it again reuses what runs and makes a fresh demo pod.
+# node (sandman-vk), the E2B gateway (sandman-gateway) with an API key and
+# E2B's `base` template, and a demo: a sandbox pod created with the pool's
+# node selector, a command run in it through its daemon, a sandbox created
+# through the E2B API, and what to type next. Running it again reuses what
+# runs and makes a fresh demo pod.
 set -o errexit -o nounset -o pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -16,8 +18,8 @@ kubectl() { "$KUBECTL" "$@"; }
 
 BIN=$SANDMAN_STATE/bin
 mkdir -p "$BIN"
-log "building sandman-node, sandman-vk, sandman-daemon and sandmanctl into $BIN"
-for c in sandman-node sandman-vk sandman-daemon sandmanctl; do
+log "building sandman-node, sandman-vk, sandman-daemon, sandman-gateway and sandmanctl into $BIN"
+for c in sandman-node sandman-vk sandman-daemon sandman-gateway sandmanctl; do
 	(cd "$SANDMAN_ROOT" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$BIN/$c.new" "./cmd/$c")
 	# Replace running binaries by rename, so a running agent is not disturbed.
 	mv -f "$BIN/$c.new" "$BIN/$c"
@@ -36,6 +38,10 @@ CONTROL_KEYS=$SANDMAN_STATE/control-keys
 )
 
 POOL=local
+# Snapshots (sandmanctl snapshot, E2B's createSnapshot and templates built
+# from code) go to the stack's registry, each namespace's under
+# $SNAPSHOTS/e2b/<namespace>/.
+SNAPSHOTS=$REGISTRY/sandman-snapshots
 AGENTS=""
 port=9661
 for w in worker-a worker-b; do
@@ -43,7 +49,8 @@ for w in worker-a worker-b; do
 		"$BIN/sandman-node" --node "$w" --containerd-address "$CONTAINERD_ADDRESS" --namespace "sandman-$w" \
 		--slots 8 --warm-slots 2 --cpu 4 --memory 8Gi --state-dir "$SANDMAN_STATE/nodes/$w" \
 		--daemon-path "$BIN/sandman-daemon" --runc "$RUNC_BIN" --runsc "$RUNSC_BIN" --cni-conf-dir "$CNI_CONF_DIR" --cni-bin-dir "$CNI_BIN_DIR" \
-		--listen "127.0.0.1:$port" --token-file "$TOKEN_FILE"
+		--listen "127.0.0.1:$port" --token-file "$TOKEN_FILE" \
+		--snapshot-registry "$SNAPSHOTS" --snapshot-repository "$SNAPSHOTS/e2b"
 	AGENTS="$AGENTS${AGENTS:+,}$w=127.0.0.1:$port"
 	port=$((port + 1))
 done
@@ -88,6 +95,33 @@ curl -fsS -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' 
 	-d '{"shell":"echo hello from $(hostname); uname -sr; python3 --version"}' "http://$IP:49983/v1/exec"
 echo
 
+# The E2B gateway: sandboxes in namespace default on this pool; an API key
+# kept in $SANDMAN_STATE (only its hash goes to the cluster); the template
+# `base`, which is E2B's base template (user `user`, sudo, curl, git).
+E2B_NS=default
+E2B_KEY_FILE=$SANDMAN_STATE/e2b-api-key
+[ -f "$E2B_KEY_FILE" ] || (umask 077 && printf 'e2b_%s\n' "$(head -c 20 /dev/urandom | od -An -tx1 | tr -d ' \n')" >"$E2B_KEY_FILE")
+E2B_API_KEY=$(cat "$E2B_KEY_FILE")
+GATEWAY_TOKEN_KEY=$SANDMAN_STATE/gateway-token-key
+[ -f "$GATEWAY_TOKEN_KEY" ] || (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$GATEWAY_TOKEN_KEY")
+kubectl -n "$E2B_NS" create secret generic sandman-gateway-keys --dry-run=client -o yaml \
+	--from-literal=local="{\"sha256\":\"$(printf %s "$E2B_API_KEY" | sha256sum | cut -d' ' -f1)\",\"namespace\":\"$E2B_NS\",\"pool\":\"$POOL\"}" |
+	kubectl apply -f - >/dev/null
+kubectl -n "$E2B_NS" create configmap sandman-gateway-templates --dry-run=client -o yaml \
+	--from-literal=base="{\"image\":\"$E2B_BASE_IMAGE\",\"cpu\":\"500m\",\"memory\":\"512Mi\"}" \
+	--from-literal=debian="{\"image\":\"$DEBIAN_IMAGE\",\"cpu\":\"500m\",\"memory\":\"512Mi\"}" |
+	kubectl apply -f - >/dev/null
+E2B_URL=http://127.0.0.1:3000
+start sandman-gateway "curl -fsS http://127.0.0.1:9653/healthz" \
+	"$BIN/sandman-gateway" --kubeconfig "$KUBECONFIG" --listen 127.0.0.1:3000 --metrics-listen 127.0.0.1:9653 \
+	--namespace "$E2B_NS" --keys-secret "$E2B_NS/sandman-gateway-keys" --templates-configmap "$E2B_NS/sandman-gateway-templates" \
+	--token-key-file "$GATEWAY_TOKEN_KEY"
+log "creating a sandbox from the template base through the E2B API at $E2B_URL"
+E2B_SBX=$(curl -fsS -H "X-API-Key: $E2B_API_KEY" -H 'Content-Type: application/json' \
+	-d '{"templateID":"base","timeout":60,"metadata":{"from":"make-run"}}' "$E2B_URL/sandboxes" | jq -r .sandboxID)
+kubectl get pod "$E2B_SBX" -o wide
+curl -fsS -o /dev/null -H "X-API-Key: $E2B_API_KEY" -X DELETE "$E2B_URL/sandboxes/$E2B_SBX"
+
 cat >&2 <<MSG
 
 The virtual node sandman-$POOL runs over two node agents (worker-a, worker-b).
@@ -99,7 +133,10 @@ Try:
   $BIN/sandmanctl top nodes                # capacity per worker (--watch)
   open http://127.0.0.1:9652/capacity      # the live capacity page
   curl -s http://127.0.0.1:9652/metrics    # Prometheus metrics (deploy/base/grafana: the dashboard)
-Logs: $SANDMAN_STATE/logs/{sandman-vk,sandman-node-worker-a,sandman-node-worker-b}.log
+E2B's SDK (npm i e2b / pip install e2b) runs unchanged against the gateway (docs/e2b.md):
+  export E2B_API_URL=$E2B_URL E2B_SANDBOX_URL=$E2B_URL E2B_API_KEY=$E2B_API_KEY
+  node -e "const {Sandbox}=require('e2b'); Sandbox.create('base').then(async s=>{console.log((await s.commands.run('whoami; sudo id -u')).stdout); await s.kill()})"
+Logs: $SANDMAN_STATE/logs/{sandman-vk,sandman-gateway,sandman-node-worker-a,sandman-node-worker-b}.log
 The deployed path, beside it on the same stack (pool "deployed", docs/install.md):
   $KUBECTL apply -k deploy/overlays/local
 Stop everything: make local-down

@@ -1,10 +1,12 @@
 // The official E2B SDK (pinned in package-lock.json) against sandman: a
 // trainer's calls, unchanged, through sandman-gateway to sandboxes that are
-// pods on the virtual node. Run by e2e/e2b_e2e_test.go, which starts the
-// stack and passes:
+// pods on the virtual node. Run by e2e/e2b_e2e_test.go, with every other
+// *.test.mjs here (one file after another), which starts the stack and passes:
 //   E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY   the gateway and a key
-//   SANDMAN_TEMPLATE                            a template name the gateway maps to an image
+//   SANDMAN_TEMPLATE                            a template name the gateway maps to an image (root)
+//   SANDMAN_BASE_TEMPLATE                       E2B's base template: default user `user`, sudo, curl, git
 //   SANDMAN_IMAGE                               an image reference used as a template ID
+//   SANDMAN_SNAPSHOT_REGISTRY                   the repository the pool's agents push snapshots under
 //   SANDMAN_STATE_FILE                          where to write IDs the Go side checks after
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
@@ -182,6 +184,18 @@ test('create from an image; getInfo; list with a metadata filter; setTimeout rec
     return l.length === 0
   })
   await assert.rejects(Sandbox.connect(other.sandboxId), NotFoundError)
+})
+
+test('the base template is E2B\'s: user `user` in its home, sudo, curl, git', async () => {
+  const base = await Sandbox.create(env('SANDMAN_BASE_TEMPLATE'), { timeoutMs: 120_000 })
+  try {
+    const r = await base.commands.run('id -un; pwd; echo $HOME; sudo -n id -u; command -v curl git')
+    assert.equal(r.stdout, 'user\n/home/user\n/home/user\n0\n/usr/bin/curl\n/usr/bin/git\n')
+    await base.files.write('hello.txt', 'hi')
+    assert.equal((await base.commands.run('stat -c %U:%G /home/user/hello.txt')).stdout, 'user:user\n')
+  } finally {
+    await base.kill()
+  }
 })
 
 test('kill', async () => {

@@ -48,6 +48,9 @@ type Stack struct {
 	BusyboxImage string
 	NoShellImage string
 	DebianImage  string
+	// E2BBaseImage is DebianImage's layer as E2B's base template: default
+	// user `user` with a home and passwordless sudo.
+	E2BBaseImage string
 }
 
 // the stack for this test binary, set by Main.
@@ -187,6 +190,7 @@ func Load(root string) (*Stack, error) {
 		BusyboxImage:      env["BUSYBOX_IMAGE"],
 		NoShellImage:      env["NOSHELL_IMAGE"],
 		DebianImage:       env["DEBIAN_IMAGE"],
+		E2BBaseImage:      env["E2B_BASE_IMAGE"],
 	}, nil
 }
 
