@@ -339,7 +339,7 @@ func TestEnvdRESTFilesErrors(t *testing.T) {
 		{"upload onto a directory", restCall{method: "POST", path: "/files", query: url.Values{"path": {e.dir}}, header: octet(), body: strings.NewReader("x")}, 400, "is a directory"},
 		{"upload under a file", restCall{method: "POST", path: "/files", query: url.Values{"path": {"file/x"}}, header: octet(), body: strings.NewReader("x")}, 400, "not a directory"},
 		{"upload of another type", restCall{method: "POST", path: "/files", query: url.Values{"path": {"t"}}, header: hdr("Content-Type", "text/plain"), body: strings.NewReader("x")}, 400, "multipart/form-data or application/octet-stream"},
-		{"upload with metadata", restCall{method: "POST", path: "/files", query: url.Values{"path": {"t"}}, header: octet("X-Metadata-Owner", "me"), body: strings.NewReader("x")}, 400, "metadata"},
+		{"upload with invalid metadata", restCall{method: "POST", path: "/files", query: url.Values{"path": {"t"}}, header: octet("X-Metadata-Owner", "m\u00e9"), body: strings.NewReader("x")}, 400, "metadata"},
 		{"upload with another coding", restCall{method: "POST", path: "/files", query: url.Values{"path": {"t"}}, header: octet("Content-Encoding", "br"), body: strings.NewReader("x")}, 400, "Content-Encoding"},
 		{"upload of a big body", restCall{method: "POST", path: "/files", query: url.Values{"path": {"big"}}, header: octet(), body: bytes.NewReader(make([]byte, 2<<20))}, 413, "limit of 1048576 bytes"},
 		{"upload of a big chunked body", restCall{method: "POST", path: "/files", query: url.Values{"path": {"big"}}, header: octet(), body: bytes.NewReader(make([]byte, 2<<20)), noLength: true}, 413, "limit of 1048576 bytes"},

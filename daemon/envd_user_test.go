@@ -111,7 +111,8 @@ func TestEnvdFilesAsUser(t *testing.T) {
 			{"the default user reads root's 0600 file", restCall{method: "GET", path: "/files", query: url.Values{"path": {"secret"}}}, 200, "root only"},
 			{"nobody overwrites root's 0600 file", restCall{method: "POST", path: "/files", query: url.Values{"path": {secret}, "username": {"nobody"}}, header: octet, body: strings.NewReader("pwned")}, 403, "permission denied"},
 			{"nobody writes into root's 0700 directory", restCall{method: "POST", path: "/files", query: url.Values{"path": {filepath.Join(d, "private/new")}, "username": {"nobody"}}, header: octet, body: strings.NewReader("x")}, 403, "permission denied"},
-			{"nobody writes into root's 0755 directory", restCall{method: "POST", path: "/files", query: url.Values{"path": {filepath.Join(d, "mine/x")}, "username": {"nobody"}}, header: octet, body: strings.NewReader("x")}, 403, "permission denied"},
+			{"nobody writes into root's 0755 directory", restCall{method: "POST", path: "/files", query: url.Values{"path": {filepath.Join(d, "mine")}, "username": {"nobody"}}, header: octet, body: strings.NewReader("x")}, 403, "permission denied"},
+			{"nobody writes under root's 0700 directory", restCall{method: "POST", path: "/files", query: url.Values{"path": {filepath.Join(d, "private/newdir/x")}, "username": {"nobody"}}, header: octet, body: strings.NewReader("x")}, 403, "permission denied"},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				resp, b := e.do(t, tc.call)
@@ -124,7 +125,7 @@ func TestEnvdFilesAsUser(t *testing.T) {
 		if b, _ := os.ReadFile(secret); string(b) != "root only" {
 			t.Errorf("root's file now holds %q", b)
 		}
-		for _, p := range []string{"private/new", "mine"} {
+		for _, p := range []string{"private/new", "private/newdir", "mine"} {
 			if _, err := os.Lstat(filepath.Join(d, p)); err == nil {
 				t.Errorf("a refused upload left %s", p)
 			}
@@ -159,8 +160,8 @@ func TestEnvdFilesAsUser(t *testing.T) {
 						_, err := nobody.ListDir(ctx, connect.NewRequest(&filesystem.ListDirRequest{Path: filepath.Join(d, "private")}))
 						return err
 					}},
-					{"make a directory in root's 0755 directory", func() error {
-						_, err := nobody.MakeDir(ctx, connect.NewRequest(&filesystem.MakeDirRequest{Path: filepath.Join(d, "nd/sub")}))
+					{"make a directory in root's 0700 directory", func() error {
+						_, err := nobody.MakeDir(ctx, connect.NewRequest(&filesystem.MakeDirRequest{Path: filepath.Join(d, "private/nd/sub")}))
 						return err
 					}},
 					{"move root's file out of root's 0755 directory", func() error {
@@ -191,7 +192,7 @@ func TestEnvdFilesAsUser(t *testing.T) {
 				if b, err := os.ReadFile(secret); err != nil || string(b) != "root only" {
 					t.Errorf("root's file after nobody's calls: %q, %v", b, err)
 				}
-				for _, p := range []string{"nd", "drop/stolen"} {
+				for _, p := range []string{"private/nd", "drop/stolen"} {
 					if _, err := os.Lstat(filepath.Join(d, p)); err == nil {
 						t.Errorf("a refused call left %s", p)
 					}

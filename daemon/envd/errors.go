@@ -103,7 +103,7 @@ func restStatus(err error) int {
 	switch {
 	case errors.As(err, &mbe), errors.Is(err, errUploadTooLarge):
 		return http.StatusRequestEntityTooLarge
-	case errors.Is(err, errBadBody):
+	case errors.Is(err, errBadBody), errors.Is(err, errMetadataUnsupported):
 		return http.StatusBadRequest
 	}
 	return oserr.Of(err).HTTPStatus()

@@ -2,7 +2,6 @@ package envd
 
 import (
 	"context"
-	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -55,48 +54,6 @@ type filesystemService struct {
 
 var _ filesystemconnect.FilesystemHandler = (*filesystemService)(nil)
 
-// mkdirAll creates dir and its missing parents and returns the
-// directories it made (outermost first). On an error it removes what it
-// made. Run through do, what it makes is the caller's.
-func mkdirAll(dir string) (made []string, retErr error) {
-	defer func() {
-		if retErr != nil {
-			for i := len(made) - 1; i >= 0; i-- {
-				_ = os.Remove(made[i])
-			}
-			made = nil
-		}
-	}()
-	var todo []string
-	for p := dir; ; p = filepath.Dir(p) {
-		fi, err := os.Stat(p)
-		if err == nil {
-			if !fi.IsDir() {
-				return nil, &fs.PathError{Op: "mkdir", Path: p, Err: syscall.ENOTDIR}
-			}
-			break
-		}
-		if !errors.Is(err, fs.ErrNotExist) {
-			return nil, err
-		}
-		todo = append(todo, p)
-		if p == "/" || p == "." {
-			break
-		}
-	}
-	for i := len(todo) - 1; i >= 0; i-- {
-		p := todo[i]
-		if err := os.Mkdir(p, 0o755); err != nil {
-			if fi, serr := os.Stat(p); errors.Is(err, fs.ErrExist) && serr == nil && fi.IsDir() {
-				continue // made meanwhile by someone else
-			}
-			return made, err
-		}
-		made = append(made, p)
-	}
-	return made, nil
-}
-
 // userFor is the user an envd call names ("" for the default), with
 // the sandbox's environment and directory.
 func (s *Service) userFor(name string) (*sandboxuser.User, error) {
@@ -125,7 +82,8 @@ func (f *filesystemService) path(ctx context.Context, p string) (*sandboxuser.Us
 
 // entry describes p, whose Lstat is fi, as envd does: a symbolic link
 // carries its resolved target and the type and permission bits of what it
-// leads to (a dangling link stays a symlink).
+// leads to (a dangling link stays a symlink); metadata is the user.e2b.*
+// extended attributes of p (of what a link leads to), see metadata.go.
 func entryInfo(n *sandboxuser.Names, p string, fi fs.FileInfo) *filesystem.EntryInfo {
 	mode := fi.Mode()
 	e := &filesystem.EntryInfo{
@@ -136,6 +94,7 @@ func entryInfo(n *sandboxuser.Names, p string, fi fs.FileInfo) *filesystem.Entry
 		ModifiedTime: timestamppb.New(fi.ModTime()),
 		Type:         fileType(mode),
 		Mode:         unixPerm(mode),
+		Metadata:     readMetadata(p),
 	}
 	if p == "/" {
 		e.Name = "/"
@@ -193,11 +152,4 @@ func statEntry(n *sandboxuser.Names, p string) (*filesystem.EntryInfo, error) {
 		return nil, err
 	}
 	return entryInfo(n, p, fi), nil
-}
-
-// undoDirs removes directories made (outermost first), innermost first.
-func undoDirs(made []string) {
-	for i := len(made) - 1; i >= 0; i-- {
-		_ = os.Remove(made[i])
-	}
 }

@@ -16,7 +16,8 @@ import (
 
 // Move renames source to destination (rename(2): a file or an empty
 // directory there is replaced), creating the destination's missing parents
-// for the caller.
+// for the caller (see sandboxuser.MkdirAll). A file keeps its metadata: it
+// lives with the inode.
 func (f *filesystemService) Move(ctx context.Context, req *connect.Request[filesystem.MoveRequest]) (*connect.Response[filesystem.MoveResponse], error) {
 	u, err := f.user(ctx)
 	if err != nil {
@@ -33,18 +34,25 @@ func (f *filesystemService) Move(ctx context.Context, req *connect.Request[files
 	if err != nil {
 		return nil, asConnectError(err)
 	}
-	names := sandboxuser.NewNames()
-	var e *filesystem.EntryInfo
 	if err := u.Do(func() error {
 		if _, err := os.Lstat(src); err != nil {
 			return fmt.Errorf("source: %w", err)
 		}
-		made, err := mkdirAll(filepath.Dir(dst))
-		if err != nil {
-			return err
-		}
+		return nil
+	}); err != nil {
+		return nil, asConnectError(err)
+	}
+	dirs, err := u.MkdirAll(filepath.Dir(dst))
+	if err != nil {
+		return nil, asConnectError(err)
+	}
+	names := sandboxuser.NewNames()
+	var (
+		e       *filesystem.EntryInfo
+		renamed bool
+	)
+	if err := u.Do(func() error {
 		if err := os.Rename(src, dst); err != nil {
-			undoDirs(made)
 			if errors.Is(err, syscall.EINVAL) {
 				return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%w: cannot move a directory into itself", err))
 			}
@@ -53,10 +61,17 @@ func (f *filesystemService) Move(ctx context.Context, req *connect.Request[files
 			}
 			return err
 		}
+		renamed = true
 		e, err = statEntry(names, dst)
 		return err
 	}); err != nil {
+		if renamed {
+			dirs.Keep()
+		} else {
+			dirs.Undo()
+		}
 		return nil, asConnectError(err)
 	}
+	dirs.Keep()
 	return connect.NewResponse(&filesystem.MoveResponse{Entry: e}), nil
 }

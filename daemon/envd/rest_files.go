@@ -156,6 +156,8 @@ type writeInfo struct {
 	Name string `json:"name"`
 	Type string `json:"type"`
 	Path string `json:"path"`
+	// Metadata is the file's metadata (envd 0.6.2), left out when none.
+	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
 var (
@@ -209,17 +211,19 @@ func (c *capReader) Read(p []byte) (int, error) {
 // the whole destination path there). Relative paths start where the
 // user's do; missing parents are made. Files are written in place, as
 // envd writes them (so a watch sees them written); what the call creates
-// belongs to the user. The answer lists the files written.
+// belongs to the user. X-Metadata-<key> headers become every written
+// file's metadata (envd ≥ 0.6.2, metadata.go); invalid metadata is refused
+// before anything is written. The answer lists the files written, with
+// their metadata.
 func (x *restService) upload(w http.ResponseWriter, r *http.Request) {
 	u, ok := x.restUser(w, r)
 	if !ok {
 		return
 	}
-	for k := range r.Header {
-		if strings.HasPrefix(k, "X-Metadata-") {
-			writeRESTError(w, http.StatusBadRequest, "file metadata (%s headers, envd 0.6.2) is not supported by this sandbox", k)
-			return
-		}
+	md, err := metadataFromHeaders(r.Header)
+	if err != nil {
+		writeRESTError(w, http.StatusBadRequest, "%v; nothing was written", err)
+		return
 	}
 	limit := x.s.cfg.MaxUploadBytes
 	if limit > 0 && r.ContentLength > limit {
@@ -281,11 +285,12 @@ func (x *restService) upload(w http.ResponseWriter, r *http.Request) {
 			writeRESTError(w, http.StatusBadRequest, "%s", errorText(err))
 			return
 		}
-		if err := writeUpload(u, dst, body); err != nil {
+		stored, err := writeUpload(u, dst, body, md)
+		if err != nil {
 			fail(err, dst)
 			return
 		}
-		written = append(written, writeInfo{Name: filepath.Base(dst), Type: "file", Path: dst})
+		written = append(written, writeInfo{Name: filepath.Base(dst), Type: "file", Path: dst, Metadata: stored})
 	case strings.HasPrefix(mediaType, "multipart/"):
 		if params["boundary"] == "" {
 			writeRESTError(w, http.StatusBadRequest, "a multipart body needs a boundary in its Content-Type")
@@ -323,11 +328,12 @@ func (x *restService) upload(w http.ResponseWriter, r *http.Request) {
 					return
 				}
 			}
-			if err := writeUpload(u, dst, part); err != nil {
+			stored, err := writeUpload(u, dst, part, md)
+			if err != nil {
 				fail(err, dst)
 				return
 			}
-			written = append(written, writeInfo{Name: filepath.Base(dst), Type: "file", Path: dst})
+			written = append(written, writeInfo{Name: filepath.Base(dst), Type: "file", Path: dst, Metadata: stored})
 		}
 		if len(written) == 0 {
 			writeRESTError(w, http.StatusBadRequest, `the multipart body has no "file" part`)
@@ -351,34 +357,57 @@ func partFileName(p *multipart.Part) string {
 }
 
 // writeUpload writes r to dst in place (truncating a file there, writing
-// through a link there, as a shell's > does), making dst's missing parents.
-// The file is opened and the parents made with u's credentials, so what
-// it creates is u's and u must be allowed to write there; the bytes are
-// then copied from the network without them. If the copy fails, a file it
-// created is removed, with the parents it made, and a file that was there
-// is left empty, so no partial content passes for a whole file.
-func writeUpload(u *sandboxuser.User, dst string, r io.Reader) (retErr error) {
+// through a link there, as a shell's > does), making dst's missing parents
+// (sandboxuser.MkdirAll: made for u, where only root may), and makes md the
+// file's metadata (setMetadata; none clears it). The file is opened, and
+// its metadata set, with u's credentials, so what it creates is u's and u
+// must be allowed to write there; the metadata is set before the file is
+// truncated, so a file that cannot hold it is left as it was. The bytes
+// are then copied from the network without u's credentials. If the copy
+// fails, a file it created is removed, with the parents it made, and a
+// file that was there is left empty, so no partial content passes for a
+// whole file. It returns the metadata the file now has.
+func writeUpload(u *sandboxuser.User, dst string, r io.Reader, md map[string]string) (stored map[string]string, retErr error) {
+	dirs, err := u.MkdirAll(filepath.Dir(dst))
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if retErr != nil {
+			dirs.Undo()
+		} else {
+			dirs.Keep()
+		}
+	}()
 	var (
 		f       *os.File
-		made    []string
 		created bool
 	)
-	err := u.Do(func() (err error) {
-		if fi, err := os.Stat(dst); err == nil && fi.IsDir() {
+	err = u.Do(func() (err error) {
+		fi, err := os.Stat(dst)
+		if err == nil && fi.IsDir() {
 			return &fs.PathError{Op: "write", Path: dst, Err: syscall.EISDIR}
 		}
-		if made, err = mkdirAll(filepath.Dir(dst)); err != nil {
+		created = errors.Is(err, fs.ErrNotExist)
+		if f, err = os.OpenFile(dst, os.O_WRONLY|os.O_CREATE, 0o666); err != nil {
 			return err
 		}
-		_, statErr := os.Stat(dst)
-		created = errors.Is(statErr, fs.ErrNotExist)
-		if f, err = os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o666); err != nil {
-			undoDirs(made)
+		err = setMetadata(f, dst, md)
+		if err == nil {
+			if fi, err = f.Stat(); err == nil && !created && fi.Mode().IsRegular() {
+				err = f.Truncate(0)
+			}
+		}
+		if err != nil {
+			f.Close()
+			if created {
+				_ = os.Remove(dst)
+			}
 		}
 		return err
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer func() {
 		if retErr == nil {
@@ -386,11 +415,7 @@ func writeUpload(u *sandboxuser.User, dst string, r io.Reader) (retErr error) {
 		}
 		if created {
 			f.Close()
-			_ = u.Do(func() error {
-				_ = os.Remove(dst)
-				undoDirs(made)
-				return nil
-			})
+			_ = u.Do(func() error { return os.Remove(dst) })
 			return
 		}
 		_ = f.Truncate(0)
@@ -400,12 +425,15 @@ func writeUpload(u *sandboxuser.User, dst string, r io.Reader) (retErr error) {
 	src := &bodyReader{r: r}
 	if _, err := io.CopyBuffer(struct{ io.Writer }{f}, src, buf); err != nil {
 		if src.err != nil {
-			return fmt.Errorf("%w for %s: %w", errBadBody, dst, src.err)
+			return nil, fmt.Errorf("%w for %s: %w", errBadBody, dst, src.err)
 		}
-		return fmt.Errorf("write %s: %w", dst, err)
+		return nil, fmt.Errorf("write %s: %w", dst, err)
 	}
 	if err := f.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", dst, err)
+		return nil, fmt.Errorf("write %s: %w", dst, err)
 	}
-	return nil
+	if len(md) == 0 {
+		return nil, nil
+	}
+	return md, nil // setMetadata set all of it, or failed
 }
