@@ -409,6 +409,11 @@ type Stats struct {
 const (
 	ReasonCompleted     = "Completed"
 	ReasonError         = "Error"
+	// DiskBytes is what the sandbox's containers wrote to their
+	// filesystems (their writable layers), as last measured by the node's
+	// disk check; DiskLimitBytes their caps (0: none known).
+	DiskBytes      uint64 `json:"disk_bytes,omitempty"`
+	DiskLimitBytes uint64 `json:"disk_limit_bytes,omitempty"`
 	ReasonOOMKilled     = "OOMKilled"
 	ReasonErrImagePull  = "ErrImagePull"
 	ReasonImageNotFound = "ImageNotFound"

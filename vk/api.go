@@ -15,7 +15,8 @@ import (
 // AttachAPI adds sandman's routes to mux (the kubelet API's, so they are
 // authorized as the kubelet port's other paths, by vk/kubeletauth: nodes/proxy
 // get to read, create to pre-pull and snapshot): images, pre-pull,
-// snapshot, capacity (JSON), and the capacity page. Their wire types are in package vk/api;
+// snapshot, capacity (JSON), the sandboxes' resource use (usage), and the
+// capacity page. Their wire types are in package vk/api;
 // a call they refuse is answered by statusError, in the one shape clients
 // read as a *vkapi.Error.
 func (p *Provider) AttachAPI(mux *http.ServeMux) {
@@ -23,6 +24,7 @@ func (p *Provider) AttachAPI(mux *http.ServeMux) {
 	mux.HandleFunc("POST "+vkapi.APIPrefix+"prepull", p.servePrePull)
 	mux.HandleFunc("POST "+vkapi.APIPrefix+"snapshot", p.serveSnapshot)
 	mux.HandleFunc("GET "+vkapi.APIPrefix+"capacity", p.serveCapacity)
+	mux.HandleFunc("GET "+vkapi.APIPrefix+"usage", p.serveUsage)
 	p.AttachCapacity(mux)
 }
 

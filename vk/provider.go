@@ -124,6 +124,11 @@ type Config struct {
 	// kubelet's node figures count the kubelet, so a node with no sandbox
 	// does not read zero (metrics-server drops nodes that read zero).
 	SelfUsage func() (cpuNanos, memoryBytes uint64)
+	// UsageInterval is how often each running sandbox's resource use is
+	// sampled for GET /sandman/v1/usage (usage.go; default 5 s, negative:
+	// never); UsageRate caps the readings a second (default 500).
+	UsageInterval time.Duration
+	UsageRate     float64
 }
 
 // Clock is what the provider reads the time from and arms timers with.
@@ -228,6 +233,12 @@ func New(cfg Config) (*Provider, error) {
 	}
 	if cfg.DialDaemon == nil {
 		cfg.DialDaemon = (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+	}
+	if cfg.UsageInterval == 0 {
+		cfg.UsageInterval = 5 * time.Second
+	}
+	if cfg.UsageRate <= 0 {
+		cfg.UsageRate = 500
 	}
 	if cfg.WaitingStatusQPS == 0 {
 		cfg.WaitingStatusQPS = 20

@@ -138,12 +138,14 @@ func (p *Provider) settleAwaiting(now time.Time, slots []pool.BoundSlot) {
 	}
 }
 
-// Run reconciles slots and pods, and re-keys sandboxes when the control
-// keys change (rekey.go), until ctx ends.
+// Run reconciles slots and pods, re-keys sandboxes when the control keys
+// change (rekey.go) and samples their resource use (usage.go), until ctx
+// ends.
 func (p *Provider) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { p.runRekey(ctx) })
+	wg.Go(func() { p.runUsage(ctx) })
 	t := p.cfg.NewTicker(p.cfg.ReconcileInterval)
 	defer t.Stop()
 	for {

@@ -70,6 +70,9 @@ type sandbox struct {
 	// next failures are logged quietly).
 	controlKey  []byte
 	rekeyFailed bool
+	// usage: its resource use over its life (usage.go), from its first
+	// reading.
+	usage *usageRing
 }
 
 func (s *sandbox) stopTimers() {

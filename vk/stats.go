@@ -68,6 +68,7 @@ func (p *Provider) collectStats(ctx context.Context) (pods []podUsage, nodeCPU u
 				return nil
 			}
 			pods[i].stats = &st
+			p.recordUsage(string(pods[i].ref.UID), st)
 			return nil
 		})
 	}

@@ -169,6 +169,7 @@ func run(args []string) error {
 		NodeName: o.nodeName, Pool: pl, QueueRoom: o.queueRoom, Client: client, Recorder: recorder,
 		NodeIP: o.nodeIP, AllowUnauthenticated: o.allowUnauthenticated, ControlKeys: controlKeys,
 		ReconcileInterval: o.reconcile, OrphanGrace: o.orphanGrace, Logger: log, SelfUsage: selfUsage,
+		UsageInterval: o.usageInterval, UsageRate: o.usageRate,
 		DefaultLimits: o.defaultLimits.l, MaxLimits: o.maxLimits.l, PidsLimit: o.pidsLimit,
 		AllowedNamespaces: allowedNamespaces, AllowedNamespaceSelector: namespaceSelector,
 		HostUsersNamespaces: hostUsersNamespaces,

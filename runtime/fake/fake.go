@@ -324,7 +324,8 @@ func (r *Runtime) Stats(ctx context.Context, uid string) (runtime.Stats, error) 
 	if !ok || s.State != runtime.StateBound {
 		return runtime.Stats{}, fmt.Errorf("stats %s: no bound pod on %s: %w", uid, r.cfg.Node, errdefs.ErrNotFound)
 	}
-	return runtime.Stats{Pod: *s.Pod, Time: r.cfg.Clock.Now(), MemoryBytes: 4 << 20, MemoryLimitBytes: uint64(s.Resources.MemoryBytes), Pids: 1}, nil
+	return runtime.Stats{Pod: *s.Pod, Time: r.cfg.Clock.Now(), MemoryBytes: 4 << 20, MemoryLimitBytes: uint64(s.Resources.MemoryBytes), Pids: 1,
+		DiskBytes: 1 << 20}, nil
 }
 
 // sleep waits d on the node's clock, or until ctx ends (its error). A

@@ -84,7 +84,7 @@ func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Sl
 		// refuses them, and that pod never becomes Ready).
 		clearAssignment(s.dir)
 		s.Pod, s.Image, s.Resources, s.Ready, s.containers, s.assignToken = nil, "", runtime.Resources{}, false, nil, ""
-		s.diskLimits, s.evicted, s.earlyExits = nil, "", nil
+		s.diskLimits, s.diskUsed, s.evicted, s.earlyExits = nil, nil, "", nil
 		if cleanupErr != nil {
 			// The hot sandbox this bind took over, if it was not removed.
 			s.Reason, s.leftovers = cleanupErr.Error(), append(ids, s.ID+hotSuffix)

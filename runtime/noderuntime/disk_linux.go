@@ -53,7 +53,18 @@ func (r *Runtime) watchDisk(ctx context.Context) {
 		r.mu.Unlock()
 		for _, c := range checks {
 			u, err := snaps.Usage(ctx, c.id)
-			if err != nil || (u.Size <= c.limit && u.Inodes <= r.cfg.DiskInodes) {
+			if err != nil {
+				continue
+			}
+			r.mu.Lock()
+			if _, ok := c.s.diskLimits[c.id]; ok && c.s.State == runtime.StateBound {
+				if c.s.diskUsed == nil {
+					c.s.diskUsed = map[string]int64{}
+				}
+				c.s.diskUsed[c.id] = u.Size
+			}
+			r.mu.Unlock()
+			if u.Size <= c.limit && u.Inodes <= r.cfg.DiskInodes {
 				continue
 			}
 			msg := fmt.Sprintf("container wrote %d bytes to its filesystem, over its limit of %d bytes", u.Size, c.limit)

@@ -66,7 +66,7 @@ func (r *Runtime) Release(ctx context.Context, uid string, grace time.Duration) 
 	s.fwClean = clean
 	delete(r.byPod, uid)
 	s.Pod, s.Image, s.Resources, s.containers, s.assignToken = nil, "", runtime.Resources{}, nil, ""
-	s.diskLimits, s.evicted, s.fwReq = nil, "", nil
+	s.diskLimits, s.diskUsed, s.evicted, s.fwReq = nil, nil, "", nil
 	clearAssignment(s.dir)
 	if err != nil {
 		s.Reason, s.leftovers = err.Error(), ids

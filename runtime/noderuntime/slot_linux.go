@@ -35,8 +35,11 @@ type slot struct {
 	idBase uint32
 	userNS bool
 	// diskLimits are the bound pod's per-container disk caps (bytes), by
-	// container ID; evicted says why the sandbox was stopped, if it was.
+	// container ID; diskUsed what each wrote, as the disk check last
+	// measured it (Stats reports it); evicted says why the sandbox was
+	// stopped, if it was.
 	diskLimits map[string]int64
+	diskUsed   map[string]int64
 	evicted    string
 	// containers are the bound pod's containerd container IDs, in order.
 	containers []string

@@ -22,6 +22,10 @@ func (r *Runtime) Stats(ctx context.Context, uid string) (runtime.Stats, error) 
 		return runtime.Stats{}, fmt.Errorf("stats %s: no bound pod on %s: %w", uid, r.cfg.Node, errdefs.ErrNotFound)
 	}
 	out := runtime.Stats{Pod: *s.Pod, Time: r.cfg.Clock.Now()}
+	for id, limit := range s.diskLimits {
+		out.DiskLimitBytes += uint64(max(limit, 0))
+		out.DiskBytes += uint64(max(s.diskUsed[id], 0))
+	}
 	ids := append([]string(nil), s.containers...)
 	r.mu.Unlock()
 	for _, id := range ids {
