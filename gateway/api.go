@@ -49,12 +49,9 @@ var unsupported = []struct{ pattern, what string }{
 	{"/v2/sandboxes/{sandboxID}/logs", "sandbox logs through the E2B API (use kubectl logs)"},
 	{"/snapshots", "listing snapshots (a snapshot is an image of the pool's snapshot registry: list it there)"},
 	{"/snapshots/", "listing snapshots (a snapshot is an image of the pool's snapshot registry: list it there)"},
-	{"/templates", "templates through the E2B API (templates are the gateway's ConfigMap)"},
-	{"/templates/", "templates through the E2B API (templates are the gateway's ConfigMap)"},
-	{"/v2/templates", "template builds"},
-	{"/v2/templates/", "template builds"},
-	{"/v3/templates", "template builds"},
-	{"/v3/templates/", "template builds"},
+	{"/templates", "this templates call (templates built from code are: Template.build, its status and logs, tags and exists)"},
+	{"/templates/", "this templates call (templates built from code are: Template.build, its status and logs, tags and exists)"},
+	{"/v2/templates", "template builds from a Dockerfile through the older API (use Template.build, or Template().fromDockerfile)"},
 	{"/volumes", "volumes"},
 	{"/volumes/", "volumes"},
 	{"/secrets", "secrets"},
@@ -78,6 +75,7 @@ func (g *Gateway) ControlHandler() http.Handler {
 	mux.Handle("POST /sandboxes/{sandboxID}/snapshots", g.auth(g.serveSnapshot))
 	mux.Handle("POST /v2/sandboxes/{sandboxID}/connect", g.auth(func(w http.ResponseWriter, r *http.Request, k Key) { g.serveConnect(w, r, k, g.cfg.DefaultTimeout) }))
 	mux.Handle("POST /sandboxes/{sandboxID}/connect", g.auth(func(w http.ResponseWriter, r *http.Request, k Key) { g.serveConnect(w, r, k, g.cfg.DefaultTimeout) }))
+	g.buildRoutes(mux)
 	for _, u := range unsupported {
 		mux.Handle(u.pattern, g.auth(func(w http.ResponseWriter, r *http.Request, _ Key) {
 			writeError(w, errorf(errdefs.ErrNotImplemented, "%s is not supported by sandman's E2B gateway", u.what))
@@ -86,7 +84,7 @@ func (g *Gateway) ControlHandler() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errorf(errdefs.ErrNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path))
 	})
-	return g.readBody(instrument(mux))
+	return g.withUploads(g.readBody(instrument(mux)))
 }
 
 // maxBodyBytes bounds a control API request's body.
@@ -252,7 +250,7 @@ func (g *Gateway) create(ctx context.Context, key Key, req *newSandbox, defTimeo
 	if err != nil {
 		return nil, err
 	}
-	tmpl, err := g.templates.resolve(req.TemplateID)
+	tmpl, err := g.resolveTemplate(ctx, key, req.TemplateID)
 	if err != nil {
 		return nil, err
 	}
@@ -309,7 +307,11 @@ func (g *Gateway) create(ctx context.Context, key Key, req *newSandbox, defTimeo
 		}
 		log.Info("create failed", "err", retErr)
 	}()
-	if _, err := g.waitReady(ctx, created); err != nil {
+	ready, err := g.waitReady(ctx, created)
+	if err != nil {
+		return nil, err
+	}
+	if err := g.startTemplate(ctx, ready, token, tmpl, req.EnvVars); err != nil {
 		return nil, err
 	}
 	log.Info("sandbox created")

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -89,6 +91,14 @@ type Config struct {
 	// apiserver's node proxy, RBAC nodes/proxy create).
 	Snapshot func(ctx context.Context, node string, req vkapi.SnapshotRequest) (runtime.SnapshotResult, error)
 
+	// UploadDir keeps the files of templates' COPY steps until their
+	// build ends (default: sandman-gateway-uploads in the system's
+	// temporary directory).
+	UploadDir string
+	// MaxUploadBytes bounds one upload of a template's files (default
+	// 512 MiB).
+	MaxUploadBytes int64
+
 	// Logger gets the gateway's lines as given: the caller names the
 	// component (cmd/sandman-gateway adds component=gateway), so the
 	// gateway adds no attribute of its own that would repeat it.
@@ -111,6 +121,7 @@ type Gateway struct {
 	ready   atomic.Bool
 	waiters waiters
 	tomb    tombstones
+	builds  builds
 }
 
 // indexSandboxID indexes watched pods by their sandbox ID label.
@@ -151,6 +162,12 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	if cfg.Snapshot == nil {
 		cfg.Snapshot = virtualNodeSnapshot(cfg.Client)
+	}
+	if cfg.UploadDir == "" {
+		cfg.UploadDir = filepath.Join(os.TempDir(), "sandman-gateway-uploads")
+	}
+	if cfg.MaxUploadBytes <= 0 {
+		cfg.MaxUploadBytes = 512 << 20
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -304,6 +321,8 @@ func (g *Gateway) watchOne(name types.NamespacedName, informer func(informers.Sh
 func (g *Gateway) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	g.builds.setContext(ctx)
+	defer g.builds.wg.Wait()
 	wg.Go(func() { g.pods.run(ctx) })
 	for _, inf := range g.cfgInfs {
 		wg.Go(func() { inf.RunWithContext(ctx) })

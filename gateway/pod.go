@@ -100,7 +100,7 @@ func buildPod(s podSpec) (*corev1.Pod, error) {
 		annotations[k] = v
 	}
 	no := false
-	return &corev1.Pod{
+	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      s.id,
 			Namespace: s.key.Namespace,
@@ -130,7 +130,11 @@ func buildPod(s podSpec) (*corev1.Pod, error) {
 				}},
 			}},
 		},
-	}, nil
+	}
+	if s.template.Built != nil {
+		applyBuilt(&pod.Spec.Containers[0], s.template.Built, s.env)
+	}
+	return pod, nil
 }
 
 // isSandboxPod says whether a pod is the gateway's sandbox id.

@@ -26,6 +26,10 @@ type Template struct {
 	Image  string
 	CPU    resource.Quantity
 	Memory resource.Quantity
+	// Built is set for a template built from code (see build.go): the
+	// environment, working directory, user and start command its
+	// sandboxes start with.
+	Built *builtTemplate
 }
 
 // templateEntry is one ConfigMap data entry.
@@ -93,6 +97,14 @@ func (s *templateStore) set(t map[string]Template) {
 	s.mu.Lock()
 	s.byName = t
 	s.mu.Unlock()
+}
+
+// lookup finds a template of the ConfigMap.
+func (s *templateStore) lookup(id string) (Template, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	t, ok := s.byName[id]
+	return t, ok
 }
 
 // resolve finds a template ID's image: a template of the ConfigMap, or

@@ -15,6 +15,10 @@ const (
 	LabelE2BSandbox = "sandman.io/e2b-sandbox"
 	// LabelE2BKey is the name of the gateway API key that made a sandbox.
 	LabelE2BKey = "sandman.io/e2b-key"
+	// LabelE2BBuild marks the sandbox sandman-gateway builds a template
+	// in (E2B's Template.build) with the build's ID; it is deleted when
+	// the build ends.
+	LabelE2BBuild = "sandman.io/e2b-build"
 )
 
 // PoolAccessLabelPrefix begins the namespace label of the deployment's

@@ -403,17 +403,17 @@ type Stats struct {
 	MemoryBytes      uint64 `json:"memory_bytes"`
 	MemoryLimitBytes uint64 `json:"memory_limit_bytes"`
 	Pids             uint64 `json:"pids"`
+	// DiskBytes is what the sandbox's containers wrote to their
+	// filesystems (their writable layers), as last measured by the node's
+	// disk check; DiskLimitBytes their caps (0: none known).
+	DiskBytes      uint64 `json:"disk_bytes,omitempty"`
+	DiskLimitBytes uint64 `json:"disk_limit_bytes,omitempty"`
 }
 
 // Reasons used in events and errors.
 const (
 	ReasonCompleted     = "Completed"
 	ReasonError         = "Error"
-	// DiskBytes is what the sandbox's containers wrote to their
-	// filesystems (their writable layers), as last measured by the node's
-	// disk check; DiskLimitBytes their caps (0: none known).
-	DiskBytes      uint64 `json:"disk_bytes,omitempty"`
-	DiskLimitBytes uint64 `json:"disk_limit_bytes,omitempty"`
 	ReasonOOMKilled     = "OOMKilled"
 	ReasonErrImagePull  = "ErrImagePull"
 	ReasonImageNotFound = "ImageNotFound"

@@ -1,0 +1,189 @@
+package gateway
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"time"
+
+	"github.com/containerd/errdefs"
+)
+
+// The files a template's COPY steps need reach the gateway as E2B's SDK
+// sends them: it asks GET /templates/{templateID}/files/{hash} whether the
+// files of that content hash are there, and if not PUTs a tar.gz of them
+// to the URL in the answer. That URL is the gateway's own upload route,
+// signed (HMAC under the token key, which every replica holds) for the
+// key's namespace, the template and the hash, and valid for uploadURLTTL;
+// it is not under the control API's 1 MiB body cap but under
+// Config.MaxUploadBytes. Uploads are kept on the replica's disk, by
+// namespace and hash, until the build that uses them ends (or
+// uploadTTL passes): a build runs on the replica that holds its files,
+// which with several replicas behind one Service is not assured (see
+// docs/e2b.md).
+const (
+	uploadURLTTL = time.Hour
+	uploadTTL    = time.Hour
+	// uploadBodyTimeout bounds how long one upload may take to arrive.
+	uploadBodyTimeout = 10 * time.Minute
+)
+
+// filesHashRE is a COPY's files hash (the SDK's hex SHA-256).
+var filesHashRE = regexp.MustCompile(`^[a-f0-9]{16,128}$`)
+
+// uploadPath is where the files of hash are kept for namespace.
+func (g *Gateway) uploadPath(namespace, hash string) string {
+	return filepath.Join(g.cfg.UploadDir, namespace, hash+".tar")
+}
+
+// hasUpload says whether the files of hash are here.
+func (g *Gateway) hasUpload(namespace, hash string) bool {
+	fi, err := os.Stat(g.uploadPath(namespace, hash))
+	return err == nil && fi.Mode().IsRegular()
+}
+
+// removeUploads deletes the files of hashes.
+func (g *Gateway) removeUploads(namespace string, hashes []string) {
+	for _, h := range hashes {
+		if err := os.Remove(g.uploadPath(namespace, h)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			g.log.Warn("remove a template upload", "namespace", namespace, "hash", h, "err", err)
+		}
+	}
+}
+
+// sweepUploads deletes uploads older than uploadTTL (files of builds that
+// never ran).
+func (g *Gateway) sweepUploads() {
+	dirs, _ := os.ReadDir(g.cfg.UploadDir)
+	for _, d := range dirs {
+		dir := filepath.Join(g.cfg.UploadDir, d.Name())
+		files, _ := os.ReadDir(dir)
+		for _, f := range files {
+			if fi, err := f.Info(); err == nil && g.cfg.Now().Sub(fi.ModTime()) > uploadTTL {
+				_ = os.Remove(filepath.Join(dir, f.Name()))
+			}
+		}
+	}
+}
+
+// uploadSignature signs an upload URL's parts.
+func (g *Gateway) uploadSignature(namespace, templateID, hash string, expires int64) string {
+	return g.cfg.Tokens.New(namespace, "template upload\x00"+templateID+"\x00"+hash+"\x00"+strconv.FormatInt(expires, 10))
+}
+
+// serveFileUpload is GET /templates/{templateID}/files/{hash}: whether the
+// files are here, and where to upload them if not.
+func (g *Gateway) serveFileUpload(w http.ResponseWriter, r *http.Request, key Key) {
+	templateID, hash := r.PathValue("templateID"), r.PathValue("hash")
+	if !filesHashRE.MatchString(hash) {
+		writeError(w, errorf(errdefs.ErrInvalidArgument, "files hash %q: want a hex SHA-256", hash))
+		return
+	}
+	if _, err := g.templateByID(r.Context(), key, templateID); err != nil {
+		writeError(w, err)
+		return
+	}
+	g.sweepUploads()
+	if g.hasUpload(key.Namespace, hash) {
+		writeJSON(w, http.StatusOK, fileUpload{Present: true})
+		return
+	}
+	exp := g.cfg.Now().Add(uploadURLTTL).Unix()
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	u := url.URL{Scheme: scheme, Host: r.Host, Path: "/templates/" + templateID + "/files/" + hash + "/upload",
+		RawQuery: url.Values{"namespace": {key.Namespace}, "expires": {strconv.FormatInt(exp, 10)},
+			"signature": {g.uploadSignature(key.Namespace, templateID, hash, exp)}}.Encode()}
+	s := u.String()
+	writeJSON(w, http.StatusCreated, fileUpload{Present: false, URL: &s})
+}
+
+// withUploads serves the upload route ahead of the control API's body
+// reader (uploads are larger than its cap, and stream to disk).
+func (g *Gateway) withUploads(next http.Handler) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("PUT /templates/{templateID}/files/{hash}/upload", g.serveUpload)
+	up := instrument(mux)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, pattern := mux.Handler(r); pattern != "" {
+			up.ServeHTTP(w, r)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// serveUpload is the PUT of a signed upload URL: the body (a tar, gzipped
+// or not) is kept as the files of that hash for the URL's namespace.
+func (g *Gateway) serveUpload(w http.ResponseWriter, r *http.Request) {
+	if !g.Ready() {
+		writeError(w, errorf(errdefs.ErrUnavailable, "the gateway is starting: retry in a moment"))
+		return
+	}
+	templateID, hash := r.PathValue("templateID"), r.PathValue("hash")
+	q := r.URL.Query()
+	ns := q.Get("namespace")
+	exp, err := strconv.ParseInt(q.Get("expires"), 10, 64)
+	if err != nil || !filesHashRE.MatchString(hash) || !g.cfg.Tokens.Verify(ns, "template upload\x00"+templateID+"\x00"+hash+"\x00"+q.Get("expires"), q.Get("signature")) {
+		writeError(w, errorf(errdefs.ErrUnauthenticated, "upload URL: missing or wrong signature; ask GET /templates/{templateID}/files/{hash} for a new one"))
+		return
+	}
+	if g.cfg.Now().Unix() > exp {
+		writeError(w, errorf(errdefs.ErrUnauthenticated, "upload URL: expired at %s; ask for a new one", time.Unix(exp, 0).UTC().Format(time.RFC3339)))
+		return
+	}
+	if r.ContentLength > g.cfg.MaxUploadBytes {
+		w.Header().Set("Connection", "close")
+		writeJSON(w, http.StatusRequestEntityTooLarge, apiError{Code: http.StatusRequestEntityTooLarge,
+			Message: fmt.Sprintf("template files: %d bytes is more than the gateway takes, %d", r.ContentLength, g.cfg.MaxUploadBytes)})
+		return
+	}
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(uploadBodyTimeout))
+	if err := g.storeUpload(ns, hash, r.Body); err != nil {
+		w.Header().Set("Connection", "close")
+		writeError(w, err)
+		return
+	}
+	g.log.Info("template files uploaded", "namespace", ns, "template", templateID, "hash", hash)
+	w.WriteHeader(http.StatusOK)
+}
+
+// storeUpload writes body as the files of hash, whole or not at all.
+func (g *Gateway) storeUpload(namespace, hash string, body io.Reader) (retErr error) {
+	dst := g.uploadPath(namespace, hash)
+	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
+		return fmt.Errorf("template files: %w", err)
+	}
+	f, err := os.CreateTemp(filepath.Dir(dst), ".upload-*")
+	if err != nil {
+		return fmt.Errorf("template files: %w", err)
+	}
+	defer func() {
+		if retErr != nil {
+			_ = f.Close()
+			_ = os.Remove(f.Name())
+		}
+	}()
+	n, err := io.Copy(f, io.LimitReader(body, g.cfg.MaxUploadBytes+1))
+	if err != nil {
+		return errorf(errdefs.ErrInvalidArgument, "template files: the upload broke off: %v", err)
+	}
+	if n > g.cfg.MaxUploadBytes {
+		return errorf(errdefs.ErrInvalidArgument, "template files: more than the gateway takes, %d bytes", g.cfg.MaxUploadBytes)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("template files: %w", err)
+	}
+	if err := os.Rename(f.Name(), dst); err != nil {
+		return fmt.Errorf("template files: %w", err)
+	}
+	return nil
+}
