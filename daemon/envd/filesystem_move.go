@@ -34,24 +34,14 @@ func (f *filesystemService) Move(ctx context.Context, req *connect.Request[files
 	if err != nil {
 		return nil, asConnectError(err)
 	}
-	if err := u.Do(func() error {
-		if _, err := os.Lstat(src); err != nil {
-			return fmt.Errorf("source: %w", err)
-		}
-		return nil
-	}); err != nil {
-		return nil, asConnectError(err)
-	}
-	dirs, err := u.MkdirAll(filepath.Dir(dst))
-	if err != nil {
-		return nil, asConnectError(err)
-	}
 	names := sandboxuser.NewNames()
 	var (
-		e       *filesystem.EntryInfo
-		renamed bool
+		e        *filesystem.EntryInfo
+		renamed  bool
+		needDirs bool
+		dirs     *sandboxuser.Dirs // nil: dst's directory was there
 	)
-	if err := u.Do(func() error {
+	move := func() error {
 		if err := os.Rename(src, dst); err != nil {
 			if errors.Is(err, syscall.EINVAL) {
 				return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%w: cannot move a directory into itself", err))
@@ -62,9 +52,28 @@ func (f *filesystemService) Move(ctx context.Context, req *connect.Request[files
 			return err
 		}
 		renamed = true
+		var err error
 		e, err = statEntry(names, dst)
 		return err
-	}); err != nil {
+	}
+	// One credential switch when dst's directory is there; otherwise it
+	// is made first (MkdirAll switches as it needs).
+	err = u.Do(func() error {
+		if _, err := os.Lstat(src); err != nil {
+			return fmt.Errorf("source: %w", err)
+		}
+		if fi, err := os.Stat(filepath.Dir(dst)); err != nil || !fi.IsDir() {
+			needDirs = true
+			return nil
+		}
+		return move()
+	})
+	if err == nil && needDirs {
+		if dirs, err = u.MkdirAll(filepath.Dir(dst)); err == nil {
+			err = u.Do(move)
+		}
+	}
+	if err != nil {
 		if renamed {
 			dirs.Keep()
 		} else {

@@ -368,10 +368,11 @@ func partFileName(p *multipart.Part) string {
 // file that was there is left empty, so no partial content passes for a
 // whole file. It returns the metadata the file now has.
 func writeUpload(u *sandboxuser.User, dst string, r io.Reader, md map[string]string) (stored map[string]string, retErr error) {
-	dirs, err := u.MkdirAll(filepath.Dir(dst))
-	if err != nil {
-		return nil, err
-	}
+	var (
+		f       *os.File
+		created bool
+		dirs    *sandboxuser.Dirs // nil: dst's directory was there
+	)
 	defer func() {
 		if retErr != nil {
 			dirs.Undo()
@@ -379,11 +380,8 @@ func writeUpload(u *sandboxuser.User, dst string, r io.Reader, md map[string]str
 			dirs.Keep()
 		}
 	}()
-	var (
-		f       *os.File
-		created bool
-	)
-	err = u.Do(func() (err error) {
+	// open opens dst for writing and sets its metadata; it runs as u.
+	open := func() (err error) {
 		fi, err := os.Stat(dst)
 		if err == nil && fi.IsDir() {
 			return &fs.PathError{Op: "write", Path: dst, Err: syscall.EISDIR}
@@ -400,12 +398,28 @@ func writeUpload(u *sandboxuser.User, dst string, r io.Reader, md map[string]str
 		}
 		if err != nil {
 			f.Close()
+			f = nil
 			if created {
 				_ = os.Remove(dst)
 			}
 		}
 		return err
+	}
+	// One credential switch when the directory is there (most writes);
+	// otherwise it is made first (MkdirAll switches as it needs).
+	needDirs := false
+	err := u.Do(func() error {
+		if fi, err := os.Stat(filepath.Dir(dst)); err != nil || !fi.IsDir() {
+			needDirs = true
+			return nil
+		}
+		return open()
 	})
+	if err == nil && needDirs {
+		if dirs, err = u.MkdirAll(filepath.Dir(dst)); err == nil {
+			err = u.Do(open)
+		}
+	}
 	if err != nil {
 		return nil, err
 	}

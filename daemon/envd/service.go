@@ -26,8 +26,11 @@ import (
 
 // Version is the envd version the daemon reports. The SDKs turn features
 // on by it, so it names the newest version whose features the daemon
-// implements (see docs/e2b.md).
-const Version = "0.5.7"
+// implements (see docs/e2b.md): up to file metadata (0.6.2), watch entry
+// info (0.6.3) and watches on network mounts (0.6.4), the newest any SDK
+// (JavaScript and Python, 2.51) checks for. The gateway reports the same
+// (gateway.EnvdVersion).
+const Version = "0.6.4"
 
 // Sandbox is what the envd services need of the daemon around them.
 type Sandbox interface {

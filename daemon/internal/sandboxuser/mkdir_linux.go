@@ -13,6 +13,7 @@ import (
 
 // Dirs are the directories a MkdirAll made, outermost first, held until
 // the call that needed them keeps them (Keep) or takes them back (Undo).
+// A nil *Dirs made none.
 type Dirs struct {
 	u    *User
 	made []madeDir
@@ -202,6 +203,9 @@ func (d *Dirs) handOver(parent *os.File, p string) (retErr error) {
 
 // Made lists the directories made, outermost first.
 func (d *Dirs) Made() []string {
+	if d == nil {
+		return nil
+	}
 	out := make([]string, 0, len(d.made))
 	for _, m := range d.made {
 		out = append(out, m.path)
@@ -211,6 +215,9 @@ func (d *Dirs) Made() []string {
 
 // Keep keeps the directories made.
 func (d *Dirs) Keep() {
+	if d == nil {
+		return
+	}
 	for _, m := range d.made {
 		if m.parent != nil {
 			m.parent.Close()
@@ -223,6 +230,9 @@ func (d *Dirs) Keep() {
 // empty: those u made with u's credentials, those handed over through the
 // descriptor of the directory they were made in.
 func (d *Dirs) Undo() {
+	if d == nil {
+		return
+	}
 	for i := len(d.made) - 1; i >= 0; i-- {
 		m := d.made[i]
 		if m.parent != nil {
