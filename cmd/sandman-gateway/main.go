@@ -47,6 +47,8 @@ type options struct {
 	namespace, namespaces              string
 	sandboxDomain                      string
 	snapshotRepository                 string
+	templateUploads                    string
+	maxTemplateUpload                  int64
 	createTimeout, defaultTimeout      time.Duration
 	maxTimeout, proxyWait              time.Duration
 	bodyReadTimeout, readHeaderTimeout time.Duration
@@ -90,6 +92,8 @@ func run(args []string) error {
 	fs.StringVar(&o.namespace, "namespace", "", "one namespace: the same as --namespaces with one")
 	fs.StringVar(&o.sandboxDomain, "sandbox-domain", "", "returned as the sandboxes' domain (default: null)")
 	fs.StringVar(&o.snapshotRepository, "snapshot-repository", "e2b", "prefix of the images createSnapshot makes in the pool's snapshot registry: <prefix>/<key's namespace>/<name>:<tag>")
+	fs.StringVar(&o.templateUploads, "template-uploads", "", "directory keeping the files of templates' COPY steps until their build ends (default: sandman-gateway-uploads in the temporary directory)")
+	fs.Int64Var(&o.maxTemplateUpload, "max-template-upload", 512<<20, "largest upload of a template's files, in bytes")
 	fs.DurationVar(&o.createTimeout, "create-timeout", 60*time.Second, "how long a create waits for the sandbox's pod to be ready")
 	fs.DurationVar(&o.defaultTimeout, "default-timeout", 300*time.Second, "a sandbox's lifetime when a create names none")
 	fs.DurationVar(&o.maxTimeout, "max-timeout", 24*time.Hour, "the longest lifetime a create, set-timeout or connect may ask for")
@@ -125,6 +129,7 @@ func run(args []string) error {
 		Namespaces: namespaces, CreateTimeout: o.createTimeout, DefaultTimeout: o.defaultTimeout,
 		MaxTimeout: o.maxTimeout, ProxyWait: o.proxyWait, SandboxDomain: o.sandboxDomain, Logger: log,
 		SnapshotRepository: o.snapshotRepository, BodyReadTimeout: o.bodyReadTimeout,
+		UploadDir: o.templateUploads, MaxUploadBytes: o.maxTemplateUpload,
 	}
 	switch {
 	case o.keysSecret != "" && o.keysFile != "":
