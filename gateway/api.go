@@ -247,6 +247,9 @@ func (g *Gateway) create(ctx context.Context, key Key, req *newSandbox, defTimeo
 		}
 	}
 	egress, err := egressAnnotations(req.AllowInternetAccess, req.Network)
+	if err == nil {
+		egress, err = g.withIngress(req.Network, egress)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -317,7 +320,7 @@ func (g *Gateway) create(ctx context.Context, key Key, req *newSandbox, defTimeo
 	log.Info("sandbox created")
 	return &sandboxJSON{
 		SandboxID: id, TemplateID: req.TemplateID, Alias: tmpl.Name, ClientID: clientID,
-		EnvdVersion: EnvdVersion, EnvdAccessToken: token, Domain: g.domain(),
+		EnvdVersion: EnvdVersion, EnvdAccessToken: token, Domain: g.domain(), TrafficAccessToken: g.trafficToken(created),
 	}, nil
 }
 
@@ -528,7 +531,7 @@ func (g *Gateway) serveConnect(w http.ResponseWriter, r *http.Request, key Key, 
 	}
 	writeJSON(w, http.StatusOK, sandboxJSON{
 		SandboxID: pod.Name, TemplateID: pod.Annotations[podcontract.AnnotationE2BTemplate], Alias: pod.Annotations[podcontract.AnnotationE2BAlias],
-		ClientID: clientID, EnvdVersion: EnvdVersion, EnvdAccessToken: token, Domain: g.domain(),
+		ClientID: clientID, EnvdVersion: EnvdVersion, EnvdAccessToken: token, Domain: g.domain(), TrafficAccessToken: g.trafficToken(pod),
 	})
 }
 

@@ -24,6 +24,7 @@ import (
 	daemonapi "github.com/sandman-dev/sandman/daemon/api"
 	"github.com/sandman-dev/sandman/podcontract"
 	"github.com/sandman-dev/sandman/runtime"
+	"github.com/sandman-dev/sandman/runtime/sandboxnet"
 	vkapi "github.com/sandman-dev/sandman/vk/api"
 )
 
@@ -78,9 +79,14 @@ type Config struct {
 	// SandboxDomain is returned as the sandboxes' domain; "" returns null
 	// (the SDK then uses E2B_SANDBOX_URL or its own domain).
 	SandboxDomain string
-	// Transport carries proxied sandbox traffic to the daemons (default:
-	// a plain HTTP transport dialling pod IPs).
+	// Transport carries proxied sandbox traffic to the daemons and the
+	// sandboxes' ports (default: a plain HTTP transport dialling pod IPs).
 	Transport http.RoundTripper
+	// SandboxPorts are the TCP ports and ranges of its sandboxes the
+	// gateway may forward getHost traffic to (default 1-65535): the pods
+	// it creates carry them as sandman.io/control-ports, which their
+	// node's firewall opens to the control plane alone.
+	SandboxPorts string
 
 	// SnapshotRepository prefixes the images E2B snapshots make in the
 	// pool's snapshot registry (default "e2b"): a snapshot named N of a
@@ -114,6 +120,7 @@ type Gateway struct {
 	keys      keyStore
 	templates templateStore
 	proxy     http.Handler
+	portProxy http.Handler
 
 	pods    *podWatch
 	keysInf cache.SharedIndexInformer   // nil with fixed keys
@@ -153,6 +160,12 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	if cfg.ProxyWait <= 0 {
 		cfg.ProxyWait = 3 * time.Second
+	}
+	if cfg.SandboxPorts == "" {
+		cfg.SandboxPorts = "1-65535"
+	}
+	if ports, err := sandboxnet.ParsePorts(cfg.SandboxPorts); err != nil || len(ports) == 0 {
+		return nil, fmt.Errorf("gateway: sandbox ports %q: want TCP ports and ranges such as 8000,1024-65535 (%v)", cfg.SandboxPorts, err)
 	}
 	if cfg.BodyReadTimeout <= 0 {
 		cfg.BodyReadTimeout = 30 * time.Second
@@ -201,6 +214,7 @@ func New(cfg Config) (*Gateway, error) {
 		g.templates.set(t)
 	}
 	g.proxy = g.newProxy(g.tokenCheck)
+	g.portProxy = g.newPortProxy()
 
 	g.pods = newPodWatch(cfg.Client, func(inf cache.SharedIndexInformer) error {
 		if err := inf.SetTransform(trimPod); err != nil {
@@ -383,11 +397,12 @@ func (g *Gateway) Run(ctx context.Context) error {
 func (g *Gateway) Ready() bool { return g.ready.Load() }
 
 // Handler serves the control API and sandbox traffic on one listener:
-// requests with an E2b-Sandbox-Id header are sandbox traffic.
+// requests with an E2b-Sandbox-Id header or for a sandbox host
+// (<port>-<sandboxID>.<domain>) are sandbox traffic.
 func (g *Gateway) Handler() http.Handler {
 	control := g.ControlHandler()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get(headerSandboxID) != "" {
+		if g.isSandboxTraffic(r) {
 			g.proxy.ServeHTTP(w, r)
 			return
 		}
@@ -398,7 +413,7 @@ func (g *Gateway) Handler() http.Handler {
 // SandboxHandler serves sandbox traffic only (a listener of its own).
 func (g *Gateway) SandboxHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/healthz" && r.Header.Get(headerSandboxID) == "" {
+		if r.URL.Path == "/healthz" && !g.isSandboxTraffic(r) {
 			g.serveHealthz(w, r)
 			return
 		}

@@ -126,19 +126,28 @@ func (g *Gateway) newProxy(check podCheck) http.Handler {
 		},
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id := r.Header.Get(headerSandboxID)
-		if id == "" {
-			g.proxyFail(w, http.StatusBadRequest, "", "sandbox traffic needs the "+headerSandboxID+" header (E2B_SANDBOX_URL mode); the control API is on the API URL")
+		t, ok, bad := requestTarget(r, g.cfg.SandboxDomain)
+		switch {
+		case !ok:
+			g.proxyFail(w, http.StatusBadRequest, "", "sandbox traffic needs the "+headerSandboxID+" header (E2B_SANDBOX_URL mode) or a sandbox host, <port>-<sandboxID>.<domain>; the control API is on the API URL")
+			return
+		case bad != "":
+			g.proxyFail(w, http.StatusBadRequest, t.id, bad)
+			return
+		case t.port != daemonPort:
+			// A web server in the sandbox: opened by the sandbox's
+			// traffic token, not its daemon's access token.
+			g.servePort(w, r, t)
 			return
 		}
-		if p := r.Header.Get(headerSandboxPort); p != "" && p != strconv.Itoa(daemonPort) {
-			// Only the daemon checks an access token: any other port of
-			// a sandbox would be open to whoever reaches the gateway.
-			g.proxyFail(w, http.StatusBadRequest, id, "port "+p+": only the sandbox daemon's port "+strconv.Itoa(daemonPort)+" is reachable through sandman's gateway")
-			return
-		}
+		id := t.id
 		token := accessToken(r)
-		if token == "" && !tokenless(r) {
+		check := check
+		if token == "" && signed(r) {
+			// A signed file URL: the gateway checks the signature with
+			// the token it derives and forwards with that token.
+			check = g.signatureCheck(r, g.cfg.Now())
+		} else if token == "" && !tokenless(r) {
 			g.proxyRefuse(w, r, id, "sandbox "+id+": no access token: send the envdAccessToken that create or connect returned in the "+headerAccessToken+" header")
 			return
 		}
@@ -146,11 +155,13 @@ func (g *Gateway) newProxy(check podCheck) http.Handler {
 			g.proxyFail(w, http.StatusServiceUnavailable, id, "the gateway is starting: retry in a moment")
 			return
 		}
-		addr, res := g.route(r.Context(), id, token, check)
+		pod, res := g.route(r.Context(), id, token, check)
 		switch res {
 		case routed:
 		case routeRefused:
-			if token == "" {
+			if signed(r) && token == "" {
+				g.proxyRefuse(w, r, id, "sandbox "+id+": "+signatureRefusal(r, g.cfg.Now()))
+			} else if token == "" {
 				g.proxyRefuse(w, r, id, "sandbox "+id+": send its access token in the "+headerAccessToken+" header")
 			} else {
 				g.proxyRefuse(w, r, id, "sandbox "+id+": the access token is not this sandbox's: use the envdAccessToken that create or connect returned for it")
@@ -163,6 +174,15 @@ func (g *Gateway) newProxy(check podCheck) http.Handler {
 			}
 			g.proxyFail(w, http.StatusBadGateway, id, "sandbox "+id+" was not found or is not running")
 			return
+		}
+		addr := net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(daemonPort))
+		if token == "" && signed(r) {
+			tok, ok := g.cfg.Tokens.Recover(pod.Namespace, pod.Name, pod.Annotations[podcontract.AnnotationTokenSHA256])
+			if !ok { // the check recovered it a moment ago
+				g.proxyRefuse(w, r, id, "sandbox "+id+": its access token cannot be derived again")
+				return
+			}
+			r.Header.Set(headerAccessToken, tok)
 		}
 		if r.ProtoMajor == 1 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/connect+") {
 			// A Connect stream (command output, a watch) over HTTP/1.1
@@ -220,21 +240,21 @@ const (
 	routeRefused             // the sandbox exists; the token does not open it
 )
 
-// route finds the daemon address of sandbox id for a request carrying
-// token: the one pod check says the token opens. A sandbox this replica
+// route finds the pod of sandbox id for a request carrying token: the one
+// pod check says the token opens, running and with an address. A sandbox this replica
 // does not know yet (made a moment ago through another replica) or whose
 // pod has no address yet is waited for, up to ProxyWait; one whose pod is
 // gone is not. A token that opens none of the pods named id is refused at
 // once; so is a request without a token when more than one pod could be
 // the sandbox.
-func (g *Gateway) route(ctx context.Context, id, token string, check podCheck) (string, routeResult) {
+func (g *Gateway) route(ctx context.Context, id, token string, check podCheck) (*corev1.Pod, routeResult) {
 	changed, stop := g.waiters.watch("id/" + id)
 	defer stop()
 	var timer <-chan time.Time
 	for {
 		objs := g.pods.byID(id)
 		seen, waiting, refused := false, false, false
-		var addr string
+		var found *corev1.Pod
 		matched := 0
 		for _, obj := range objs {
 			pod, ok := obj.(*corev1.Pod)
@@ -255,20 +275,20 @@ func (g *Gateway) route(ctx context.Context, id, token string, check podCheck) (
 			}
 			matched++
 			if pod.Status.Phase == corev1.PodRunning && pod.Status.PodIP != "" {
-				addr = net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(daemonPort))
+				found = pod
 			} else {
 				waiting = true
 			}
 		}
 		switch {
 		case matched > 1 && token == "":
-			return "", routeRefused // which one? only a token tells
-		case addr != "":
-			return addr, routed
+			return nil, routeRefused // which one? only a token tells
+		case found != nil:
+			return found, routed
 		case refused && !waiting:
-			return "", routeRefused
+			return nil, routeRefused
 		case !waiting && (seen || g.tomb.has(id)):
-			return "", routeMissing // ended or deleted
+			return nil, routeMissing // ended or deleted
 		}
 		if timer == nil {
 			t := time.NewTimer(g.cfg.ProxyWait)
@@ -278,9 +298,9 @@ func (g *Gateway) route(ctx context.Context, id, token string, check podCheck) (
 		select {
 		case <-changed:
 		case <-timer:
-			return "", routeMissing
+			return nil, routeMissing
 		case <-ctx.Done():
-			return "", routeMissing
+			return nil, routeMissing
 		}
 	}
 }

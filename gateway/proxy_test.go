@@ -158,8 +158,8 @@ func TestProxyErrors(t *testing.T) {
 	if code, _ := do(sb.SandboxID, "49983", "/health"); code != http.StatusNoContent {
 		t.Fatalf("health through the proxy: %d", code)
 	}
-	if code, pe := do(sb.SandboxID, "8080", "/"); code != http.StatusBadRequest || !strings.Contains(pe.Message, "49983") {
-		t.Fatalf("other port: %d %+v", code, pe)
+	if code, pe := do(sb.SandboxID, "70000", "/"); code != http.StatusBadRequest || !strings.Contains(pe.Message, "not a port") {
+		t.Fatalf("a port out of range: %d %+v", code, pe)
 	}
 	// Killed: the SDK's isRunning reads 502 from /health as "not running",
 	// and gets it at once, not after the wait for a sandbox in the making.

@@ -45,9 +45,21 @@ func NewTokens(keys ...[]byte) (*Tokens, error) {
 	return &Tokens{keys: keys}, nil
 }
 
+// The labels of the tokens derived from one key: a sandbox's envd access
+// token and its traffic access token are different HMACs of the same
+// namespace and ID, so neither tells the other.
+const (
+	labelEnvd    = "sandman e2b envd access token v1\x00"
+	labelTraffic = "sandman e2b traffic access token v1\x00"
+)
+
 func derive(key []byte, namespace, id string) string {
+	return deriveLabelled(key, labelEnvd, namespace, id)
+}
+
+func deriveLabelled(key []byte, label, namespace, id string) string {
 	m := hmac.New(sha256.New, key)
-	m.Write([]byte("sandman e2b envd access token v1\x00"))
+	m.Write([]byte(label))
 	m.Write([]byte(namespace))
 	m.Write([]byte{0})
 	m.Write([]byte(id))
@@ -102,6 +114,26 @@ func (t *Tokens) Recover(namespace, id, tokenHash string) (string, bool) {
 		got := sha256.Sum256([]byte(tok))
 		if subtle.ConstantTimeCompare(got[:], want) == 1 {
 			return tok, true
+		}
+	}
+	return "", false
+}
+
+// Traffic is the traffic access token of an existing sandbox whose pod
+// carries tokenHash (E2B's trafficAccessToken, which opens the sandbox's
+// ports through the gateway when it does not allow public traffic): the
+// derivation under the same key as its envd access token, so a rotation
+// changes neither while the sandbox lives. False when no key gives that
+// hash (see Recover).
+func (t *Tokens) Traffic(namespace, id, tokenHash string) (string, bool) {
+	want, err := hex.DecodeString(tokenHash)
+	if err != nil || len(want) != sha256.Size {
+		return "", false
+	}
+	for _, k := range t.keys {
+		got := sha256.Sum256([]byte(derive(k, namespace, id)))
+		if subtle.ConstantTimeCompare(got[:], want) == 1 {
+			return deriveLabelled(k, labelTraffic, namespace, id), true
 		}
 	}
 	return "", false

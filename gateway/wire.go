@@ -37,6 +37,11 @@ type networkConfig struct {
 	DenyOut     []string        `json:"denyOut"`
 	Rules       json.RawMessage `json:"rules"`
 	EgressProxy json.RawMessage `json:"egressProxy"`
+	// Ingress: who may reach the sandbox's ports through the gateway,
+	// and the Host header its servers see (ingress.go).
+	AllowPublicTraffic *bool           `json:"allowPublicTraffic"`
+	MaskRequestHost    *string         `json:"maskRequestHost"`
+	HTTPSPorts         json.RawMessage `json:"httpsPorts"`
 }
 
 type volumeMount struct {

@@ -37,6 +37,14 @@ const (
 	// given), within what its pool allows; a pool without internet egress
 	// refuses it.
 	AnnotationEgressDomains = "sandman.io/egress-domains"
+	// AnnotationControlPorts lists comma-separated TCP ports and ranges
+	// (8000, 1024-65535) of the sandbox that the control plane reaches
+	// besides the daemon's port, and nobody else: the node's own addresses
+	// and, where the node enforces NetworkPolicies, the pods of its control
+	// namespaces. sandman-gateway sets it so that it can forward E2B's
+	// getHost traffic to a sandbox's web servers; the pod's own ingress
+	// (its declared ports, who may reach them) is not widened by it.
+	AnnotationControlPorts = "sandman.io/control-ports"
 	// AnnotationIngressBandwidth and AnnotationEgressBandwidth cap the
 	// sandbox's traffic in bits per second (e.g. 10M), the CNI bandwidth
 	// plugin's convention.
@@ -72,4 +80,13 @@ const (
 	// ("true"/"false"; absent: not asked), for GET /sandboxes/{id}. What
 	// enforces it is AnnotationEgress.
 	AnnotationE2BInternet = "e2b.sandman.io/allow-internet-access"
+	// AnnotationE2BPublicTraffic records E2B's network.allowPublicTraffic
+	// as asked ("true"/"false"; absent: not asked, which is public, as in
+	// E2B). "false": the gateway forwards to the sandbox's ports only
+	// requests carrying its traffic access token.
+	AnnotationE2BPublicTraffic = "e2b.sandman.io/allow-public-traffic"
+	// AnnotationE2BMaskRequestHost is E2B's network.maskRequestHost: the
+	// Host header the sandbox's servers see on requests to their ports
+	// (${PORT} stands for the port).
+	AnnotationE2BMaskRequestHost = "e2b.sandman.io/mask-request-host"
 )

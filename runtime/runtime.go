@@ -197,6 +197,12 @@ type BindRequest struct {
 	// pool without internet egress refuses it; the pool's denied ranges
 	// and EgressDeny still apply to the addresses.
 	EgressDomains []string `json:"egress_domains,omitempty"`
+	// ControlPorts are TCP ports and ranges ("8000", "1024-65535") the
+	// control plane reaches besides the daemons' ports, nobody else: the
+	// node's own addresses and the pods of its control namespaces, whose
+	// gateway forwards E2B's getHost traffic (the pod's
+	// sandman.io/control-ports).
+	ControlPorts []string `json:"control_ports,omitempty"`
 	// IngressBandwidth and EgressBandwidth cap the sandbox's traffic in
 	// bits per second (the pod's kubernetes.io/ingress-bandwidth and
 	// egress-bandwidth); 0: no cap.

@@ -94,6 +94,11 @@ func (r BindRequest) Validate() error {
 			return fmt.Errorf("bind %s: egress deny %q: want an IPv4 CIDR such as 203.0.113.0/24: %w", r.Pod.UID, e, errdefs.ErrInvalidArgument)
 		}
 	}
+	for _, c := range r.ControlPorts {
+		if !validPortRange(c) {
+			return fmt.Errorf("bind %s: control port %q: want a port (1-65535) or a range such as 1024-65535: %w", r.Pod.UID, c, errdefs.ErrInvalidArgument)
+		}
+	}
 	if err := CheckEgressDomains(r.EgressDomains); err != nil {
 		return fmt.Errorf("bind %s: egress domains: %v: %w", r.Pod.UID, err, errdefs.ErrInvalidArgument)
 	}
@@ -181,4 +186,19 @@ func (c ContainerSpec) validateSecurity() error {
 		return fmt.Errorf("pids limit %d is negative", c.PidsLimit)
 	}
 	return nil
+}
+
+// validPortRange says whether s is a TCP port ("8000") or a range of them
+// ("1024-65535").
+func validPortRange(s string) bool {
+	lo, hi, isRange := strings.Cut(s, "-")
+	a, err := strconv.ParseUint(lo, 10, 16)
+	if err != nil || a == 0 {
+		return false
+	}
+	if !isRange {
+		return true
+	}
+	b, err := strconv.ParseUint(hi, 10, 16)
+	return err == nil && b >= a
 }

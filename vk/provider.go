@@ -907,6 +907,22 @@ func (p *Provider) bindRequest(pod *corev1.Pod) (runtime.BindRequest, error) {
 			req.EgressDeny = append(req.EgressDeny, p.String())
 		}
 	}
+	if v, ok := pod.Annotations[podcontract.AnnotationControlPorts]; ok {
+		ports, err := sandboxnet.ParsePorts(v)
+		if err == nil && len(ports) == 0 {
+			err = errors.New("it lists nothing")
+		}
+		if err != nil {
+			return req, fmt.Errorf("annotation %s: %v: give the TCP ports the control plane may reach, such as 8000,1024-65535, or remove it", podcontract.AnnotationControlPorts, err)
+		}
+		for _, p := range ports {
+			r := fmt.Sprint(p.Port)
+			if p.EndPort > p.Port {
+				r = fmt.Sprintf("%d-%d", p.Port, p.EndPort)
+			}
+			req.ControlPorts = append(req.ControlPorts, r)
+		}
+	}
 	if v, ok := pod.Annotations[podcontract.AnnotationEgressDomains]; ok {
 		for name := range strings.SplitSeq(v, ",") {
 			if name = strings.TrimSuffix(strings.ToLower(strings.TrimSpace(name)), "."); name != "" {

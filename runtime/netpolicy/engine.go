@@ -246,6 +246,18 @@ func (e *Engine) Rules(ns, name string, daemonPorts []uint16) (ingress, egress [
 	return ingress, egress
 }
 
+// ControlPeers are the addresses of the control namespaces' pods: they
+// reach a sandbox's control ports (sandman.io/control-ports, where
+// sandman-gateway forwards E2B's getHost traffic), which nobody else
+// reaches and no NetworkPolicy opens.
+func (e *Engine) ControlPeers() []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range e.podPeers(e.cfg.ControlNamespaces, labels.Everything()) {
+		out = append(out, p.Prefix)
+	}
+	return out
+}
+
 func hasType(np *networkingv1.NetworkPolicy, t networkingv1.PolicyType) bool {
 	if len(np.Spec.PolicyTypes) == 0 {
 		// Kubernetes' default: Ingress, and Egress when egress rules exist.

@@ -179,6 +179,14 @@ type PolicySource interface {
 	Rules(namespace, name string, daemonPorts []uint16) (ingress, egress []sandboxnet.Rule)
 }
 
+// ControlPeers is what a PolicySource may also answer: the addresses of
+// the control namespaces' pods (the gateway's among them), which reach a
+// pod's control ports (sandman.io/control-ports). Without it only the
+// node's own addresses do.
+type ControlPeers interface {
+	ControlPeers() []netip.Prefix
+}
+
 // DomainResolver is the node's DNS resolver for sandboxes whose pods
 // allow names (runtime/sandboxdns.Server): a sandbox's DNS is sent to its
 // Port on the node, and it answers the sandbox registered at src only

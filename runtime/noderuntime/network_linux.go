@@ -87,6 +87,16 @@ func (r *Runtime) policy(req *runtime.BindRequest, ip string) (sandboxnet.Policy
 		// the daemons whatever the rules say (Policy.Self).
 		p.IngressFrom, p.EgressTo = r.cfg.Policies.Rules(req.Pod.Namespace, req.Pod.Name, daemons)
 	}
+	if len(req.ControlPorts) > 0 {
+		ports, err := sandboxnet.ParsePorts(strings.Join(req.ControlPorts, ","))
+		if err != nil {
+			return p, fmt.Errorf("bind %s: control ports: %v: %w", req.Pod.UID, err, errdefs.ErrInvalidArgument)
+		}
+		p.ControlPorts = ports
+		if cp, ok := r.cfg.Policies.(ControlPeers); ok {
+			p.ControlFrom = cp.ControlPeers()
+		}
+	}
 	p.DaemonPorts = daemons
 	return p, nil
 }
@@ -256,7 +266,7 @@ func (r *Runtime) bindFirewall(s *slot, req *runtime.BindRequest) error {
 
 // firewallRequest keeps of req what its firewall needs.
 func firewallRequest(req runtime.BindRequest) *runtime.BindRequest {
-	fw := &runtime.BindRequest{Pod: req.Pod, Egress: req.Egress, EgressDeny: req.EgressDeny, EgressDomains: req.EgressDomains}
+	fw := &runtime.BindRequest{Pod: req.Pod, Egress: req.Egress, EgressDeny: req.EgressDeny, EgressDomains: req.EgressDomains, ControlPorts: req.ControlPorts}
 	for _, c := range req.Containers {
 		fw.Containers = append(fw.Containers, runtime.ContainerSpec{Name: c.Name, Ports: c.Ports})
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -127,7 +128,8 @@ func batch(nsPath string, write func(*builder)) error {
 //
 //	ingress (input hook): lo, replies, ICMP → ports, reject
 //	ports: the node's addresses to the first daemon; [the pod's ports: accept,
-//	  or → from when IngressFrom narrows]
+//	  or → from when IngressFrom narrows]; [the pod's ControlPorts: accept
+//	  from the node's addresses and ControlFrom]
 //	from: [a rule per IngressFrom peer and port: accept]
 //
 // A peer with exceptions gets a chain of its own whose exceptions return.
@@ -242,6 +244,13 @@ func (b *builder) pod(p Policy) *nftables.Set {
 	}
 	for _, port := range p.TCPPorts {
 		b.rule(ports, l4proto(unix.IPPROTO_TCP), dport(port, 0), open)
+	}
+	// The control plane's ports: Self and ControlFrom only, before and
+	// apart from IngressFrom (an accept, or on to the rules above).
+	for _, r := range p.ControlPorts {
+		for _, a := range slices.Concat(b.self, p.ControlFrom) {
+			b.rule(ports, nfproto(unix.NFPROTO_IPV4), addrMatch(saddrOffset, a), l4proto(unix.IPPROTO_TCP), dport(r.Port, r.EndPort), verdict(expr.VerdictAccept))
+		}
 	}
 	for _, port := range p.UDPPorts {
 		b.rule(ports, l4proto(unix.IPPROTO_UDP), dport(port, 0), open)

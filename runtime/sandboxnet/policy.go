@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -50,6 +51,16 @@ type Policy struct {
 	// lets nobody in). The NetworkPolicies that select the pod, and who
 	// may reach a sandbox by default, come here.
 	IngressFrom []Rule
+	// ControlPorts are TCP ports open to the control plane only: the
+	// node's own addresses (Self) and ControlFrom, nobody else, whatever
+	// IngressFrom says (the pod's sandman.io/control-ports, which
+	// sandman-gateway sets so it can forward E2B's getHost traffic to any
+	// port of its sandboxes). Proto is ignored; a rule per range.
+	ControlPorts []PortRange
+	// ControlFrom are the control namespaces' pods (the gateway's among
+	// them) that reach ControlPorts besides Self; nil with no
+	// NetworkPolicy engine, which knows them.
+	ControlFrom []netip.Prefix
 	// EgressTo, when not nil, narrows egress further: a connection must
 	// match one of its rules and then pass the pool's rules above (the
 	// pod's egress NetworkPolicies).
@@ -179,6 +190,9 @@ func (p Policy) Admits(addr netip.Addr, proto string, port uint16) bool {
 	if proto == "TCP" && (port == firstDaemonPort || slices.Contains(p.DaemonPorts, port)) && containsAny(p.Self, addr) {
 		return true
 	}
+	if proto == "TCP" && inRanges(p.ControlPorts, port) && (containsAny(p.Self, addr) || containsAny(p.ControlFrom, addr)) {
+		return true
+	}
 	open := p.TCPPorts
 	if proto == "UDP" {
 		open = p.UDPPorts
@@ -189,6 +203,50 @@ func (p Policy) Admits(addr netip.Addr, proto string, port uint16) bool {
 		}
 	}
 	return false
+}
+
+func inRanges(rs []PortRange, port uint16) bool {
+	for _, r := range rs {
+		if port == r.Port || (r.EndPort > r.Port && port >= r.Port && port <= r.EndPort) {
+			return true
+		}
+	}
+	return false
+}
+
+// ParsePorts parses a comma-separated list of TCP ports and ranges
+// ("8000", "1024-65535") into port ranges, in order.
+func ParsePorts(s string) ([]PortRange, error) {
+	var out []PortRange
+	for f := range strings.SplitSeq(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		lo, hi, isRange := strings.Cut(f, "-")
+		a, err := parsePort(lo)
+		b := a
+		if err == nil && isRange {
+			b, err = parsePort(hi)
+		}
+		if err != nil || b < a {
+			return nil, fmt.Errorf("%q is not a port (1-65535) or a range of them (such as 1024-65535)", f)
+		}
+		r := PortRange{Proto: "TCP", Port: a}
+		if b > a {
+			r.EndPort = b
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+func parsePort(s string) (uint16, error) {
+	n, err := strconv.ParseUint(strings.TrimSpace(s), 10, 16)
+	if err != nil || n == 0 {
+		return 0, fmt.Errorf("bad port %q", s)
+	}
+	return uint16(n), nil
 }
 
 func anyMatches(rules []Rule, addr netip.Addr, proto string, port uint16) bool {

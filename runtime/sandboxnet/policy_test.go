@@ -3,6 +3,7 @@ package sandboxnet
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -133,3 +134,49 @@ func TestRules(t *testing.T) {
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
 
 func fmtPrefixes(ps []netip.Prefix) string { return fmt.Sprint(ps) }
+
+// TestControlPorts: the control plane's ports admit the node's addresses
+// and the control pods, nobody else, whatever IngressFrom says; the pod's
+// own ports are as before.
+func TestControlPorts(t *testing.T) {
+	node := netip.MustParseAddr("10.0.0.1")
+	gateway := netip.MustParseAddr("10.244.9.9")
+	trainer := netip.MustParseAddr("10.244.1.5")
+	ports, err := ParsePorts("1-49982, 49984-65535")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ingress := range [][]Rule{nil, {{Peers: []Peer{{Prefix: netip.PrefixFrom(trainer, 32)}}}}} {
+		p := Policy{Self: mustPrefixes("10.0.0.1"), TCPPorts: []uint16{49983, 9000}, ControlPorts: ports,
+			ControlFrom: mustPrefixes("10.244.9.9"), IngressFrom: ingress}
+		for _, tc := range []struct {
+			name string
+			got  bool
+			want bool
+		}{
+			{"node to 8000", p.Admits(node, "TCP", 8000), true},
+			{"gateway to 8000", p.Admits(gateway, "TCP", 8000), true},
+			{"gateway to 65535", p.Admits(gateway, "TCP", 65535), true},
+			{"trainer to 8000 (a control port only)", p.Admits(trainer, "TCP", 8000), false},
+			{"gateway to 8000 over UDP", p.Admits(gateway, "UDP", 8000), false},
+			{"trainer to its declared 9000", p.Admits(trainer, "TCP", 9000), true},
+		} {
+			if tc.got != tc.want {
+				t.Errorf("IngressFrom %v: %s: admitted %v, want %v", ingress, tc.name, tc.got, tc.want)
+			}
+		}
+	}
+}
+
+func TestParsePorts(t *testing.T) {
+	got, err := ParsePorts(" 8000,1024-2048 ,")
+	want := []PortRange{{Proto: "TCP", Port: 8000}, {Proto: "TCP", Port: 1024, EndPort: 2048}}
+	if err != nil || !slices.Equal(got, want) {
+		t.Errorf("ParsePorts = %v, %v; want %v", got, err, want)
+	}
+	for _, bad := range []string{"0", "65536", "9-8", "x", "1-", "-5", "80/udp"} {
+		if _, err := ParsePorts(bad); err == nil {
+			t.Errorf("ParsePorts(%q) = nil error", bad)
+		}
+	}
+}
