@@ -46,6 +46,7 @@ type options struct {
 	tokenKeyFile                       string
 	namespace, namespaces              string
 	sandboxDomain                      string
+	sandboxPorts                       string
 	snapshotRepository                 string
 	templateUploads                    string
 	maxTemplateUpload                  int64
@@ -90,7 +91,8 @@ func run(args []string) error {
 	fs.StringVar(&o.namespaces, "namespaces", "", "comma-separated namespaces whose sandbox pods the gateway watches and creates; a key naming another is refused "+
 		"(default: the namespaces the keys name, followed as the keys change). The gateway needs a RoleBinding to the sandman-gateway-tenant ClusterRole in each")
 	fs.StringVar(&o.namespace, "namespace", "", "one namespace: the same as --namespaces with one")
-	fs.StringVar(&o.sandboxDomain, "sandbox-domain", "", "returned as the sandboxes' domain (default: null)")
+	fs.StringVar(&o.sandboxDomain, "sandbox-domain", "", "returned as the sandboxes' domain (default: null); requests for <port>-<sandboxID>.<domain> are sandbox traffic (E2B's getHost)")
+	fs.StringVar(&o.sandboxPorts, "sandbox-ports", "1-65535", "TCP ports and ranges of its sandboxes the gateway forwards getHost traffic to; its pods open them (sandman.io/control-ports) to the control plane only")
 	fs.StringVar(&o.snapshotRepository, "snapshot-repository", "e2b", "prefix of the images createSnapshot makes in the pool's snapshot registry: <prefix>/<key's namespace>/<name>:<tag>")
 	fs.StringVar(&o.templateUploads, "template-uploads", "", "directory keeping the files of templates' COPY steps until their build ends (default: sandman-gateway-uploads in the temporary directory)")
 	fs.Int64Var(&o.maxTemplateUpload, "max-template-upload", 512<<20, "largest upload of a template's files, in bytes")
@@ -127,7 +129,7 @@ func run(args []string) error {
 	}
 	cfg := gateway.Config{
 		Namespaces: namespaces, CreateTimeout: o.createTimeout, DefaultTimeout: o.defaultTimeout,
-		MaxTimeout: o.maxTimeout, ProxyWait: o.proxyWait, SandboxDomain: o.sandboxDomain, Logger: log,
+		MaxTimeout: o.maxTimeout, ProxyWait: o.proxyWait, SandboxDomain: o.sandboxDomain, SandboxPorts: o.sandboxPorts, Logger: log,
 		SnapshotRepository: o.snapshotRepository, BodyReadTimeout: o.bodyReadTimeout,
 		UploadDir: o.templateUploads, MaxUploadBytes: o.maxTemplateUpload,
 	}
