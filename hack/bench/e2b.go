@@ -45,7 +45,10 @@ func benchE2B(cfg config) ([]row, error) {
 	if err != nil {
 		return nil, err
 	}
-	rt, stopRT, err := b.be.startRuntime(ctx, "bench-e2b", func(c *noderuntime.Config) { c.Slots, c.WarmSlots = 8, 4 })
+	rt, stopRT, err := b.be.startRuntime(ctx, "bench-e2b", func(c *noderuntime.Config) {
+		c.Slots, c.WarmSlots = 8, 4
+		c.SnapshotRegistry = b.env["REGISTRY"] + "/" + templateSnapRepo // templates built from code
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -200,6 +203,12 @@ func benchE2B(cfg config) ([]row, error) {
 		row{name: "E2B SDK commands.run('true') via gateway", n: len(sdkRun.d), p50: ms(sdkRun.d.p50()), p99: ms(sdkRun.d.p99()),
 			baseline: "v1 direct", ratio: ratio(sdkRun.d.p50(), v1d.p50()), note: "includes the SDK's own cost in Node.js"})
 
+	trows, err := benchTemplate(ctx, gw, sdk, image, cfg.n)
+	rows = append(rows, trows...)
+	if err != nil {
+		return rows, err
+	}
+
 	// 500 at once on fake agents.
 	const many = 500
 	cpu0 := cpuTime(gw.cmd.Process.Pid)
@@ -309,14 +318,20 @@ type sdkResult struct {
 }
 
 func (g *benchGateway) sdk(ctx context.Context, dir, key, mode string, n int, template string) (sdkResult, error) {
-	cmd := exec.CommandContext(ctx, "node", "bench.mjs", mode, fmt.Sprint(n), template)
+	return g.sdkScript(ctx, dir, "bench.mjs", key, mode, n, template)
+}
+
+// sdkScript runs one of e2e/e2b's bench scripts (node SCRIPT MODE N
+// TEMPLATE) with key's API key.
+func (g *benchGateway) sdkScript(ctx context.Context, dir, script, key, mode string, n int, template string) (sdkResult, error) {
+	cmd := exec.CommandContext(ctx, "node", script, mode, fmt.Sprint(n), template)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "E2B_API_URL="+g.url, "E2B_SANDBOX_URL="+g.url, "E2B_API_KEY="+g.keys[key])
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return sdkResult{}, fmt.Errorf("node bench.mjs %s: %v\n%s\n%s", mode, err, out, stderr.String())
+		return sdkResult{}, fmt.Errorf("node %s %s: %v\n%s\n%s", script, mode, err, out, stderr.String())
 	}
 	var r struct {
 		MS      []float64 `json:"ms"`
@@ -325,14 +340,14 @@ func (g *benchGateway) sdk(ctx context.Context, dir, key, mode string, n int, te
 		Errors  []string  `json:"errors"`
 	}
 	if err := json.Unmarshal(bytes.TrimSpace(out), &r); err != nil {
-		return sdkResult{}, fmt.Errorf("node bench.mjs %s printed %q: %w", mode, out, err)
+		return sdkResult{}, fmt.Errorf("node %s %s printed %q: %w", script, mode, out, err)
 	}
 	res := sdkResult{total: time.Duration(r.TotalMS * float64(time.Millisecond)), failed: r.Failed, errors: r.Errors}
 	for _, v := range r.MS {
 		res.d = append(res.d, time.Duration(v*float64(time.Millisecond)))
 	}
 	if mode != "concurrent" && r.Failed > 0 {
-		return res, fmt.Errorf("node bench.mjs %s: %d failed: %s", mode, r.Failed, strings.Join(r.Errors, " | "))
+		return res, fmt.Errorf("node %s %s: %d failed: %s", script, mode, r.Failed, strings.Join(r.Errors, " | "))
 	}
 	return res, nil
 }
