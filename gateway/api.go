@@ -42,13 +42,9 @@ var unsupported = []struct{ pattern, what string }{
 	{"/sandboxes/{sandboxID}/resume", "resuming a sandbox (sandboxes are never paused)"},
 	{"/sandboxes/{sandboxID}/snapshots", "sandbox snapshots other than create (POST)"},
 	{"/sandboxes/{sandboxID}/fork", "forking a sandbox with its memory and processes (create a snapshot, which keeps the files, and create sandboxes with its snapshotId as the template)"},
-	{"/sandboxes/{sandboxID}/metrics", "sandbox metrics through the E2B API (use kubectl top pod or sandman's metrics)"},
-	{"GET /sandboxes/metrics", "sandbox metrics through the E2B API (use kubectl top pod or sandman's metrics)"},
 	{"/sandboxes/{sandboxID}/network", "changing a sandbox's network configuration"},
 	{"/sandboxes/{sandboxID}/logs", "sandbox logs through the E2B API (use kubectl logs)"},
 	{"/v2/sandboxes/{sandboxID}/logs", "sandbox logs through the E2B API (use kubectl logs)"},
-	{"/snapshots", "listing snapshots (a snapshot is an image of the pool's snapshot registry: list it there)"},
-	{"/snapshots/", "listing snapshots (a snapshot is an image of the pool's snapshot registry: list it there)"},
 	{"/templates", "this templates call (templates built from code are: Template.build, its status and logs, tags and exists)"},
 	{"/templates/", "this templates call (templates built from code are: Template.build, its status and logs, tags and exists)"},
 	{"/v2/templates", "template builds from a Dockerfile through the older API (use Template.build, or Template().fromDockerfile)"},
@@ -76,6 +72,8 @@ func (g *Gateway) ControlHandler() http.Handler {
 	mux.Handle("POST /v2/sandboxes/{sandboxID}/connect", g.auth(func(w http.ResponseWriter, r *http.Request, k Key) { g.serveConnect(w, r, k, g.cfg.DefaultTimeout) }))
 	mux.Handle("POST /sandboxes/{sandboxID}/connect", g.auth(func(w http.ResponseWriter, r *http.Request, k Key) { g.serveConnect(w, r, k, g.cfg.DefaultTimeout) }))
 	g.buildRoutes(mux)
+	g.metricsRoutes(mux)
+	g.snapshotRoutes(mux)
 	for _, u := range unsupported {
 		mux.Handle(u.pattern, g.auth(func(w http.ResponseWriter, r *http.Request, _ Key) {
 			writeError(w, errorf(errdefs.ErrNotImplemented, "%s is not supported by sandman's E2B gateway", u.what))
@@ -261,6 +259,9 @@ func (g *Gateway) create(ctx context.Context, key Key, req *newSandbox, defTimeo
 		// An image named by the caller; the ConfigMap's templates are
 		// the operator's.
 		if err := g.checkImageTemplate(key, tmpl.Image); err != nil {
+			return nil, err
+		}
+		if err := g.checkSnapshotTemplate(ctx, key, tmpl.Image); err != nil {
 			return nil, err
 		}
 	}

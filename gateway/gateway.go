@@ -96,6 +96,10 @@ type Config struct {
 	// (default: vk/client.Snapshot through Client's REST client and the
 	// apiserver's node proxy, RBAC nodes/proxy create).
 	Snapshot func(ctx context.Context, node string, req vkapi.SnapshotRequest) (runtime.SnapshotResult, error)
+	// Usage reads sandboxes' sampled resource use from their virtual node
+	// (default: vk/client.Usage through Client's REST client and the
+	// apiserver's node proxy, RBAC nodes/proxy get).
+	Usage func(ctx context.Context, node string, req vkapi.UsageRequest) (vkapi.UsageResponse, error)
 
 	// UploadDir keeps the files of templates' COPY steps until their
 	// build ends (default: sandman-gateway-uploads in the system's
@@ -129,6 +133,9 @@ type Gateway struct {
 	waiters waiters
 	tomb    tombstones
 	builds  builds
+	// snapshotsBackfilled: namespaces whose live pods' snapshots were
+	// added to the snapshot catalogue (snapshotcatalog.go).
+	snapshotsBackfilled sync.Map
 }
 
 // indexSandboxID indexes watched pods by their sandbox ID label.
@@ -175,6 +182,9 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	if cfg.Snapshot == nil {
 		cfg.Snapshot = virtualNodeSnapshot(cfg.Client)
+	}
+	if cfg.Usage == nil {
+		cfg.Usage = virtualNodeUsage(cfg.Client)
 	}
 	if cfg.UploadDir == "" {
 		cfg.UploadDir = filepath.Join(os.TempDir(), "sandman-gateway-uploads")

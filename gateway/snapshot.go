@@ -114,6 +114,7 @@ func (g *Gateway) serveSnapshot(w http.ResponseWriter, r *http.Request, key Key)
 		return
 	}
 	g.log.Info("sandbox snapshotted", "pod", key.Namespace+"/"+id, "key", key.Name, "image", res.Image, "digest", res.Digest)
+	g.catalogSnapshot(context.WithoutCancel(r.Context()), key, id, image, res)
 	writeJSON(w, http.StatusCreated, snapshotInfo{SnapshotID: res.Image + "@" + res.Digest, Names: []string{res.Image}})
 }
 
