@@ -182,7 +182,10 @@ func startGateway(t *testing.T, s *framework.Stack, p *vpool) *gateway {
 	if _, err := s.Kube.CoreV1().ConfigMaps(p.ns).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	url := launchGateway(t, s, "--namespace", p.ns, "--keys-secret", p.ns+"/e2b-keys", "--templates-configmap", p.ns+"/e2b-templates")
+	// Sandbox ports from 1024 up: ports.test.mjs checks that a port below
+	// is closed by the sandbox's own firewall.
+	url := launchGateway(t, s, "--namespace", p.ns, "--keys-secret", p.ns+"/e2b-keys", "--templates-configmap", p.ns+"/e2b-templates",
+		"--sandbox-ports", "1024-65535")
 	return &gateway{url: url, key: key}
 }
 

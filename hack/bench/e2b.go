@@ -203,6 +203,12 @@ func benchE2B(cfg config) ([]row, error) {
 		row{name: "E2B SDK commands.run('true') via gateway", n: len(sdkRun.d), p50: ms(sdkRun.d.p50()), p99: ms(sdkRun.d.p99()),
 			baseline: "v1 direct", ratio: ratio(sdkRun.d.p50(), v1d.p50()), note: "includes the SDK's own cost in Node.js"})
 
+	prows, err := benchPorts(ctx, b, gw, cfg.n)
+	rows = append(rows, prows...)
+	if err != nil {
+		return rows, err
+	}
+
 	trows, err := benchTemplate(ctx, gw, sdk, image, cfg.n)
 	rows = append(rows, trows...)
 	if err != nil {
