@@ -44,15 +44,15 @@ type restService struct {
 // signature_expiration= instead of X-Access-Token). A signature is a
 // SHA-256 over the path, the user and the access token itself; the daemon
 // keeps only a hash of the token, so it cannot check one, and refuses them
-// saying so. (The gateway, which knows the token, could check them and
-// forward with X-Access-Token.) A request that carries the token too is
-// served by the token, as envd does.
+// saying so. sandman-gateway, which derives the token, checks them and
+// forwards them with X-Access-Token (gateway/signed.go). A request that
+// carries the token too is served by the token, as envd does.
 func (s *Service) filesAuthenticated(h http.Handler) http.Handler {
 	inner := s.authenticated(h)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Query().Get("signature") != "" && s.sandbox.Assigned() && !s.authorized(r) {
 			writeRESTError(w, http.StatusUnauthorized,
-				"signed file URLs are not supported by this sandbox: the daemon keeps only a hash of the access token, so it cannot check E2B's signatures; send the request with the X-Access-Token header instead")
+				"signed file URLs are checked by sandman-gateway, not by the sandbox: the daemon keeps only a hash of the access token, so it cannot check E2B's signatures; send the request through the gateway, or with the X-Access-Token header")
 			return
 		}
 		inner.ServeHTTP(w, r)
