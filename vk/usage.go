@@ -164,14 +164,20 @@ func sandboxCPUs(req runtime.BindRequest) int64 {
 	return max(1, (m+999)/1000)
 }
 
-// sandboxMemory is its containers' memory limits (0: one has none).
+// sandboxMemory is the memory a sandbox was given when its cgroup reports
+// no limit: its containers' memory limits, or else requests (0: a
+// container has neither).
 func sandboxMemory(req runtime.BindRequest) uint64 {
 	var sum uint64
 	for _, c := range req.Containers {
-		if c.Limits.MemoryBytes <= 0 {
+		m := c.Limits.MemoryBytes
+		if m <= 0 {
+			m = c.Requests.MemoryBytes
+		}
+		if m <= 0 {
 			return 0
 		}
-		sum += uint64(c.Limits.MemoryBytes)
+		sum += uint64(m)
 	}
 	return sum
 }
