@@ -47,8 +47,20 @@ func (g *Gateway) build(ctx context.Context, run *buildRun, p *buildPlan) (retEr
 			return g.register(ctx, p, c)
 		}
 	}
+	// The longest cached prefix (a checkpoint of an earlier build) is
+	// where this one starts.
+	from, image, state := 0, p.baseImage, p.baseState.clone()
+	for j := min(p.force, n-1); j > 0; j-- {
+		if c, ok := cacheLookup(data, p.keys[j]); ok {
+			from, image, state = j, c.Image, c.State.clone()
+			for i := range j {
+				logf("info", i+1, "CACHED [%d/%d] %s", i+1, n, describeStep(p.steps[i]))
+			}
+			break
+		}
+	}
 
-	x, pod, err := g.buildSandbox(ctx, p)
+	x, pod, err := g.buildSandbox(ctx, p, image)
 	if pod != nil {
 		defer func() {
 			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -62,34 +74,62 @@ func (g *Gateway) build(ctx context.Context, run *buildRun, p *buildPlan) (retEr
 		return withStep(0, err)
 	}
 	logf("info", 0, "Build sandbox %s is running", pod.Name)
-	s := &stepRunner{g: g, x: x, p: p, state: p.baseState.clone(), logf: logf, homes: map[string]string{}}
+	s := &stepRunner{g: g, x: x, p: p, state: state, logf: logf, homes: map[string]string{}}
 	if s.state.Env == nil {
 		s.state.Env = map[string]string{}
 	}
 	if err := s.init(ctx); err != nil {
 		return withStep(0, err)
 	}
-	for i, st := range p.steps {
+	for i := from; i < n; i++ {
+		st := p.steps[i]
 		logf("info", i+1, "[%d/%d] %s", i+1, n, describeStep(st))
 		t := g.cfg.Now()
 		if err := s.step(ctx, i+1, st); err != nil {
 			return withStep(i+1, fmt.Errorf("step %d (%s) failed: %w", i+1, describeStep(st), err))
 		}
-		logf("info", i+1, "[%d/%d] done in %s", i+1, n, g.cfg.Now().Sub(t).Round(time.Millisecond))
+		took := g.cfg.Now().Sub(t)
+		logf("info", i+1, "[%d/%d] done in %s", i+1, n, took.Round(time.Millisecond))
+		if i < n-1 && i < p.force && g.cfg.BuildCheckpointAfter > 0 && took >= g.cfg.BuildCheckpointAfter {
+			if err := g.checkpoint(ctx, p, pod, i+1, s.state, logf); err != nil {
+				return withStep(i+1, err)
+			}
+		}
 	}
 
-	image, err := g.snapshotImage(p.key, "", "template-"+p.name+":"+p.buildID)
+	final, err := g.snapshotImage(p.key, "", "template-"+p.name+":"+p.buildID)
 	if err != nil {
 		return err
 	}
-	logf("info", 0, "Snapshotting the result as %s", image)
+	logf("info", 0, "Snapshotting the result as %s", final)
 	t := g.cfg.Now()
-	res, err := g.cfg.Snapshot(ctx, pod.Spec.NodeName, vkapi.SnapshotRequest{Namespace: pod.Namespace, Pod: pod.Name, Image: image})
+	res, err := g.cfg.Snapshot(ctx, pod.Spec.NodeName, vkapi.SnapshotRequest{Namespace: pod.Namespace, Pod: pod.Name, Image: final})
 	if err != nil {
 		return snapshotError(pod.Name, err)
 	}
 	logf("info", 0, "Snapshot %s@%s (%d bytes of changes) in %s", res.Image, res.Digest, res.DiffBytes, g.cfg.Now().Sub(t).Round(time.Millisecond))
 	return g.register(ctx, p, cacheRecord{Image: res.Image + "@" + res.Digest, State: s.state, At: g.cfg.Now().UTC()})
+}
+
+// checkpoint snapshots a build after step no, a slow one, and caches the
+// result under that step's key: a later build that changes only steps
+// after it starts from there.
+func (g *Gateway) checkpoint(ctx context.Context, p *buildPlan, pod *corev1.Pod, no int, state templateState,
+	logf func(level string, step int, format string, args ...any)) error {
+	image, err := g.snapshotImage(p.key, "", "template-"+p.name+":"+p.buildID+"-step"+strconv.Itoa(no))
+	if err != nil {
+		return err
+	}
+	t := g.cfg.Now()
+	res, err := g.cfg.Snapshot(ctx, pod.Spec.NodeName, vkapi.SnapshotRequest{Namespace: pod.Namespace, Pod: pod.Name, Image: image})
+	if err != nil {
+		return snapshotError(pod.Name, err)
+	}
+	logf("info", no, "Checkpoint after step %d: %s@%s in %s", no, res.Image, res.Digest, g.cfg.Now().Sub(t).Round(time.Millisecond))
+	return g.updateTemplates(ctx, p.key.Namespace, func(data map[string]string) error {
+		cachePut(data, p.keys[no], cacheRecord{Image: res.Image + "@" + res.Digest, State: state.clone(), At: g.cfg.Now().UTC()})
+		return nil
+	})
 }
 
 // register records a finished build: the template's build and tags, and
@@ -123,7 +163,7 @@ func (g *Gateway) register(ctx context.Context, p *buildPlan, c cacheRecord) err
 // buildSandbox makes the sandbox a build runs in: a pod of the base image
 // on the key's pool, as a create makes one, marked as a build's and
 // ending at the latest with the build.
-func (g *Gateway) buildSandbox(ctx context.Context, p *buildPlan) (*sandboxExec, *corev1.Pod, error) {
+func (g *Gateway) buildSandbox(ctx context.Context, p *buildPlan, image string) (*sandboxExec, *corev1.Pod, error) {
 	if err := g.waitSynced(ctx, p.key.Namespace); err != nil {
 		return nil, nil, err
 	}
@@ -131,7 +171,7 @@ func (g *Gateway) buildSandbox(ctx context.Context, p *buildPlan) (*sandboxExec,
 	token := g.cfg.Tokens.New(p.key.Namespace, id)
 	pod, err := buildPod(podSpec{
 		id: id, tokenHash: TokenHash(token), key: p.key,
-		template:   Template{Image: p.baseImage, CPU: p.cpu, Memory: p.mem},
+		template:   Template{Image: image, CPU: p.cpu, Memory: p.mem},
 		templateID: p.baseImage, metadata: map[string]string{"sandman.template-build": p.name + "/" + p.buildID},
 		expiresAt: g.cfg.Now().Add(maxBuildDuration),
 	})
@@ -166,14 +206,13 @@ func describeStep(st templateStep) string {
 		}
 		return "ENV " + strings.Join(kv, " ")
 	}
-	return st.Type + " " + strings.Join(slicesTrimEmpty(st.Args), " ")
-}
-
-func slicesTrimEmpty(a []string) []string {
-	for len(a) > 0 && a[len(a)-1] == "" {
-		a = a[:len(a)-1]
+	var args []string
+	for _, a := range st.Args {
+		if a != "" {
+			args = append(args, a)
+		}
 	}
-	return a
+	return st.Type + " " + strings.Join(args, " ")
 }
 
 // stepRunner runs a build's steps in its sandbox, carrying the state they

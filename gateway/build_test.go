@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 	corev1 "k8s.io/api/core/v1"
@@ -131,10 +132,14 @@ type buildEnv struct {
 	snaps []vkapi.SnapshotRequest
 }
 
-func newBuildEnv(t *testing.T) *buildEnv {
+func newBuildEnv(t *testing.T, tweak ...func(*Config)) *buildEnv {
 	b := &buildEnv{procs: newFakeProcs()}
 	b.env = newEnv(t, func(c *Config) {
 		c.UploadDir = t.TempDir()
+		c.BuildCheckpointAfter = -1
+		for _, f := range tweak {
+			f(c)
+		}
 		c.Snapshot = func(_ context.Context, _ string, req vkapi.SnapshotRequest) (runtime.SnapshotResult, error) {
 			b.mu.Lock()
 			b.snaps = append(b.snaps, req)
@@ -540,5 +545,47 @@ func TestTemplateUploadChecks(t *testing.T) {
 	if r := b.call(http.MethodPost, "/v2/templates/"+res.TemplateID+"/builds/"+res.BuildID, rawKeyA,
 		map[string]any{"fromImage": "registry.example.com/x:1", "steps": []templateStep{{Type: "HEALTHCHECK", Args: []string{"x"}}}}); r.status != http.StatusBadRequest {
 		t.Errorf("unknown step: %d %s", r.status, r.body)
+	}
+}
+
+// TestTemplateBuildCheckpoints: slow steps are checkpointed, and a build
+// that changes only the last step starts from the checkpoint before it.
+func TestTemplateBuildCheckpoints(t *testing.T) {
+	b := newBuildEnv(t, func(c *Config) {
+		c.Now = time.Now // steps take time
+		c.BuildCheckpointAfter = time.Nanosecond
+	})
+	res := b.requestBuild(rawKeyA, "slow")
+	b.upload(rawKeyA, res.TemplateID, projectTar(t))
+	r := b.call(http.MethodPost, "/v2/templates/"+res.TemplateID+"/builds/"+res.BuildID, rawKeyA, map[string]any{"fromTemplate": "base", "steps": steps()})
+	if r.status != http.StatusAccepted {
+		t.Fatalf("start: %d %s", r.status, r.body)
+	}
+	b.readyBuildPod(nsA)
+	if info, logs := b.waitBuild(rawKeyA, res); info.Status != buildReady || b.snapshots() != 6 {
+		t.Fatalf("build: %s %+v, %d snapshots (want 5 checkpoints and the result)\n%s", info.Status, info.Reason, b.snapshots(), logText(logs))
+	}
+
+	res2 := b.requestBuild(rawKeyA, "slow")
+	b.upload(rawKeyA, res2.TemplateID, projectTar(t))
+	changed := steps()
+	changed[5].Args[0] = "python3 -c 'import app' # changed"
+	r = b.call(http.MethodPost, "/v2/templates/"+res2.TemplateID+"/builds/"+res2.BuildID, rawKeyA, map[string]any{"fromTemplate": "base", "steps": changed})
+	if r.status != http.StatusAccepted {
+		t.Fatalf("start: %d %s", r.status, r.body)
+	}
+	pod := b.readyBuildPod(nsA)
+	want := "reg.local/e2b/" + nsA + "/template-slow:" + res.BuildID + "-step5@" + fakeDigest
+	if img := pod.Spec.Containers[0].Image; img != want {
+		t.Errorf("the second build's sandbox runs %s, want the checkpoint %s", img, want)
+	}
+	info, logs := b.waitBuild(rawKeyA, res2)
+	if info.Status != buildReady || b.snapshots() != 7 || !strings.Contains(logText(logs), "CACHED [5/6]") || strings.Contains(logText(logs), "\n[1/6] RUN") {
+		t.Fatalf("second build: %s %+v, %d snapshots\n%s", info.Status, info.Reason, b.snapshots(), logText(logs))
+	}
+	for _, c := range b.procs.commands() {
+		if c.shell == "python3 -c 'import app' # changed" && (c.user != "user" || c.cwd != "/srv/app" || c.env["APP_MODE"] != "test") {
+			t.Errorf("the changed step ran without the checkpoint's state: %+v", c)
+		}
 	}
 }

@@ -108,6 +108,11 @@ type Config struct {
 	// MaxUploadBytes bounds one upload of a template's files (default
 	// 512 MiB).
 	MaxUploadBytes int64
+	// BuildCheckpointAfter: a template build step that took at least this
+	// long is snapshotted (and cached) before the next, so a later build
+	// that changes only what follows starts from it (default 30 s, about
+	// ten times what a snapshot of a small change costs; negative: never).
+	BuildCheckpointAfter time.Duration
 
 	// Logger gets the gateway's lines as given: the caller names the
 	// component (cmd/sandman-gateway adds component=gateway), so the
@@ -191,6 +196,9 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	if cfg.MaxUploadBytes <= 0 {
 		cfg.MaxUploadBytes = 512 << 20
+	}
+	if cfg.BuildCheckpointAfter == 0 {
+		cfg.BuildCheckpointAfter = 30 * time.Second
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
