@@ -34,10 +34,11 @@ import (
 // Steps are cached as E2B caches them: each step's cache key is the hash
 // of the base and every step up to it (a COPY by its files' hash). A
 // build whose last key is in the namespace's cache registers that image at
-// once, with no sandbox. Only a build's final result is snapshotted (one
-// snapshot of all changes costs about what one of a prefix does, and a
-// snapshot per step would multiply a build's time), so a build that
-// changes a later step reruns its steps from the base.
+// once, with no sandbox. A snapshot per step would add a snapshot's time
+// to every step (each takes all changes since the base image), so a build
+// snapshots its result, and checkpoints only after a step slower than
+// Config.BuildCheckpointAfter; a build that changes later steps starts
+// from the newest checkpoint before them (build_steps.go).
 
 // maxBuildDuration bounds one build, its sandbox's lifetime included.
 const maxBuildDuration = time.Hour
