@@ -200,7 +200,9 @@ func launchGateway(t *testing.T, s *framework.Stack, args ...string) string {
 	if err := os.WriteFile(tokenKey, []byte(rand.String(32)+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	a := launchAgent(t, buildBinary(t, s.Root, "sandman-gateway"), append([]string{"--kubeconfig", s.Env["KUBECONFIG"], "--listen", addr, "--token-key-file", tokenKey}, args...))
+	a := launchAgent(t, buildBinary(t, s.Root, "sandman-gateway"), append([]string{"--kubeconfig", s.Env["KUBECONFIG"], "--listen", addr, "--token-key-file", tokenKey,
+		// Not the default port, which `make run`'s gateway holds.
+		"--metrics-listen", "127.0.0.1:" + strconv.Itoa(freePort(t))}, args...))
 	t.Cleanup(func() { a.stop(t) })
 	url := "http://" + addr
 	framework.Eventually(t, 30*time.Second, "sandman-gateway to serve", func(ctx context.Context) (bool, error) {
