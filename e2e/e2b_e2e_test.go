@@ -88,7 +88,11 @@ func TestE2BSDK(t *testing.T) {
 	// The pool's agents push snapshots (createSnapshot, templates built
 	// from code) under a repository of their own in the stack's registry.
 	snapRepo := s.Registry + "/sandman-e2e-e2b-" + rand.String(4)
-	p := startPool(t, s, 1, 6, "--snapshot-registry", snapRepo, "--snapshot-repository", snapRepo+"/e2b")
+	// The pool lets the test's namespace run sandboxes without
+	// no_new_privs: E2B's base template sudoes.
+	p := startPoolWith(t, s, poolOptions{agents: 1, slots: 6,
+		agentArgs: []string{"--snapshot-registry", snapRepo, "--snapshot-repository", snapRepo + "/e2b"},
+		vkArgs:    func(p *vpool) []string { return []string{"--privilege-escalation-namespaces", p.ns} }})
 	ctx := t.Context()
 	g := startGateway(t, s, p)
 
@@ -176,7 +180,7 @@ func startGateway(t *testing.T, s *framework.Stack, p *vpool) *gateway {
 		t.Fatal(err)
 	}
 	tmplJSON, _ := json.Marshal(map[string]string{"image": s.DebianImage, "cpu": "250m", "memory": "256Mi"})
-	baseJSON, _ := json.Marshal(map[string]string{"image": s.E2BBaseImage, "cpu": "250m", "memory": "256Mi"})
+	baseJSON, _ := json.Marshal(map[string]any{"image": s.E2BBaseImage, "cpu": "250m", "memory": "256Mi", "allowPrivilegeEscalation": true})
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "e2b-templates", Namespace: p.ns},
 		Data: map[string]string{"debian": string(tmplJSON), "base": string(baseJSON)}}
 	if _, err := s.Kube.CoreV1().ConfigMaps(p.ns).Create(ctx, cm, metav1.CreateOptions{}); err != nil {

@@ -131,6 +131,10 @@ func buildPod(s podSpec) (*corev1.Pod, error) {
 			}},
 		},
 	}
+	if s.template.AllowPrivilegeEscalation {
+		yes := true
+		pod.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{AllowPrivilegeEscalation: &yes}
+	}
 	if s.template.Built != nil {
 		applyBuilt(&pod.Spec.Containers[0], s.template.Built, s.env)
 	}

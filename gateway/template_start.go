@@ -44,7 +44,10 @@ func applyBuilt(c *corev1.Container, b *builtTemplate, env map[string]string) {
 	}
 	c.WorkingDir = b.State.Workdir
 	if b.State.UID != nil {
-		c.SecurityContext = &corev1.SecurityContext{RunAsUser: b.State.UID, RunAsGroup: b.State.GID}
+		if c.SecurityContext == nil {
+			c.SecurityContext = &corev1.SecurityContext{}
+		}
+		c.SecurityContext.RunAsUser, c.SecurityContext.RunAsGroup = b.State.UID, b.State.GID
 	}
 }
 

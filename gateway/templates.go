@@ -26,6 +26,12 @@ type Template struct {
 	Image  string
 	CPU    resource.Quantity
 	Memory resource.Quantity
+	// AllowPrivilegeEscalation runs its sandboxes without no_new_privs, so
+	// sudo works, as E2B's base template expects: the pod asks for it
+	// (securityContext.allowPrivilegeEscalation) and the pool's virtual
+	// node refuses it unless its operator allows it to the key's namespace
+	// (sandman-vk --privilege-escalation-namespaces).
+	AllowPrivilegeEscalation bool
 	// Built is set for a template built from code (see build.go): the
 	// environment, working directory, user and start command its
 	// sandboxes start with.
@@ -34,14 +40,16 @@ type Template struct {
 
 // templateEntry is one ConfigMap data entry.
 type templateEntry struct {
-	Image  string `json:"image"`
-	CPU    string `json:"cpu"`
-	Memory string `json:"memory"`
+	Image                    string `json:"image"`
+	CPU                      string `json:"cpu"`
+	Memory                   string `json:"memory"`
+	AllowPrivilegeEscalation bool   `json:"allowPrivilegeEscalation"`
 }
 
 // ParseTemplates reads template entries: entry name = template ID, value =
-// JSON {"image":"…","cpu":"500m","memory":"512Mi"} (cpu and memory
-// optional: DefaultCPU, DefaultMemory). Entries that cannot be used are
+// JSON {"image":"…","cpu":"500m","memory":"512Mi","allowPrivilegeEscalation":true}
+// (cpu and memory optional: DefaultCPU, DefaultMemory; the last, for
+// images whose users sudo, optional: false). Entries that cannot be used are
 // left out, each with an error saying why.
 func ParseTemplates(data map[string]string) (map[string]Template, []error) {
 	out := map[string]Template{}
@@ -70,7 +78,7 @@ func parseTemplate(name, raw string) (Template, error) {
 	if e.Image == "" {
 		return Template{}, fmt.Errorf("no image")
 	}
-	t := Template{Name: name, Image: e.Image, CPU: DefaultCPU, Memory: DefaultMemory}
+	t := Template{Name: name, Image: e.Image, CPU: DefaultCPU, Memory: DefaultMemory, AllowPrivilegeEscalation: e.AllowPrivilegeEscalation}
 	var err error
 	if e.CPU != "" {
 		if t.CPU, err = resource.ParseQuantity(e.CPU); err != nil || t.CPU.Sign() <= 0 {

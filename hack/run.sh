@@ -58,7 +58,8 @@ start sandman-vk "curl -fsS http://127.0.0.1:9652/healthz" \
 	"$BIN/sandman-vk" --kubeconfig "$KUBECONFIG" --pool "$POOL" --node-name "sandman-$POOL" \
 	--node-ip "$BRIDGE_IP" --kubelet-listen "$BRIDGE_IP:10250" \
 	--tls-cert-file "$PKI/kubelet-serving.crt" --tls-key-file "$PKI/kubelet-serving.key" --client-ca-file "$PKI/ca.crt" \
-	--node-agents "$AGENTS" --token-file "$TOKEN_FILE" --pool-secret-file "$CONTROL_KEYS" --metrics-listen 127.0.0.1:9652
+	--node-agents "$AGENTS" --token-file "$TOKEN_FILE" --pool-secret-file "$CONTROL_KEYS" --metrics-listen 127.0.0.1:9652 \
+	--privilege-escalation-namespaces default
 
 log "waiting for node sandman-$POOL to be Ready"
 deadline=$((SECONDS + 60))
@@ -95,7 +96,8 @@ curl -fsS -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' 
 	-d '{"shell":"echo hello from $(hostname); uname -sr; python3 --version"}' "http://$IP:49983/v1/exec"
 echo
 
-# The E2B gateway: sandboxes in namespace default on this pool; an API key
+# The E2B gateway: sandboxes in namespace default on this pool (which lets
+# them sudo: sandman-vk --privilege-escalation-namespaces above); an API key
 # kept in $SANDMAN_STATE (only its hash goes to the cluster); the template
 # `base`, which is E2B's base template (user `user`, sudo, curl, git).
 E2B_NS=default
@@ -108,7 +110,7 @@ kubectl -n "$E2B_NS" create secret generic sandman-gateway-keys --dry-run=client
 	--from-literal=local="{\"sha256\":\"$(printf %s "$E2B_API_KEY" | sha256sum | cut -d' ' -f1)\",\"namespace\":\"$E2B_NS\",\"pool\":\"$POOL\"}" |
 	kubectl apply -f - >/dev/null
 kubectl -n "$E2B_NS" create configmap sandman-gateway-templates --dry-run=client -o yaml \
-	--from-literal=base="{\"image\":\"$E2B_BASE_IMAGE\",\"cpu\":\"500m\",\"memory\":\"512Mi\"}" \
+	--from-literal=base="{\"image\":\"$E2B_BASE_IMAGE\",\"cpu\":\"500m\",\"memory\":\"512Mi\",\"allowPrivilegeEscalation\":true}" \
 	--from-literal=debian="{\"image\":\"$DEBIAN_IMAGE\",\"cpu\":\"500m\",\"memory\":\"512Mi\"}" |
 	kubectl apply -f - >/dev/null
 E2B_URL=http://127.0.0.1:3000

@@ -255,6 +255,11 @@ type ContainerSpec struct {
 	// DropCapabilities are removed from SandboxCapabilities: CAP_ names,
 	// or "ALL" for every one. A pod can only narrow the set, never widen it.
 	DropCapabilities []string `json:"drop_capabilities,omitempty"`
+	// AllowPrivilegeEscalation runs the container without no_new_privs, so
+	// setuid programs (sudo) work inside it; the virtual node sets it only
+	// for pods its pool allows (sandman-vk --privilege-escalation-namespaces).
+	// The capabilities, seccomp profile and user namespace are unchanged.
+	AllowPrivilegeEscalation bool `json:"allow_privilege_escalation,omitempty"`
 	// SeccompLocalhost is a seccomp profile (OCI JSON) by its path under
 	// the node's profile root, as a pod's seccompProfile Localhost; empty:
 	// the runtime's default profile.

@@ -86,6 +86,19 @@ func (p *Provider) hostUsers(pod *corev1.Pod) error {
 		p.poolName(), pod.Namespace)
 }
 
+// privilegeEscalation refuses a container's allowPrivilegeEscalation:
+// true (no no_new_privs: setuid programs such as sudo work) to a pod whose
+// namespace the pool does not name for it. Unset or false, sandboxes run
+// with no_new_privs, unlike a kubelet's default: the pool decides.
+func (p *Provider) privilegeEscalation(pod *corev1.Pod, c corev1.Container, allow bool) error {
+	if !allow || slices.Contains(p.cfg.PrivilegeEscalationNamespaces, pod.Namespace) {
+		return nil
+	}
+	return fmt.Errorf("spec.containers[%s].securityContext.allowPrivilegeEscalation: true would let setuid programs (sudo) gain privileges, "+
+		"which pool %s allows only to the namespaces its operator names (sandman-vk --privilege-escalation-namespaces), not %s: remove it or set it to false",
+		c.Name, p.poolName(), pod.Namespace)
+}
+
 // seccompLocalhost refuses a container's Localhost seccomp profile (its
 // path relative to the node's profile directory, "" for none) unless the
 // pool lists it: a profile on the node is the operator's to hand out, and
@@ -152,9 +165,8 @@ func containerSecurity(pod *corev1.Pod, c corev1.Container, cs *runtime.Containe
 		if sc.Privileged != nil && *sc.Privileged {
 			return fmt.Errorf("%s.privileged: sandboxes never run privileged: remove it", path)
 		}
-		if sc.AllowPrivilegeEscalation != nil && *sc.AllowPrivilegeEscalation {
-			return fmt.Errorf("%s.allowPrivilegeEscalation: sandboxes always run with no_new_privs: remove it or set it to false", path)
-		}
+		// Checked against the pool by Provider.privilegeEscalation.
+		cs.AllowPrivilegeEscalation = sc.AllowPrivilegeEscalation != nil && *sc.AllowPrivilegeEscalation
 		if sc.ProcMount != nil && *sc.ProcMount == corev1.UnmaskedProcMount {
 			return fmt.Errorf("%s.procMount: Unmasked would show the worker's /proc paths that sandboxes keep masked: remove it", path)
 		}

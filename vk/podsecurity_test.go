@@ -425,3 +425,42 @@ func TestSeccompLocalhostProfilesConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestPrivilegeEscalation: allowPrivilegeEscalation: true (no no_new_privs,
+// so sudo works) reaches the node agent only from a namespace the pool
+// names for it (PrivilegeEscalationNamespaces); from any other the pod
+// fails, naming the field, the namespace and the flag. Unset and false
+// keep no_new_privs.
+func TestPrivilegeEscalation(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		v       *bool
+		allowed []string
+		err     bool
+	}{
+		{"unset", nil, nil, false},
+		{"false", ptr.To(false), nil, false},
+		{"true, no namespace named", ptr.To(true), nil, true},
+		{"true, another namespace named", ptr.To(true), []string{"other"}, true},
+		{"true, its namespace named", ptr.To(true), []string{"other", "ns"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := testPod("ok", "img")
+			pod.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{AllowPrivilegeEscalation: tc.v}
+			req, err := translator(func(c *Config) { c.PrivilegeEscalationNamespaces = tc.allowed }).bindRequest(pod)
+			if tc.err {
+				if err == nil || !strings.Contains(err.Error(), "securityContext.allowPrivilegeEscalation") ||
+					!strings.Contains(err.Error(), "--privilege-escalation-namespaces") || !strings.Contains(err.Error(), "not ns") {
+					t.Fatalf("err = %v, want one naming allowPrivilegeEscalation, the namespace and --privilege-escalation-namespaces", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := req.Containers[0].AllowPrivilegeEscalation, tc.v != nil && *tc.v; got != want {
+				t.Fatalf("AllowPrivilegeEscalation = %v, want %v", got, want)
+			}
+		})
+	}
+}

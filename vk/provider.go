@@ -116,6 +116,14 @@ type Config struct {
 	// sandbox is then root on the worker, capabilities cut); any other's
 	// fail InvalidSpec. None: no pod may.
 	HostUsersNamespaces []string
+	// PrivilegeEscalationNamespaces are the namespaces whose pods may set
+	// allowPrivilegeEscalation: true: the sandbox then runs without
+	// no_new_privs, so setuid programs (sudo, as E2B's base template
+	// expects) work. Root reached so is the sandbox's own root, with the
+	// same capabilities, seccomp profile and user namespace as any
+	// process the daemon runs as root. Any other namespace's fail
+	// InvalidSpec. None: no pod may.
+	PrivilegeEscalationNamespaces []string
 	// DialDaemon dials sandbox daemons (default: TCP with a 5 s timeout);
 	// tests point it at daemons of their own.
 	DialDaemon func(ctx context.Context, network, addr string) (net.Conn, error)
@@ -858,6 +866,9 @@ func (p *Provider) bindRequest(pod *corev1.Pod) (runtime.BindRequest, error) {
 			return req, err
 		}
 		if err := p.seccompLocalhost(pod, c, cs.SeccompLocalhost); err != nil {
+			return req, err
+		}
+		if err := p.privilegeEscalation(pod, c, cs.AllowPrivilegeEscalation); err != nil {
 			return req, err
 		}
 		if err := p.poolLimits(c, &cs); err != nil {

@@ -49,6 +49,7 @@ type options struct {
 	pidsLimit                              int64
 	allowedNamespaces, namespaceSelector   string
 	hostUsersNamespaces                    string
+	privilegeEscalationNamespaces          string
 	seccompProfiles                        string
 	leaderElect                            bool
 	leaderElectNamespace                   string
@@ -144,6 +145,9 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.hostUsersNamespaces, "host-users-namespaces", "", "namespaces whose pods may set hostUsers: true, the opt-out of the sandbox's user namespace "+
 		"(root in the sandbox is then root on the worker, capabilities cut), comma-separated; any other's fail InvalidSpec. Empty: no pod may "+
 		"(a node agent with --user-namespaces=required refuses them all anyway)")
+	fs.StringVar(&o.privilegeEscalationNamespaces, "privilege-escalation-namespaces", "", "namespaces whose pods may set a container's "+
+		"allowPrivilegeEscalation: true, which runs it without no_new_privs so setuid programs (sudo, as in E2B's base template) work; root so "+
+		"reached is the sandbox's own (capabilities, seccomp and user namespace unchanged), comma-separated; any other's fail InvalidSpec. Empty: no pod may")
 	fs.Var(&o.defaultBandwidth, "default-bandwidth", "traffic caps of a sandbox whose pod sets no kubernetes.io/ingress-bandwidth or egress-bandwidth annotation, "+
 		"in bits per second: ingress=100M,egress=100M (empty: none; with none, the --max-bandwidth of that direction)")
 	fs.Var(&o.maxBandwidth, "max-bandwidth", "largest kubernetes.io/ingress-bandwidth and egress-bandwidth a pod may ask for: ingress=1G,egress=1G (pods above are refused; empty: no maximum)")

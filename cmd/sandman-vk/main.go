@@ -72,6 +72,10 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
+	privilegeEscalationNamespaces, err := namespaceList("--privilege-escalation-namespaces", o.privilegeEscalationNamespaces)
+	if err != nil {
+		return err
+	}
 	// Every listener is bound now, before anything waits (the apiserver,
 	// the node agents, a serving certificate): a taken address fails the
 	// process at once, naming it. The kubelet port is bound when it is to
@@ -172,8 +176,8 @@ func run(args []string) error {
 		UsageInterval: o.usageInterval, UsageRate: o.usageRate,
 		DefaultLimits: o.defaultLimits.l, MaxLimits: o.maxLimits.l, PidsLimit: o.pidsLimit,
 		AllowedNamespaces: allowedNamespaces, AllowedNamespaceSelector: namespaceSelector,
-		HostUsersNamespaces: hostUsersNamespaces,
-		DefaultBandwidth:    o.defaultBandwidth.b, MaxBandwidth: o.maxBandwidth.b,
+		HostUsersNamespaces: hostUsersNamespaces, PrivilegeEscalationNamespaces: privilegeEscalationNamespaces,
+		DefaultBandwidth: o.defaultBandwidth.b, MaxBandwidth: o.maxBandwidth.b,
 		SeccompLocalhostProfiles: commaList(o.seccompProfiles),
 	},
 		vk.WithKubeletPort(kubeletPort(o.kubeletListen)), vk.WithKubeletVersion(kubeletVersion()),

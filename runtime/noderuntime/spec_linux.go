@@ -117,10 +117,12 @@ func (r *Runtime) specOpts(s *slot, req runtime.BindRequest, i int, img ctrd.Ima
 			Destination: DaemonStateDir, Type: "tmpfs", Source: "tmpfs",
 			Options: []string{"nosuid", "nodev", "noexec", "mode=1777", "size=" + strconv.Itoa(daemonStateBytes)},
 		}}),
-		oci.WithNoNewPrivileges,
 		// Slots share shims in groups (Config.ShimGroupSize); a pod's
 		// containers always share their slot's.
 		oci.WithAnnotations(map[string]string{"io.containerd.runc.v2.group": group}),
+	}
+	if !c.AllowPrivilegeEscalation {
+		opts = append(opts, oci.WithNoNewPrivileges)
 	}
 	if len(c.Env) > 0 {
 		opts = append(opts, oci.WithEnv(c.Env))
