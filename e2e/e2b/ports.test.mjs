@@ -16,7 +16,9 @@ const env = (k) => {
   if (!v) throw new Error(`${k} is not set (run through e2e/e2b_e2e_test.go)`)
   return v
 }
-const base = env('SANDMAN_BASE_TEMPLATE')
+// The root template: a server below 1024 needs root, and the base
+// template's daemon runs as its user.
+const template = env('SANDMAN_TEMPLATE')
 const gateway = new URL(env('E2B_SANDBOX_URL'))
 
 const made = []
@@ -24,7 +26,7 @@ after(async () => {
   await Promise.all(made.map((s) => s.kill().catch(() => {})))
 })
 async function create(opts = {}) {
-  const s = await Sandbox.create(base, { timeoutMs: 300_000, ...opts })
+  const s = await Sandbox.create(template, { timeoutMs: 300_000, ...opts })
   made.push(s)
   return s
 }
@@ -79,9 +81,9 @@ class H(http.server.BaseHTTPRequestHandler):
         pass
 http.server.ThreadingHTTPServer(("0.0.0.0", int(sys.argv[1])), H).serve_forever()
 `
-async function serve(s, port, user) {
-  await s.files.write('/tmp/echo.py', server, { user: 'root' })
-  await s.commands.run(`python3 /tmp/echo.py ${port}`, { background: true, user })
+async function serve(s, port) {
+  await s.files.write('/tmp/echo.py', server)
+  await s.commands.run(`python3 /tmp/echo.py ${port}`, { background: true })
 }
 
 async function reachable(s, port, headers = {}) {
@@ -95,7 +97,7 @@ async function reachable(s, port, headers = {}) {
 test('a public sandbox: any port through getHost, by Host and by headers', async () => {
   const s = await create()
   assert.equal(s.trafficAccessToken, undefined, 'a public sandbox has no traffic token')
-  await serve(s, 8000, 'user')
+  await serve(s, 8000)
   await reachable(s, 8000)
   const h = s.getHost(8000)
   assert.match(h, new RegExp(`^8000-${s.sandboxId}\\.`))
@@ -118,7 +120,7 @@ test('allowPublicTraffic false: only the traffic access token opens the ports', 
   assert.notEqual(s.trafficAccessToken, other.trafficAccessToken)
   const again = await Sandbox.connect(s.sandboxId)
   assert.equal(again.trafficAccessToken, s.trafficAccessToken, 'connect returns the same traffic token')
-  await serve(s, 8000, 'user')
+  await serve(s, 8000)
   const token = { 'e2b-traffic-access-token': s.trafficAccessToken }
   await reachable(s, 8000, token)
   for (const [how, get] of [['host', byHost], ['headers', byHeaders]]) {
@@ -144,9 +146,9 @@ test('allowPublicTraffic false: only the traffic access token opens the ports', 
 
 test('a port nothing listens on, and one the sandbox firewall closes, answer 502 at once', async () => {
   const s = await create()
-  // A server below 1024, as root: the gateway's ports start at 1024, so
-  // the sandbox's firewall refuses the gateway there.
-  await serve(s, 81, 'root')
+  // A server below 1024: the gateway's ports start at 1024, so the
+  // sandbox's firewall refuses the gateway there.
+  await serve(s, 81)
   await until('the server on port 81 inside the sandbox', 20_000, async () =>
     (await s.commands.run('curl -s -o /dev/null -w %{http_code} http://127.0.0.1:81/ || true')).stdout === '200')
   for (const [port, want] of [[8001, /The sandbox is running but port is not open/], [81, /closed by the sandbox's ingress rules/]]) {
