@@ -299,11 +299,12 @@ var SandboxCapabilities = []string{
 
 // DefaultSecurity reports whether the container runs as any sandbox of its
 // image does before a pod is known: the image's user and groups, a
-// writable root, every SandboxCapabilities, the default seccomp profile.
+// writable root, every SandboxCapabilities, the default seccomp profile,
+// no_new_privs.
 // Only such containers may take a hot slot's running sandbox.
 func (c ContainerSpec) DefaultSecurity() bool {
 	return c.User == "" && c.Group == nil && len(c.SupplementalGroups) == 0 && !c.RunAsNonRoot &&
-		!c.ReadOnlyRootFS && len(c.DropCapabilities) == 0 && c.SeccompLocalhost == ""
+		!c.ReadOnlyRootFS && len(c.DropCapabilities) == 0 && c.SeccompLocalhost == "" && !c.AllowPrivilegeEscalation
 }
 
 // EventType says what an Event reports.

@@ -50,8 +50,8 @@ func TestValidateSecurity(t *testing.T) {
 	}
 }
 
-// TestDefaultSecurity: any narrowing or user setting keeps a container off
-// a hot slot's sandbox.
+// TestDefaultSecurity: any narrowing or user setting, and leaving
+// no_new_privs off, keeps a container off a hot slot's sandbox.
 func TestDefaultSecurity(t *testing.T) {
 	g := int64(5)
 	if !(ContainerSpec{Name: "a", Image: "i", PidsLimit: 100, Env: []string{"A=1"}}).DefaultSecurity() {
@@ -60,6 +60,7 @@ func TestDefaultSecurity(t *testing.T) {
 	for _, c := range []ContainerSpec{
 		{User: "1"}, {Group: &g}, {SupplementalGroups: []int64{1}}, {RunAsNonRoot: true},
 		{ReadOnlyRootFS: true}, {DropCapabilities: []string{"CAP_KILL"}}, {SeccompLocalhost: "p.json"},
+		{AllowPrivilegeEscalation: true},
 	} {
 		if c.DefaultSecurity() {
 			t.Errorf("%+v counts as default", c)
