@@ -37,7 +37,7 @@ after(async () => {
 
 const fmt = (ms) => JSON.stringify(ms.map((m) => ({ t: m.timestamp.toISOString(), cpu: m.cpuUsedPct, mem: m.memUsed, disk: m.diskUsed })))
 
-test('getMetrics: CPU, memory and disk over the sandbox life, within a time range', async () => {
+test('getMetrics: CPU, memory and disk over the sandbox life, within a time range', async (t) => {
   const sbx = await create(template)
   const created = new Date()
   // An idle sample first.
@@ -62,6 +62,7 @@ test('getMetrics: CPU, memory and disk over the sandbox life, within a time rang
     hot = ms.find((m) => m.cpuUsedPct >= 15 && m.diskUsed >= 32 << 20)
     return hot !== undefined
   }, () => fmt(ms))
+  t.diagnostic(`idle ${fmt([idle])}, burning ${fmt([hot])} of ${hot.cpuCount} cores, ${hot.memTotal} B memory, ${hot.diskTotal} B disk`)
   assert.ok(hot.cpuUsedPct > idle.cpuUsedPct + 10, `burning ${hot.cpuUsedPct} %, idle ${idle.cpuUsedPct} %`)
   assert.ok(hot.cpuUsedPct <= 100, `${hot.cpuUsedPct} %`)
   if (hot.diskTotal > 0) assert.ok(hot.diskTotal >= hot.diskUsed, `disk ${hot.diskUsed} of ${hot.diskTotal}`)
