@@ -179,6 +179,11 @@ func (g *Gateway) buildSandbox(ctx context.Context, p *buildPlan, image string) 
 		return nil, nil, errorf(errdefs.ErrInvalidArgument, "%v", err)
 	}
 	pod.Labels[podcontract.LabelE2BBuild] = p.buildID
+	// The daemon runs as root, so that steps run as any user (a sandbox
+	// runs with no_new_privs: a non-root daemon could not change user,
+	// even through sudo).
+	var root int64
+	pod.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{RunAsUser: &root, RunAsGroup: &root}
 	created, err := g.cfg.Client.CoreV1().Pods(p.key.Namespace).Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {
 		return nil, nil, kubeError("create the build's sandbox", err)
@@ -223,7 +228,7 @@ type stepRunner struct {
 	p     *buildPlan
 	state templateState
 	// user is who steps run as when they name no one: the template's
-	// user, else the image's own (its name read once).
+	// user, else root.
 	user string
 	// homes are users' home directories as read.
 	homes map[string]string
@@ -233,17 +238,20 @@ type stepRunner struct {
 // userNameRE is a user (or user:group) a step may name.
 var userNameRE = regexp.MustCompile(`^[a-z_][a-z0-9_.-]{0,31}$`)
 
-// init finds the image's own user when the base sets none.
+// init checks the build sandbox's daemon runs as root; steps run as the
+// base template's user, else as root, unless they name one.
 func (s *stepRunner) init(ctx context.Context) error {
 	s.user = s.state.User
-	if s.user != "" {
-		return nil
-	}
 	out, code, err := s.x.output(ctx, command{Shell: "id -un"})
 	if err != nil || code != 0 {
 		return fmt.Errorf("find the base image's user (id -un): exit %d: %v %s", code, err, strings.TrimSpace(out))
 	}
-	s.user = strings.TrimSpace(out)
+	if u := strings.TrimSpace(out); u != "root" {
+		return fmt.Errorf("the build sandbox's daemon runs as %s, not root: it cannot run steps as other users", u)
+	}
+	if s.user == "" {
+		s.user = "root"
+	}
 	return nil
 }
 
@@ -265,7 +273,7 @@ func (s *stepRunner) home(ctx context.Context, user string) (string, error) {
 const passwdLookup = `while IFS=: read -r n _ uid gid _ home _; do if [ "$n" = "$U" ]; then echo "$uid $gid $home"; exit 0; fi; done < /etc/passwd; echo "no user $U in /etc/passwd" >&2; exit 1`
 
 func (s *stepRunner) lookup(ctx context.Context, user string) (uid, gid int64, home string, err error) {
-	out, code, err := s.x.output(ctx, command{Shell: passwdLookup, User: "root", Env: map[string]string{"U": user}})
+	out, code, err := s.x.output(ctx, command{Shell: passwdLookup, Env: map[string]string{"U": user}})
 	if err != nil {
 		return 0, 0, "", err
 	}
