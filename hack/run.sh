@@ -90,7 +90,7 @@ YAML
 kubectl wait --for=condition=Ready pod/sandbox-demo --timeout=120s
 IP=$(kubectl get pod sandbox-demo -o jsonpath='{.status.podIP}')
 kubectl get pod sandbox-demo -o wide
-"$BIN/sandmanctl" --kubeconfig "$KUBECONFIG" top nodes
+"$BIN/sandmanctl" --kubeconfig "$KUBECONFIG" top nodes --pool "$POOL"
 log "running a command in the sandbox through its daemon at $IP:49983"
 curl -fsS -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \
 	-d '{"shell":"echo hello from $(hostname); uname -sr; python3 --version"}' "http://$IP:49983/v1/exec"

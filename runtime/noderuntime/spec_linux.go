@@ -121,7 +121,11 @@ func (r *Runtime) specOpts(s *slot, req runtime.BindRequest, i int, img ctrd.Ima
 		// containers always share their slot's.
 		oci.WithAnnotations(map[string]string{"io.containerd.runc.v2.group": group}),
 	}
-	if !c.AllowPrivilegeEscalation {
+	// containerd's default spec sets no_new_privs; both ways are said
+	// here so the choice is the pod's (as the pool allowed it) alone.
+	if c.AllowPrivilegeEscalation {
+		opts = append(opts, oci.WithNewPrivileges)
+	} else {
 		opts = append(opts, oci.WithNoNewPrivileges)
 	}
 	if len(c.Env) > 0 {
