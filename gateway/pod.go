@@ -21,8 +21,10 @@ const ContainerName = "task"
 // EnvdVersion is the envd version the gateway reports for every sandbox:
 // the version of E2B's in-sandbox API the sandman daemon speaks. The SDK
 // refuses a sandbox below 0.1.0 and chooses request shapes by it (for
-// example the default user below 0.4.0).
-const EnvdVersion = "0.5.7"
+// example the default user below 0.4.0; file metadata from 0.6.2, watch
+// entry info from 0.6.3, network mounts from 0.6.4). It must match what the
+// daemon's /health reports (daemon/envd).
+const EnvdVersion = "0.6.4"
 
 // clientID fills E2B's deprecated clientID field.
 const clientID = "sandman"
