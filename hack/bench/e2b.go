@@ -281,7 +281,8 @@ func (b *vkBench) startGateway(ctx context.Context, root string, pools map[strin
 	}
 	addr := freeAddr("127.0.0.1")
 	g.url = "http://" + addr
-	g.cmd = exec.Command(bin, "--kubeconfig", b.env["KUBECONFIG"], "--listen", addr, "--keys-file", keys, "--log-level", "warn")
+	g.cmd = exec.Command(bin, "--kubeconfig", b.env["KUBECONFIG"], "--listen", addr, "--metrics-listen", freeAddr("127.0.0.1"),
+		"--keys-file", keys, "--log-level", "warn")
 	g.cmd.Stdout, g.cmd.Stderr = &g.out, &g.out
 	if err := g.cmd.Start(); err != nil {
 		return nil, err
