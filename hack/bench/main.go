@@ -76,6 +76,8 @@ func main() {
 		fmt.Fprintf(os.Stderr, "== suite %s\n", s.name)
 		r, err := s.run(config{root: root, n: *n})
 		if err != nil {
+			// What the suite measured before it failed is still said.
+			fmt.Print(render(append(rows, r...)))
 			fatal(fmt.Errorf("suite %s: %w", s.name, err))
 		}
 		rows = append(rows, r...)
