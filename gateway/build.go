@@ -392,6 +392,9 @@ func (g *Gateway) runBuild(run *buildRun, p *buildPlan) {
 	err := g.build(ctx, run, p)
 	close(stop)
 	flusher.Wait()
+	// Before the build's end is visible: a client that sees it finished
+	// finds its uploads gone.
+	g.removeUploads(p.key.Namespace, p.hashes)
 	now := g.cfg.Now().UTC()
 	if err != nil {
 		reason := &buildStatusReason{Message: err.Error(), LogEntries: []buildLogEntry{}}
@@ -418,7 +421,6 @@ func (g *Gateway) runBuild(run *buildRun, p *buildPlan) {
 		log.Warn("write the build's final state", "err", err)
 	}
 	g.builds.remove(p.buildID)
-	g.removeUploads(p.key.Namespace, p.hashes)
 }
 
 // serveBuildStatus is GET /templates/{templateID}/builds/{buildID}/status
