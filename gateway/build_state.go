@@ -100,7 +100,6 @@ type buildRun struct {
 	dirty bool
 	// written is the ConfigMap's resourceVersion after the last write.
 	written string
-	stepNo  string
 }
 
 // builds are the builds this replica runs.

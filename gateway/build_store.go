@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"maps"
 	"regexp"
 	"slices"
@@ -329,6 +328,3 @@ func quantityOf(cpuCount, memoryMB *int64) (cpu, mem resource.Quantity, err erro
 	}
 	return cpu, mem, nil
 }
-
-// describe is a template's names for messages.
-func (r *templateRecord) describe() string { return fmt.Sprintf("%s (%s)", r.Name, r.ID) }
