@@ -43,10 +43,8 @@ var unsupported = []struct{ pattern, what string }{
 	{"/sandboxes/{sandboxID}/snapshots", "sandbox snapshots other than create (POST)"},
 	{"/sandboxes/{sandboxID}/fork", "forking a sandbox with its memory and processes (create a snapshot, which keeps the files, and create sandboxes with its snapshotId as the template)"},
 	{"/sandboxes/{sandboxID}/network", "changing a sandbox's network configuration"},
-	{"/sandboxes/{sandboxID}/logs", "sandbox logs through the E2B API (use kubectl logs)"},
-	{"/v2/sandboxes/{sandboxID}/logs", "sandbox logs through the E2B API (use kubectl logs)"},
-	{"/templates", "this templates call (templates built from code are: Template.build, its status and logs, tags and exists)"},
-	{"/templates/", "this templates call (templates built from code are: Template.build, its status and logs, tags and exists)"},
+	{"/templates", "this templates call"},
+	{"/templates/", "this templates call"},
 	{"/v2/templates", "template builds from a Dockerfile through the older API (use Template.build, or Template().fromDockerfile)"},
 	{"/volumes", "volumes"},
 	{"/volumes/", "volumes"},
@@ -74,6 +72,8 @@ func (g *Gateway) ControlHandler() http.Handler {
 	g.buildRoutes(mux)
 	g.metricsRoutes(mux)
 	g.snapshotRoutes(mux)
+	g.templateRoutes(mux)
+	g.sandboxLogsRoutes(mux)
 	for _, u := range unsupported {
 		mux.Handle(u.pattern, g.auth(func(w http.ResponseWriter, r *http.Request, _ Key) {
 			writeError(w, errorf(errdefs.ErrNotImplemented, "%s is not supported by sandman's E2B gateway", u.what))

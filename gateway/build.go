@@ -347,7 +347,8 @@ func (g *Gateway) startBuild(ctx context.Context, key Key, templateID, buildID s
 	if err != nil {
 		return kubeError("start build "+buildID, err)
 	}
-	run := &buildRun{namespace: key.Namespace, rec: *rec, written: out.ResourceVersion}
+	bctx, cancel := context.WithCancelCause(g.builds.context())
+	run := &buildRun{namespace: key.Namespace, rec: *rec, written: out.ResourceVersion, ctx: bctx, cancel: cancel}
 	g.builds.add(run)
 	g.builds.wg.Go(func() { g.runBuild(run, p) })
 	return nil
@@ -369,8 +370,9 @@ func (g *Gateway) cachedAll(ctx context.Context, p *buildPlan) bool {
 // runBuild runs a started build to its end and records how it ended; its
 // sandbox and uploads are gone afterwards, whatever happened.
 func (g *Gateway) runBuild(run *buildRun, p *buildPlan) {
-	ctx, cancel := context.WithTimeout(g.builds.context(), maxBuildDuration)
+	ctx, cancel := context.WithTimeout(run.ctx, maxBuildDuration)
 	defer cancel()
+	defer run.cancel(nil)
 	log := g.log.With("namespace", p.key.Namespace, "template", p.name, "build", p.buildID)
 	var flusher sync.WaitGroup
 	stop := make(chan struct{})
@@ -404,8 +406,11 @@ func (g *Gateway) runBuild(run *buildRun, p *buildPlan) {
 				reason.Step = "base"
 			}
 		}
-		if ctx.Err() != nil && g.builds.context().Err() != nil {
+		switch {
+		case ctx.Err() != nil && g.builds.context().Err() != nil:
 			reason.Message = "the build was cancelled: the gateway replica running it is shutting down: build again"
+		case errors.Is(err, errTemplateDeleted) || errors.Is(context.Cause(run.ctx), errTemplateDeleted):
+			reason.Message = "the build was cancelled: " + errTemplateDeleted.Error()
 		}
 		run.log(now, "error", reason.Step, "Build failed: "+reason.Message)
 		run.finish(now, buildError, reason)

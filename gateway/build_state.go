@@ -100,6 +100,10 @@ type buildRun struct {
 	dirty bool
 	// written is the ConfigMap's resourceVersion after the last write.
 	written string
+	// ctx is the build's; cancel ends it with a cause (its template
+	// deleted).
+	ctx    context.Context
+	cancel context.CancelCauseFunc
 }
 
 // builds are the builds this replica runs.

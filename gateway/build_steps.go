@@ -139,7 +139,7 @@ func (g *Gateway) register(ctx context.Context, p *buildPlan, c cacheRecord) err
 	return g.updateTemplates(ctx, p.key.Namespace, func(data map[string]string) error {
 		rec, ok := templateRecordOf(data, p.name)
 		if !ok || rec.ID != p.templateID {
-			rec = &templateRecord{ID: p.templateID, Name: p.name, At: now}
+			return errTemplateDeleted
 		}
 		if rec.Builds == nil {
 			rec.Builds = map[string]builtTemplate{}

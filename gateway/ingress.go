@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"maps"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -15,6 +16,20 @@ import (
 // included).
 const maxMaskLen = 300
 
+// maxHTTPSPorts bounds a sandbox's httpsPorts.
+const maxHTTPSPorts = 64
+
+// httpsPorts are a pod's network.httpsPorts.
+func httpsPorts(pod *corev1.Pod) []int {
+	var out []int
+	for f := range strings.SplitSeq(pod.Annotations[podcontract.AnnotationE2BHTTPSPorts], ",") {
+		if p, err := strconv.Atoi(f); err == nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 // withIngress adds to a new sandbox's annotations what its network config
 // says of ingress, and the ports the gateway may reach on it:
 //   - sandman.io/control-ports, the gateway's SandboxPorts: the node's
@@ -23,9 +38,10 @@ const maxMaskLen = 300
 //     else gains a port;
 //   - allowPublicTraffic as asked (absent: public, E2B's default; false:
 //     the sandbox's ports need its traffic access token);
-//   - maskRequestHost, the Host its servers see.
-//
-// httpsPorts (servers that speak TLS behind the proxy) is refused.
+//   - maskRequestHost, the Host its servers see;
+//   - httpsPorts, the ports whose servers speak TLS (the gateway
+//     forwards to them over HTTPS, certificates unchecked, as E2B's
+//     proxy does).
 func (g *Gateway) withIngress(n *networkConfig, annotations map[string]string) (map[string]string, error) {
 	out := maps.Clone(annotations)
 	if out == nil {
@@ -35,8 +51,22 @@ func (g *Gateway) withIngress(n *networkConfig, annotations map[string]string) (
 	if n == nil {
 		return out, nil
 	}
-	if raw := strings.TrimSpace(string(n.HTTPSPorts)); raw != "" && raw != "null" && raw != "[]" {
-		return nil, errorf(errdefs.ErrNotImplemented, "network.httpsPorts: sandman's gateway forwards plain HTTP to sandbox ports; serve HTTP on the port (the gateway's own listener may terminate TLS)")
+	if len(n.HTTPSPorts) > 0 {
+		if len(n.HTTPSPorts) > maxHTTPSPorts {
+			return nil, errorf(errdefs.ErrInvalidArgument, "network.httpsPorts: %d ports, at most %d", len(n.HTTPSPorts), maxHTTPSPorts)
+		}
+		ports := slices.Clone(n.HTTPSPorts)
+		for _, p := range ports {
+			if p < 1 || p > 65535 {
+				return nil, errorf(errdefs.ErrInvalidArgument, "network.httpsPorts: port %d: want 1 to 65535", p)
+			}
+		}
+		slices.Sort(ports)
+		var s []string
+		for _, p := range slices.Compact(ports) {
+			s = append(s, strconv.Itoa(p))
+		}
+		out[podcontract.AnnotationE2BHTTPSPorts] = strings.Join(s, ",")
 	}
 	if n.AllowPublicTraffic != nil {
 		out[podcontract.AnnotationE2BPublicTraffic] = strconv.FormatBool(*n.AllowPublicTraffic)

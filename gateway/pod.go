@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -293,5 +294,32 @@ func detail(pod *corev1.Pod) sandboxDetail {
 	if v, err := strconv.ParseBool(pod.Annotations[podcontract.AnnotationE2BInternet]); err == nil {
 		d.AllowInternetAccess = &v
 	}
+	d.Network = podNetwork(pod)
 	return d
+}
+
+// podNetwork is the network configuration the pod's annotations hold, in
+// E2B's terms: egress the sandbox's node enforces (everything denied but
+// the allowed ranges and names, or the denied ranges), and ingress
+// through the gateway.
+func podNetwork(pod *corev1.Pod) *networkInfo {
+	a := pod.Annotations
+	n := &networkInfo{AllowPublicTraffic: publicTraffic(pod), MaskRequestHost: a[podcontract.AnnotationE2BMaskRequestHost], HTTPSPorts: httpsPorts(pod)}
+	list := func(s string) []string {
+		if s == "" {
+			return nil
+		}
+		return strings.Split(s, ",")
+	}
+	egress, domains := a[podcontract.AnnotationEgress], a[podcontract.AnnotationEgressDomains]
+	switch {
+	case egress == podcontract.EgressNone:
+		n.DenyOut = []string{"0.0.0.0/0"}
+	case egress != "" || domains != "":
+		n.DenyOut = []string{"0.0.0.0/0"}
+		n.AllowOut = append(list(egress), list(domains)...)
+	default:
+		n.DenyOut = list(a[podcontract.AnnotationEgressDeny])
+	}
+	return n
 }

@@ -3,10 +3,12 @@ package gateway
 import (
 	"context"
 	"crypto/subtle"
+	"crypto/tls"
 	"errors"
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -43,8 +45,10 @@ type portDest struct {
 	// its maskRequestHost with the port filled in.
 	host   string
 	masked bool
-	id     string
-	port   int
+	// https: the sandbox's server there speaks TLS (its httpsPorts).
+	https bool
+	id    string
+	port  int
 }
 
 // publicTraffic says whether a pod's ports take requests without its
@@ -63,6 +67,9 @@ func (g *Gateway) newPortProxy() *httputil.ReverseProxy {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			d := pr.In.Context().Value(portDestKey{}).(portDest)
 			pr.Out.URL.Scheme = "http"
+			if d.https {
+				pr.Out.URL.Scheme = "https"
+			}
 			pr.Out.URL.Host = d.addr
 			pr.Out.Host = d.host
 			if d.masked {
@@ -72,7 +79,7 @@ func (g *Gateway) newPortProxy() *httputil.ReverseProxy {
 			// use for it.
 			pr.Out.Header.Del(headerTrafficToken)
 		},
-		Transport:     g.cfg.Transport,
+		Transport:     g.portTransport(),
 		FlushInterval: -1,
 		ModifyResponse: func(resp *http.Response) error {
 			metricProxied.WithLabelValues(strconv.Itoa(resp.StatusCode)).Inc()
@@ -89,6 +96,29 @@ func (g *Gateway) newPortProxy() *httputil.ReverseProxy {
 		},
 	}
 }
+
+// portTransport carries port traffic: the gateway's Transport, and for
+// httpsPorts the same over TLS without checking the server's certificate
+// (a sandbox's server has no certificate anybody issued for it; E2B's
+// proxy does the same).
+func (g *Gateway) portTransport() http.RoundTripper {
+	base, ok := g.cfg.Transport.(*http.Transport)
+	if !ok {
+		return g.cfg.Transport
+	}
+	tlsT := base.Clone()
+	tlsT.TLSClientConfig = &tls.Config{InsecureSkipVerify: true} //nolint:gosec // see above
+	return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		if r.URL.Scheme == "https" {
+			return tlsT.RoundTrip(r)
+		}
+		return base.RoundTrip(r)
+	})
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 // portFailure says why a sandbox port could not be reached: nothing
 // listens there (E2B's message), or the sandbox's firewall refused the
@@ -162,7 +192,8 @@ func (g *Gateway) servePort(w http.ResponseWriter, r *http.Request, t target) {
 		g.portFail(w, http.StatusBadGateway, t.id, t.port, "sandbox "+t.id+" was not found or is not running")
 		return
 	}
-	d := portDest{addr: net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(t.port)), host: r.Host, id: t.id, port: t.port}
+	d := portDest{addr: net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(t.port)), host: r.Host, id: t.id, port: t.port,
+		https: slices.Contains(httpsPorts(pod), t.port)}
 	if mask := pod.Annotations[podcontract.AnnotationE2BMaskRequestHost]; mask != "" {
 		d.host, d.masked = strings.ReplaceAll(mask, portPlaceholder, strconv.Itoa(t.port)), true
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"syscall"
 	"testing"
@@ -220,8 +221,50 @@ func TestPortMaskRequestHost(t *testing.T) {
 			t.Errorf("%v: %d %s", bad, r.status, r.body)
 		}
 	}
-	if r := e.call(http.MethodPost, "/v2/sandboxes", rawKeyA, map[string]any{"templateID": "base", "network": map[string]any{"httpsPorts": []int{8443}}}); r.status != http.StatusNotImplemented {
-		t.Errorf("httpsPorts: %d %s", r.status, r.body)
+}
+
+// httpsPorts: the gateway speaks TLS to the sandbox's server on those
+// ports (its self-signed certificate accepted), plain HTTP on the others;
+// getInfo shows the sandbox's network; bad ports are refused.
+func TestPortHTTPS(t *testing.T) {
+	tlsSrv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewEncoder(w).Encode(map[string]string{"host": r.Host, "path": "tls:" + r.URL.Path})
+	}))
+	t.Cleanup(tlsSrv.Close)
+	e := newEnv(t, func(c *Config) {
+		inner := c.Transport.(*http.Transport)
+		c.Transport = &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if strings.HasSuffix(addr, ":8443") {
+				var d net.Dialer
+				return d.DialContext(ctx, "tcp", tlsSrv.Listener.Addr().String())
+			}
+			return inner.DialContext(ctx, network, addr)
+		}}
+	})
+	e.setDaemon(http.HandlerFunc(portServer))
+	sb, pod := e.createReady(rawKeyA, nsA, map[string]any{"templateID": "base", "network": map[string]any{
+		"httpsPorts": []int{8443, 8443, 9443}, "allowPublicTraffic": false, "denyOut": []string{"10.1.0.0/16"}}})
+	if got := pod.Annotations[podcontract.AnnotationE2BHTTPSPorts]; got != "8443,9443" {
+		t.Errorf("annotation %q", got)
+	}
+	traffic := e.gw.trafficToken(&pod)
+	if code, seen, pe := e.portRequest(sb.SandboxID, "8443", "", *traffic); code != http.StatusOK || seen.path != "tls:/index.html" {
+		t.Errorf("https port: %d %+v %+v", code, seen, pe)
+	}
+	if code, seen, pe := e.portRequest(sb.SandboxID, "3000", "", *traffic); code != http.StatusOK || seen.path != "/index.html" {
+		t.Errorf("http port: %d %+v %+v", code, seen, pe)
+	}
+	var info struct {
+		Network networkInfo `json:"network"`
+	}
+	e.call(http.MethodGet, "/sandboxes/"+sb.SandboxID, rawKeyA, nil).decode(t, &info)
+	if n := info.Network; n.AllowPublicTraffic || len(n.HTTPSPorts) != 2 || n.HTTPSPorts[1] != 9443 || len(n.DenyOut) != 1 || n.DenyOut[0] != "10.1.0.0/16" {
+		t.Errorf("getInfo network: %+v", n)
+	}
+	for _, bad := range []any{[]int{0}, []int{70000}, []string{"x"}, make([]int, maxHTTPSPorts+1)} {
+		if r := e.call(http.MethodPost, "/v2/sandboxes", rawKeyA, map[string]any{"templateID": "base", "network": map[string]any{"httpsPorts": bad}}); r.status != http.StatusBadRequest {
+			t.Errorf("httpsPorts %v: %d %s", bad, r.status, r.body)
+		}
 	}
 }
 

@@ -76,11 +76,11 @@ func (c catalogedSnapshot) info() snapshotInfo {
 	return snapshotInfo{SnapshotID: c.Image + "@" + c.Digest, Names: []string{c.Image}}
 }
 
-// snapshotRoutes adds E2B's snapshot list and delete calls (create is in
-// ControlHandler).
+// snapshotRoutes adds E2B's snapshot list call (create is in
+// ControlHandler; delete shares DELETE /templates/{templateID} with
+// templates: template_api.go).
 func (g *Gateway) snapshotRoutes(mux *http.ServeMux) {
 	mux.Handle("GET /snapshots", g.auth(g.serveListSnapshots))
-	mux.Handle("DELETE /templates/{templateID}", g.auth(g.serveDeleteSnapshot))
 }
 
 func shortHash(s string) string {

@@ -163,7 +163,7 @@ func TestSnapshotDelete(t *testing.T) {
 	for _, tc := range []struct{ name, key, id string }{
 		{"deleted already", rawKeyA, named.SnapshotID},
 		{"unknown", rawKeyA, "reg.local/e2b/" + nsA + "/nothing:default@sha256:" + strings.Repeat("0", 64)},
-		{"not a snapshot", rawKeyA, "base"},
+		{"not a snapshot", rawKeyA, "nothing-by-that-name"},
 		{"another namespace's path", rawKeyB, unnamed.SnapshotID},
 		{"an escape", rawKeyA, "../" + nsB + "/env:v1"},
 	} {

@@ -39,9 +39,9 @@ type networkConfig struct {
 	EgressProxy json.RawMessage `json:"egressProxy"`
 	// Ingress: who may reach the sandbox's ports through the gateway,
 	// and the Host header its servers see (ingress.go).
-	AllowPublicTraffic *bool           `json:"allowPublicTraffic"`
-	MaskRequestHost    *string         `json:"maskRequestHost"`
-	HTTPSPorts         json.RawMessage `json:"httpsPorts"`
+	AllowPublicTraffic *bool   `json:"allowPublicTraffic"`
+	MaskRequestHost    *string `json:"maskRequestHost"`
+	HTTPSPorts         []int   `json:"httpsPorts"`
 }
 
 type volumeMount struct {
@@ -91,9 +91,20 @@ type listedSandbox struct {
 // sandboxDetail is SandboxDetail: the answer of GET /sandboxes/{id}.
 type sandboxDetail struct {
 	listedSandbox
-	Domain              *string   `json:"domain"`
-	AllowInternetAccess *bool     `json:"allowInternetAccess"`
-	Lifecycle           lifecycle `json:"lifecycle"`
+	Domain              *string      `json:"domain"`
+	AllowInternetAccess *bool        `json:"allowInternetAccess"`
+	Lifecycle           lifecycle    `json:"lifecycle"`
+	Network             *networkInfo `json:"network,omitempty"`
+}
+
+// networkInfo is SandboxNetworkConfig as GET /sandboxes/{id} answers it:
+// what the pod's annotations hold.
+type networkInfo struct {
+	AllowOut           []string `json:"allowOut,omitempty"`
+	DenyOut            []string `json:"denyOut,omitempty"`
+	AllowPublicTraffic bool     `json:"allowPublicTraffic"`
+	MaskRequestHost    string   `json:"maskRequestHost,omitempty"`
+	HTTPSPorts         []int    `json:"httpsPorts,omitempty"`
 }
 
 // lifecycle is SandboxLifecycle: sandman sandboxes are killed at their

@@ -89,4 +89,8 @@ const (
 	// Host header the sandbox's servers see on requests to their ports
 	// (${PORT} stands for the port).
 	AnnotationE2BMaskRequestHost = "e2b.sandman.io/mask-request-host"
+	// AnnotationE2BHTTPSPorts is E2B's network.httpsPorts: the ports
+	// (comma-separated) whose servers speak TLS; the gateway forwards to
+	// them over HTTPS, without checking their certificates.
+	AnnotationE2BHTTPSPorts = "e2b.sandman.io/https-ports"
 )

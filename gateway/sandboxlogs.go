@@ -1,0 +1,230 @@
+package gateway
+
+import (
+	"bufio"
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+)
+
+// A sandbox's logs through E2B's API (the CLI's `e2b sandbox logs`) are
+// its pod's log, as `kubectl logs` reads it (pods/log through the
+// apiserver and the virtual node): the daemon's own lines (JSON, with a
+// level, a message and fields, as envd's) and whatever the pod's command
+// writes (a line each, level info).
+
+const (
+	sandboxLogsDefault = 1000
+	sandboxLogsMax     = 10000
+	// sandboxLogBytes bounds what one call reads of a pod's log.
+	sandboxLogBytes = 8 << 20
+)
+
+// sandboxLogEntry is SandboxLogEntry.
+type sandboxLogEntry struct {
+	Timestamp time.Time         `json:"timestamp"`
+	Level     string            `json:"level"`
+	Message   string            `json:"message"`
+	Fields    map[string]string `json:"fields"`
+}
+
+// sandboxLogLine is SandboxLog (the older call's).
+type sandboxLogLine struct {
+	Timestamp time.Time `json:"timestamp"`
+	Line      string    `json:"line"`
+}
+
+// sandboxLogsRoutes adds the sandbox log calls to the control API's mux.
+func (g *Gateway) sandboxLogsRoutes(mux *http.ServeMux) {
+	mux.Handle("GET /v2/sandboxes/{sandboxID}/logs", g.auth(g.serveSandboxLogs))
+	mux.Handle("GET /sandboxes/{sandboxID}/logs", g.auth(g.serveSandboxLogsV1))
+}
+
+// logQuery is what a log call asks for.
+type logQuery struct {
+	cursor   time.Time
+	backward bool
+	floor    int
+	limit    int
+	search   string
+}
+
+// readSandboxLogs reads the key's sandbox's log and picks what q asks for.
+func (g *Gateway) readSandboxLogs(r *http.Request, key Key, q logQuery) ([]sandboxLogEntry, []string, error) {
+	id := r.PathValue("sandboxID")
+	pod, err := g.sandboxPod(r.Context(), key, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	opts := &corev1.PodLogOptions{Container: ContainerName, Timestamps: true, LimitBytes: ptr.To(int64(sandboxLogBytes))}
+	if !q.backward && !q.cursor.IsZero() {
+		opts.SinceTime = &metav1.Time{Time: q.cursor}
+	}
+	rc, err := g.cfg.Client.CoreV1().Pods(pod.Namespace).GetLogs(pod.Name, opts).Stream(r.Context())
+	if err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil, errorf(errdefs.ErrNotFound, "sandbox %s not found", id)
+		}
+		if apierrors.IsBadRequest(err) {
+			// Not started yet (ContainerCreating): nothing logged.
+			return []sandboxLogEntry{}, []string{}, nil
+		}
+		return nil, nil, kubeError("read the log of sandbox "+id, err)
+	}
+	defer rc.Close()
+	var entries []sandboxLogEntry
+	var raw []string
+	sc := bufio.NewScanner(rc)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		e, line := parseLogLine(sc.Text())
+		if !q.keeps(e.Timestamp, e.Level, e.Message) {
+			continue
+		}
+		entries, raw = append(entries, e), append(raw, line)
+	}
+	if q.backward {
+		slices.Reverse(entries)
+		slices.Reverse(raw)
+	}
+	n := min(len(entries), q.limit)
+	return append([]sandboxLogEntry{}, entries[:n]...), append([]string{}, raw[:n]...), nil
+}
+
+// parseLogLine reads one line of `kubectl logs --timestamps`: the time,
+// then the line; a JSON line of the daemon's (slog: time, level, msg)
+// becomes an entry with its level and fields.
+func parseLogLine(s string) (sandboxLogEntry, string) {
+	e := sandboxLogEntry{Level: "info", Fields: map[string]string{}}
+	if ts, rest, ok := strings.Cut(s, " "); ok {
+		if t, err := time.Parse(time.RFC3339Nano, ts); err == nil {
+			e.Timestamp, s = t.UTC(), rest
+		}
+	}
+	e.Message = s
+	var m map[string]any
+	if strings.HasPrefix(s, "{") && json.Unmarshal([]byte(s), &m) == nil {
+		if msg, ok := m["msg"].(string); ok {
+			e.Message = msg
+			if lvl, ok := m["level"].(string); ok {
+				if l := strings.ToLower(lvl); logLevels[l] > 0 || l == "debug" {
+					e.Level = l
+				}
+			}
+			for k, v := range m {
+				switch k {
+				case "msg", "level", "time":
+					continue
+				}
+				if sv, ok := v.(string); ok {
+					e.Fields[k] = sv
+				} else {
+					b, _ := json.Marshal(v)
+					e.Fields[k] = string(b)
+				}
+			}
+		}
+	}
+	return e, s
+}
+
+// serveSandboxLogs is GET /v2/sandboxes/{id}/logs?cursor=&direction=&
+// level=&limit=&search=.
+func (g *Gateway) serveSandboxLogs(w http.ResponseWriter, r *http.Request, key Key) {
+	q, err := parseLogQuery(r.URL.Query(), sandboxLogsDefault, sandboxLogsMax)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	entries, _, err := g.readSandboxLogs(r, key, q)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Logs []sandboxLogEntry `json:"logs"`
+	}{entries})
+}
+
+// parseLogQuery reads E2B's log query (cursor in Unix milliseconds,
+// direction, level, limit up to max, search).
+func parseLogQuery(v url.Values, def, max int) (logQuery, error) {
+	q := logQuery{search: v.Get("search")}
+	var err error
+	if q.limit, err = queryInt(v.Get("limit"), def, 0, max, "limit"); err != nil {
+		return q, err
+	}
+	if q.cursor, err = msQuery(v.Get("cursor"), "cursor"); err != nil {
+		return q, err
+	}
+	switch v.Get("direction") {
+	case "", "forward":
+	case "backward":
+		q.backward = true
+	default:
+		return q, errorf(errdefs.ErrInvalidArgument, "direction %q: want forward or backward", v.Get("direction"))
+	}
+	var ok bool
+	if q.floor, ok = logLevels[v.Get("level")]; !ok {
+		return q, errorf(errdefs.ErrInvalidArgument, "level %q: want debug, info, warn or error", v.Get("level"))
+	}
+	return q, nil
+}
+
+// keeps says whether q takes an entry at t of level and message.
+func (q logQuery) keeps(t time.Time, level, message string) bool {
+	if !q.cursor.IsZero() && ((!q.backward && t.Before(q.cursor)) || (q.backward && t.After(q.cursor))) {
+		return false
+	}
+	return logLevels[level] >= q.floor && (q.search == "" || strings.Contains(message, q.search))
+}
+
+// serveSandboxLogsV1 is the older GET /sandboxes/{id}/logs?start=&limit=.
+func (g *Gateway) serveSandboxLogsV1(w http.ResponseWriter, r *http.Request, key Key) {
+	v := r.URL.Query()
+	q := logQuery{}
+	var err error
+	if q.limit, err = queryInt(v.Get("limit"), sandboxLogsDefault, 0, sandboxLogsMax, "limit"); err != nil {
+		writeError(w, err)
+		return
+	}
+	if q.cursor, err = msQuery(v.Get("start"), "start"); err != nil {
+		writeError(w, err)
+		return
+	}
+	entries, raw, err := g.readSandboxLogs(r, key, q)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	lines := make([]sandboxLogLine, len(entries))
+	for i, e := range entries {
+		lines[i] = sandboxLogLine{Timestamp: e.Timestamp, Line: raw[i]}
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Logs       []sandboxLogLine  `json:"logs"`
+		LogEntries []sandboxLogEntry `json:"logEntries"`
+	}{lines, entries})
+}
+
+// msQuery reads a time in Unix milliseconds (zero when absent).
+func msQuery(s, what string) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	ms, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || ms < 0 {
+		return time.Time{}, errorf(errdefs.ErrInvalidArgument, "%s %q: want Unix milliseconds", what, s)
+	}
+	return time.UnixMilli(ms), nil
+}
