@@ -441,18 +441,25 @@ func (g *Gateway) serveBuildStatus(w http.ResponseWriter, r *http.Request, key K
 		}
 		offset = n
 	}
-	var rec buildRecord
-	if run, ok := g.builds.get(buildID); ok && run.namespace == key.Namespace && run.rec.TemplateID == templateID {
-		rec = run.snapshot()
-	} else {
-		stored, _, err := g.loadBuild(r.Context(), key, templateID, buildID)
-		if err != nil {
-			writeError(w, err)
-			return
-		}
-		rec = *stored
+	rec, err := g.currentBuild(r.Context(), key, templateID, buildID)
+	if err != nil {
+		writeError(w, err)
+		return
 	}
 	writeJSON(w, http.StatusOK, rec.info(offset, g.cfg.Now()))
+}
+
+// currentBuild is a build's record: from memory on the replica running
+// it, else as stored.
+func (g *Gateway) currentBuild(ctx context.Context, key Key, templateID, buildID string) (buildRecord, error) {
+	if run, ok := g.builds.get(buildID); ok && run.namespace == key.Namespace && run.rec.TemplateID == templateID {
+		return run.snapshot(), nil
+	}
+	stored, _, err := g.loadBuild(ctx, key, templateID, buildID)
+	if err != nil {
+		return buildRecord{}, err
+	}
+	return *stored, nil
 }
 
 // serveAlias is GET /templates/aliases/{alias} (Template.exists): 200 for

@@ -19,9 +19,10 @@ import (
 
 // A sandbox's logs through E2B's API (the CLI's `e2b sandbox logs`) are
 // its pod's log, as `kubectl logs` reads it (pods/log through the
-// apiserver and the virtual node): the daemon's own lines (JSON, with a
-// level, a message and fields, as envd's) and whatever the pod's command
-// writes (a line each, level info).
+// apiserver and the virtual node): the output of the pod's main command,
+// a line each at level info, or, for a JSON line in slog's shape (msg,
+// level), with its level and fields. A sandbox the gateway made has no
+// main command, so its log is empty.
 
 const (
 	sandboxLogsDefault = 1000
@@ -102,8 +103,8 @@ func (g *Gateway) readSandboxLogs(r *http.Request, key Key, q logQuery) ([]sandb
 }
 
 // parseLogLine reads one line of `kubectl logs --timestamps`: the time,
-// then the line; a JSON line of the daemon's (slog: time, level, msg)
-// becomes an entry with its level and fields.
+// then the line; a JSON line in slog's shape (time, level, msg) becomes
+// an entry with its level and fields.
 func parseLogLine(s string) (sandboxLogEntry, string) {
 	e := sandboxLogEntry{Level: "info", Fields: map[string]string{}}
 	if ts, rest, ok := strings.Cut(s, " "); ok {

@@ -6,9 +6,9 @@ import (
 	"time"
 )
 
-// A log line of the daemon's becomes an entry with its level, message and
-// fields; any other line is a message at level info; the time is
-// kubectl's.
+// A JSON log line in slog's shape becomes an entry with its level,
+// message and fields; any other line is a message at level info; the time
+// is kubectl's.
 func TestParseLogLine(t *testing.T) {
 	at := time.Date(2026, 12, 2, 10, 0, 0, 123000000, time.UTC)
 	for _, c := range []struct {

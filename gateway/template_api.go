@@ -400,17 +400,10 @@ func (g *Gateway) serveBuildLogs(w http.ResponseWriter, r *http.Request, key Key
 		writeError(w, errorf(errdefs.ErrInvalidArgument, "source %q: want temporary or persistent", src))
 		return
 	}
-	templateID, buildID := r.PathValue("templateID"), r.PathValue("buildID")
-	var rec buildRecord
-	if run, ok := g.builds.get(buildID); ok && run.namespace == key.Namespace && run.rec.TemplateID == templateID {
-		rec = run.snapshot()
-	} else {
-		stored, _, err := g.loadBuild(r.Context(), key, templateID, buildID)
-		if err != nil {
-			writeError(w, err)
-			return
-		}
-		rec = *stored
+	rec, err := g.currentBuild(r.Context(), key, r.PathValue("templateID"), r.PathValue("buildID"))
+	if err != nil {
+		writeError(w, err)
+		return
 	}
 	entries := slices.Clone(rec.Logs)
 	if q.backward {

@@ -10,24 +10,9 @@
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { Sandbox, InvalidArgumentError, SandboxError } from 'e2b'
+import { env, until } from './lib.mjs'
 
-const env = (k) => {
-  const v = process.env[k]
-  if (!v) throw new Error(`${k} is not set (run through e2e/e2b_e2e_test.go)`)
-  return v
-}
 const run = Date.now().toString(36)
-
-// until polls cond every 100 ms for at most ms; seen() says what was seen
-// instead, for the failure.
-async function until(what, ms, cond, seen = () => '') {
-  const end = Date.now() + ms
-  for (;;) {
-    if (await cond()) return
-    if (Date.now() > end) throw new Error(`timed out after ${ms} ms waiting for ${what}; seen: ${seen()}`)
-    await new Promise((r) => setTimeout(r, 100))
-  }
-}
 
 let sbx // the base template's
 let rootSbx // the root template's

@@ -11,11 +11,6 @@ import assert from 'node:assert/strict'
 import http from 'node:http'
 import { Sandbox } from 'e2b'
 
-const env = (k) => {
-  const v = process.env[k]
-  if (!v) throw new Error(`${k} is not set (run through e2e/e2b_e2e_test.go)`)
-  return v
-}
 // The root template: a server below 1024 needs root, and the base
 // template's daemon runs as its user.
 const template = env('SANDMAN_TEMPLATE')
@@ -29,15 +24,6 @@ async function create(opts = {}) {
   const s = await Sandbox.create(template, { timeoutMs: 300_000, ...opts })
   made.push(s)
   return s
-}
-
-async function until(what, ms, cond, seen = () => '') {
-  const end = Date.now() + ms
-  for (;;) {
-    if (await cond()) return
-    if (Date.now() > end) throw new Error(`timed out after ${ms} ms waiting for ${what}; seen: ${seen()}`)
-    await new Promise((r) => setTimeout(r, 100))
-  }
 }
 
 // request sends one HTTP/1.1 request to the gateway's address with the
@@ -142,6 +128,46 @@ test('allowPublicTraffic false: only the traffic access token opens the ports', 
   }
   // And the SDK's own calls do not need it.
   assert.equal((await s.commands.run('echo ok')).stdout, 'ok\n')
+})
+
+// A TLS server: a self-signed certificate made in the sandbox, served by
+// the same handler.
+const tlsServer = `
+import http.server, json, ssl, subprocess, sys
+import { env, until } from './lib.mjs'
+subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=sandbox",
+                "-keyout", "/tmp/key.pem", "-out", "/tmp/cert.pem"], check=True, capture_output=True)
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        b = json.dumps({"tls": True, "path": self.path}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
+    def log_message(self, *a):
+        pass
+srv = http.server.ThreadingHTTPServer(("0.0.0.0", int(sys.argv[1])), H)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain("/tmp/cert.pem", "/tmp/key.pem")
+srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+srv.serve_forever()
+`
+
+test('httpsPorts: a server that speaks TLS is reached through getHost; getInfo shows the network', async () => {
+  const s = await create({ network: { httpsPorts: [8443] } })
+  await s.files.write('/tmp/tls.py', tlsServer)
+  await s.commands.run('python3 /tmp/tls.py 8443', { background: true })
+  let last
+  await until('the TLS server on port 8443', 30_000, async () => {
+    last = await byHost(s, 8443, '/secure')
+    return last.status === 200
+  }, () => JSON.stringify(last))
+  assert.deepEqual(JSON.parse(last.body), { tls: true, path: '/secure' })
+  const info = await Sandbox.getInfo(s.sandboxId)
+  assert.deepEqual(info.network.httpsPorts, [8443])
+  assert.equal(info.network.allowPublicTraffic, true)
+  // The pool has 6 slots: this file's sandboxes otherwise live to its end.
+  await s.kill()
 })
 
 test('a port nothing listens on, and one the sandbox firewall closes, answer 502 at once', async () => {

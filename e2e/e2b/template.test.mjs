@@ -9,12 +9,8 @@ import { mkdtempSync, mkdirSync, writeFileSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { Sandbox, Template, BuildError } from 'e2b'
+import { env } from './lib.mjs'
 
-const env = (k) => {
-  const v = process.env[k]
-  if (!v) throw new Error(`${k} is not set (run through e2e/e2b_e2e_test.go)`)
-  return v
-}
 const base = env('SANDMAN_BASE_TEMPLATE')
 const run = `${Date.now().toString(36)}`
 const name = `tpl-${run}`
@@ -81,6 +77,55 @@ test('a rebuild of the same steps is cached', async () => {
   assert.notEqual(again.buildId, first.buildId)
   assert.ok(logs.join('\n').includes('CACHED [6/6]'), logs.join('\n'))
   assert.ok(took < 5000, `a cached rebuild took ${took} ms`)
+})
+
+// api calls E2B's control API as the CLI does (the SDK has no call for
+// these): {status, body}.
+async function api(method, path) {
+  const r = await fetch(new URL(path, env('E2B_API_URL')), { method, headers: { 'X-API-Key': env('E2B_API_KEY') } })
+  const text = await r.text()
+  return { status: r.status, body: text ? JSON.parse(text) : null }
+}
+
+test('the CLI\'s template calls: list, builds, build logs, delete', async () => {
+  const list = await api('GET', '/templates')
+  assert.equal(list.status, 200)
+  const mine = list.body.find((t) => t.templateID === first.templateId)
+  assert.ok(mine, `the list lacks ${name}: ${JSON.stringify(list.body)}`)
+  assert.deepEqual(mine.names, [name])
+  assert.equal(mine.buildStatus, 'ready')
+  assert.equal(mine.cpuCount, 1)
+  assert.equal(mine.memoryMB, 512)
+  assert.ok(mine.buildCount >= 2, `buildCount ${mine.buildCount}`)
+  assert.equal(list.body.find((t) => t.names.includes('base')), undefined, 'the operator\'s templates are not the key\'s')
+  const builds = await api('GET', `/templates/${first.templateId}`)
+  assert.equal(builds.status, 200)
+  assert.ok(builds.body.builds.some((b) => b.buildID === first.buildId && b.status === 'ready'), JSON.stringify(builds.body))
+  const logs = await api('GET', `/templates/${first.templateId}/builds/${first.buildId}/logs?limit=1000`)
+  assert.equal(logs.status, 200)
+  assert.ok(logs.body.logs.some((l) => l.message.includes('[1/6] RUN mkdir -p /opt/tools')), JSON.stringify(logs.body.logs.slice(0, 5)))
+  // Delete a template of its own, then it is gone; the operator's are not the key's.
+  const doomed = await Template.build(template(), `doomed-${run}`, { cpuCount: 1, memoryMB: 512 })
+  assert.equal((await api('DELETE', `/templates/${doomed.templateId}`)).status, 204)
+  assert.equal(await Template.exists(`doomed-${run}`), false)
+  assert.equal((await api('GET', `/templates/${doomed.templateId}`)).status, 404)
+  await assert.rejects(Sandbox.create(`doomed-${run}`, { timeoutMs: 60_000 }), /not found/)
+  assert.equal((await api('DELETE', '/templates/base')).status, 403)
+})
+
+test('sandbox logs: the pod\'s log through the virtual node, filtered', async () => {
+  const sbx = await Sandbox.create(base, { timeoutMs: 120_000 })
+  killed.push(sbx)
+  // A gateway sandbox has no main command, so its log is empty; the call
+  // goes through the apiserver and the virtual node (kubectl logs).
+  const logs = await api('GET', `/v2/sandboxes/${sbx.sandboxId}/logs?level=info&limit=10`)
+  assert.equal(logs.status, 200, JSON.stringify(logs.body))
+  assert.ok(Array.isArray(logs.body.logs), JSON.stringify(logs.body))
+  const v1 = await api('GET', `/sandboxes/${sbx.sandboxId}/logs`)
+  assert.equal(v1.status, 200, JSON.stringify(v1.body))
+  assert.ok(Array.isArray(v1.body.logs) && Array.isArray(v1.body.logEntries), JSON.stringify(v1.body))
+  assert.equal((await api('GET', `/v2/sandboxes/${sbx.sandboxId}/logs?direction=up`)).status, 400)
+  assert.equal((await api('GET', '/v2/sandboxes/nosuchsandbox/logs')).status, 404)
 })
 
 test('a failing step fails the build with its output; nothing is left behind', async () => {

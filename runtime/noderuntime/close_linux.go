@@ -53,6 +53,7 @@ func (r *Runtime) Close(ctx context.Context) error {
 		r.mu.Unlock()
 		errs = append(errs, r.removeHolders(ctx, keep))
 	}
+	r.reapShims()
 	// How long a stop takes with a node's worth of slots: the agent's pod
 	// has its termination grace period for all of it.
 	r.log.Info("slots torn down", "slots", len(warm), "seconds", time.Since(start).Seconds())
@@ -116,6 +117,7 @@ func (r *Runtime) Destroy(ctx context.Context) error {
 	// Every group is empty now; holders whose removal failed or that no
 	// group knew are looked up by their labels.
 	errs = append(errs, r.removeHolders(ctx, nil))
+	r.reapShims()
 	r.hub.Close()
 	return errors.Join(errs...)
 }

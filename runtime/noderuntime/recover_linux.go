@@ -21,7 +21,7 @@ import (
 // directory: slots whose containers all run are re-adopted as bound (their
 // sandboxes never stopped); warm slots whose namespace is intact are kept;
 // everything else — containers of half-made or dead sandboxes, orphaned
-// namespaces and directories — is removed.
+// namespaces, directories and shims — is removed.
 func (r *Runtime) recover(ctx context.Context) error {
 	containers, err := r.client.Containers(ctx, fmt.Sprintf(`labels."%s"==%s`, LabelNode, r.cfg.Node))
 	if err != nil {
@@ -104,6 +104,7 @@ func (r *Runtime) recover(ctx context.Context) error {
 		}
 	}
 	errs = append(errs, r.recoverHolders(ctx, holders))
+	r.reapShims()
 	return errors.Join(errs...)
 }
 

@@ -160,12 +160,14 @@ func (r *Runtime) Run(ctx context.Context) error {
 	defer leave()
 	ctx, cancel := context.WithCancel(r.nsCtx(ctx))
 	defer context.AfterFunc(r.life, cancel)()
-	// Refills, hot starts, the disk check and the image manager.
+	// Refills, hot starts, the disk check, the image manager and the
+	// orphaned shims' reaper.
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel() // before the wait: what runs stops first
 	wg.Go(func() { r.watchDisk(ctx) })
 	wg.Go(func() { r.images.Run(ctx) })
+	wg.Go(func() { r.runShimReaper(ctx) })
 	sem := make(chan struct{}, r.cfg.RefillConcurrency)
 	tick := r.cfg.Clock.NewTicker(time.Second)
 	defer tick.Stop()
