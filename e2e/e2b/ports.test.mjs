@@ -10,6 +10,7 @@ import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
 import http from 'node:http'
 import { Sandbox } from 'e2b'
+import { env, until } from './lib.mjs'
 
 // The root template: a server below 1024 needs root, and the base
 // template's daemon runs as its user.
@@ -134,7 +135,6 @@ test('allowPublicTraffic false: only the traffic access token opens the ports', 
 // the same handler.
 const tlsServer = `
 import http.server, json, ssl, subprocess, sys
-import { env, until } from './lib.mjs'
 subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=sandbox",
                 "-keyout", "/tmp/key.pem", "-out", "/tmp/cert.pem"], check=True, capture_output=True)
 class H(http.server.BaseHTTPRequestHandler):
