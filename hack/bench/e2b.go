@@ -58,7 +58,12 @@ func benchE2B(cfg config) ([]row, error) {
 		return nil, err
 	}
 	defer stopAgents()
-	vk, err := b.startVK(ctx, "e2b", agents)
+	// The gateway's snapshots (createSnapshot, template builds) reach
+	// the virtual node through the apiserver's node proxy: its kubelet
+	// port serves TLS at the node IP, as a deployed one does.
+	pki := b.env["PKI"]
+	vk, err := b.startVK(ctx, "e2b", agents, "--tls-cert-file", filepath.Join(pki, "kubelet-serving.crt"),
+		"--tls-key-file", filepath.Join(pki, "kubelet-serving.key"), "--client-ca-file", filepath.Join(pki, "ca.crt"))
 	if err != nil {
 		return nil, err
 	}
