@@ -307,6 +307,19 @@ func (c ContainerSpec) DefaultSecurity() bool {
 		!c.ReadOnlyRootFS && len(c.DropCapabilities) == 0 && c.SeccompLocalhost == "" && !c.AllowPrivilegeEscalation
 }
 
+// RootOtherwiseDefault reports whether the container asks to run as uid 0
+// (and gid 0, where it names a group) and is otherwise DefaultSecurity: a
+// hot sandbox of an image that runs as root runs it as it asks (the E2B
+// gateway's template builds are such pods).
+func (c ContainerSpec) RootOtherwiseDefault() bool {
+	if (c.User != "0" && c.User != "0:0") || (c.Group != nil && *c.Group != 0) {
+		return false
+	}
+	d := c
+	d.User, d.Group = "", nil
+	return d.DefaultSecurity()
+}
+
 // EventType says what an Event reports.
 type EventType string
 

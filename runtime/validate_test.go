@@ -68,6 +68,26 @@ func TestDefaultSecurity(t *testing.T) {
 	}
 }
 
+// TestRootOtherwiseDefault: root (uid 0, with or without gid 0) and
+// nothing else may take a hot sandbox that runs as root; another user or
+// group, or any narrowing beside root, may not.
+func TestRootOtherwiseDefault(t *testing.T) {
+	zero, five := int64(0), int64(5)
+	for _, c := range []ContainerSpec{{User: "0"}, {User: "0:0"}, {User: "0", Group: &zero}} {
+		if !c.RootOtherwiseDefault() {
+			t.Errorf("%+v: not root otherwise default", c)
+		}
+	}
+	for _, c := range []ContainerSpec{
+		{}, {User: "1"}, {User: "0:5"}, {User: "0", Group: &five}, {Group: &zero},
+		{User: "0", ReadOnlyRootFS: true}, {User: "0", AllowPrivilegeEscalation: true}, {User: "0", SupplementalGroups: []int64{1}},
+	} {
+		if c.RootOtherwiseDefault() {
+			t.Errorf("%+v counts as root otherwise default", c)
+		}
+	}
+}
+
 // TestValidateRuntimeHandler: runc (or none) and runsc are the handlers a
 // sandbox runs under; any other is refused by name.
 func TestValidateRuntimeHandler(t *testing.T) {

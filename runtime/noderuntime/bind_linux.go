@@ -158,8 +158,12 @@ func (r *Runtime) reserve(ctx context.Context, req runtime.BindRequest) (_ *slot
 	// the user when the container is made) takes the generic path.
 	// It also runs in a user namespace or not, as the node's default was
 	// when it started: it serves only pods that want the same.
-	// And it runs under runc: a gVisor pod takes a warm slot.
-	hotOK := len(req.Containers) == 1 && req.Containers[0].DefaultSecurity() && req.Containers[0].ExclusiveCPUs == 0 && !req.GVisor()
+	// And it runs under runc: a gVisor pod takes a warm slot. A pod that
+	// asks for root and nothing else takes a hot sandbox that runs as
+	// root (hotRoot).
+	hotAny := len(req.Containers) == 1 && req.Containers[0].ExclusiveCPUs == 0 && !req.GVisor()
+	hotOK := hotAny && req.Containers[0].DefaultSecurity()
+	hotRootOK := hotAny && req.Containers[0].RootOtherwiseDefault()
 	wantNS, _ := r.userNS(req) // Bind refused the error
 	exclusive := 0
 	for _, c := range req.Containers {
@@ -173,7 +177,7 @@ func (r *Runtime) reserve(ctx context.Context, req runtime.BindRequest) (_ *slot
 	for _, s := range r.slots {
 		switch s.State {
 		case runtime.StateHot:
-			if hotOK && hotSlot == nil && s.Image == req.Containers[0].Image && s.userNS == wantNS {
+			if (hotOK || (hotRootOK && s.hotRoot)) && hotSlot == nil && s.Image == req.Containers[0].Image && s.userNS == wantNS {
 				hotSlot = s
 			} else if other == nil || s.Since.Before(other.Since) {
 				other = s

@@ -198,8 +198,14 @@ func (r *Runtime) startHotWork(ctx context.Context, s *slot, image string) error
 		}
 		return err
 	}
+	// Whether it runs as root: a pod that asks for root and nothing
+	// else may take it then.
+	root := false
+	if sp, err := container.Spec(ctx); err == nil && sp.Process != nil {
+		root = sp.Process.User.UID == 0 && sp.Process.User.GID == 0
+	}
 	r.mu.Lock()
-	s.containers, s.assignToken, s.userNS = []string{id}, token, spec.idBase != 0
+	s.containers, s.assignToken, s.userNS, s.hotRoot = []string{id}, token, spec.idBase != 0, root
 	r.mu.Unlock()
 	if err := r.startTask(ctx, s, container, "task"); err != nil {
 		return err

@@ -34,6 +34,9 @@ type slot struct {
 	// in the slot runs in a user namespace.
 	idBase uint32
 	userNS bool
+	// hotRoot: the hot sandbox's process runs as uid 0 and gid 0 (its
+	// image's user is root).
+	hotRoot bool
 	// diskLimits are the bound pod's per-container disk caps (bytes), by
 	// container ID; diskUsed what each wrote, as the disk check last
 	// measured it (Stats reports it); evicted says why the sandbox was
