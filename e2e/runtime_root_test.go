@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"k8s.io/apimachinery/pkg/util/rand"
 
@@ -101,7 +102,8 @@ func TestRootContainerdConformance(t *testing.T) {
 }
 
 // TestRootHotSlots: pinned images get started sandboxes whose daemon waits;
-// binding one assigns it the pod's token, env, hostname, limits and command.
+// binding one assigns it the pod's token, env, hostname, limits and command;
+// a pod that asks for root and nothing else takes one too, another user not.
 func TestRootHotSlots(t *testing.T) {
 	s := framework.Get(t)
 	rt := newContainerdRuntime(t, s, 4, 1, func(c *noderuntime.Config) {
@@ -146,6 +148,46 @@ func TestRootHotSlots(t *testing.T) {
 		inv, err := rt.Inventory(ctx)
 		return err == nil && inv.Count()[runtime.StateHot] == 2, err
 	})
+
+	// A pod that asks for root and nothing else takes a hot sandbox that
+	// runs as root (busybox's user is root); one that asks for another
+	// user does not.
+	root := runtimetest.Request("hot-root", s.BusyboxImage)
+	root.Containers[0].User = "0:0"
+	rootSlot, err := rt.Bind(ctx, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A hot sandbox's container is the one started before the bind
+	// (its ID ends in -hot); a generic bind makes <slot>-<name>.
+	cc := s.Containerd(t, runtimeNamespace)
+	cs, err := cc.Containers(namespaces.WithNamespace(ctx, runtimeNamespace), fmt.Sprintf(`labels."%s"==%s`, noderuntime.LabelSlot, rootSlot.ID))
+	if err != nil || len(cs) != 1 || !strings.HasSuffix(cs[0].ID(), "-hot") {
+		var ids []string
+		for _, c := range cs {
+			ids = append(ids, c.ID())
+		}
+		t.Errorf("the pod that asks for root runs in containers %v (%v), want its slot's hot sandbox", ids, err)
+	}
+	if out, err := sandboxExec(ctx, rootSlot, runtimetest.Token, "id", "-u"); err != nil || out != "0\n" {
+		t.Errorf("id -u in the root pod's sandbox: %q %v", out, err)
+	}
+	user := runtimetest.Request("warm-user", s.BusyboxImage)
+	user.Containers[0].User = "1000:1000"
+	userSlot, err := rt.Bind(ctx, user)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A generic bind's daemon answers once its container has started.
+	framework.Eventually(t, time.Minute, "id -u = 1000 in the uid 1000 pod's sandbox", func(ctx context.Context) (bool, error) {
+		out, err := sandboxExec(ctx, userSlot, runtimetest.Token, "id", "-u")
+		return err == nil && out == "1000\n", nil
+	})
+	for _, uid := range []string{"hot-root", "warm-user"} {
+		if err := rt.Release(ctx, uid, time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // TestRootExclusiveCPUs: a pod that asks for exclusive cores gets them, and
