@@ -69,10 +69,14 @@ const (
 	StateReleasing SlotState = "releasing"
 	// StateBroken: the slot could not be recycled (Slot.Reason says why).
 	StateBroken SlotState = "broken"
+	// StatePaused: the pod's sandbox is checkpointed to the node's disk
+	// (Checkpointer.Pause) and not running: it holds the slot's network
+	// namespace and address, no memory or CPU.
+	StatePaused SlotState = "paused"
 )
 
 // SlotStates are all the states, in the order dashboards list them.
-var SlotStates = []SlotState{StateWarm, StateHot, StateBinding, StateBound, StateReleasing, StateBroken}
+var SlotStates = []SlotState{StateWarm, StateHot, StateBinding, StateBound, StatePaused, StateReleasing, StateBroken}
 
 // NormalizeImage is an image reference's full name, as node agents report
 // images (busybox → docker.io/library/busybox:latest).

@@ -118,6 +118,8 @@ func SnapshotOutcome(err error) string {
 		return "unavailable"
 	case errdefs.IsResourceExhausted(err):
 		return "resource_exhausted"
+	case errdefs.IsDataLoss(err):
+		return "data_loss"
 	}
 	return "error"
 }

@@ -29,7 +29,7 @@ func (r *Runtime) Drain(ctx context.Context, why string) error {
 	var bound []*slot
 	for _, s := range r.slots {
 		switch {
-		case s.State == runtime.StateBound && s.Pod != nil:
+		case (s.State == runtime.StateBound || s.State == runtime.StatePaused) && s.Pod != nil:
 			if s.evicted == "" {
 				s.evicted = msg
 			}
@@ -43,7 +43,7 @@ func (r *Runtime) Drain(ctx context.Context, why string) error {
 	var errs []error
 	for _, s := range bound {
 		r.mu.Lock()
-		if s.State != runtime.StateBound || s.Pod == nil {
+		if s.State != runtime.StateBound && s.State != runtime.StatePaused || s.Pod == nil {
 			r.mu.Unlock()
 			continue
 		}

@@ -52,20 +52,44 @@ func (r *Runtime) isGVisor(ctx context.Context, c ctrd.Container) bool {
 func (r *Runtime) runscWrapper() string { return filepath.Join(r.cfg.StateDir, "runsc", "runsc") }
 
 // writeRunscWrapper writes the wrapper that runs RunscPath with the node's
-// flags (nothing when the node has no gVisor).
+// flags (nothing when the node has no gVisor). The shim's start of a
+// container the agent resumes — a file named after it in restoreDir holds
+// its checkpoint's path — becomes a runsc restore of that checkpoint into
+// the created container (checkpoint_linux.go); the shim sees a start.
 func (r *Runtime) writeRunscWrapper() error {
 	if r.cfg.RunscPath == "" {
 		return nil
 	}
-	if strings.ContainsAny(r.cfg.RunscPath, "'\n") {
-		return fmt.Errorf("runsc path %q: quotes and newlines are not allowed", r.cfg.RunscPath)
+	for _, p := range []string{r.cfg.RunscPath, r.restoreDir()} {
+		if strings.ContainsAny(p, "'\n") {
+			return fmt.Errorf("runsc path %q: quotes and newlines are not allowed", p)
+		}
 	}
-	script := fmt.Sprintf("#!/bin/sh\n# Written by sandman-node: gVisor for RuntimeClass handler runsc.\nexec '%s' --platform=%s --network=host --overlay2=none --oci-seccomp \"$@\"\n",
-		r.cfg.RunscPath, r.cfg.RunscPlatform)
-	path := r.runscWrapper()
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	runsc := fmt.Sprintf("'%s' --platform=%s --network=host --overlay2=none --oci-seccomp", r.cfg.RunscPath, r.cfg.RunscPlatform)
+	script := fmt.Sprintf(`#!/bin/sh
+# Written by sandman-node: gVisor for RuntimeClass handler runsc.
+# "start ID" of a container being resumed: restore its checkpoint instead.
+if [ "$#" -ge 2 ]; then
+	eval "sub=\${$(($# - 1))} id=\${$#}"
+	marker='%s'/"$id"
+	if [ "$sub" = start ] && [ -f "$marker" ]; then
+		image=$(cat "$marker")
+		n=$(($# - 2))
+		i=0
+		for a; do
+			i=$((i + 1))
+			[ "$i" -eq 1 ] && set --
+			[ "$i" -le "$n" ] && set -- "$@" "$a"
+		done
+		exec %s "$@" restore --detach --background --image-path "$image" "$id"
+	fi
+fi
+exec %s "$@"
+`, r.restoreDir(), runsc, runsc)
+	if err := os.MkdirAll(r.restoreDir(), 0o700); err != nil {
 		return err
 	}
+	path := r.runscWrapper()
 	tmp := path + ".tmp"
 	if err := os.WriteFile(tmp, []byte(script), 0o755); err != nil {
 		return err

@@ -18,6 +18,9 @@ type metrics struct {
 	snapshots       *prometheus.CounterVec
 	snapshotSeconds prometheus.Histogram
 	frozenSeconds   prometheus.Histogram
+	// Pauses and resumes (checkpoint_linux.go), by op and result.
+	checkpoints       *prometheus.CounterVec
+	checkpointSeconds *prometheus.HistogramVec
 	// The hot pool (hot_linux.go): binds by path, hot-eligible binds that
 	// found no hot sandbox of their image, hot sandboxes cooled down for
 	// want of demand, and those removed for a bind of another image.
@@ -61,6 +64,14 @@ func newMetrics(node string) *metrics {
 			Name: "sandman_node_snapshot_frozen_seconds", ConstLabels: l, Buckets: durationBuckets,
 			Help: "Time a sandbox was paused (cgroup freezer) while its changes were written (seconds).",
 		}),
+		checkpoints: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sandman_node_checkpoints_total", ConstLabels: l,
+			Help: "Pauses (checkpoint to disk) and resumes (restore) of gVisor sandboxes by op (pause, resume) and result: ok, or the class of the failure.",
+		}, []string{"op", "result"}),
+		checkpointSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "sandman_node_checkpoint_duration_seconds", ConstLabels: l, Buckets: durationBuckets,
+			Help: "Time to pause a sandbox (checkpoint written, task gone) or resume it (restored and running), by op (seconds).",
+		}, []string{"op"}),
 		binds: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sandman_node_binds_total", ConstLabels: l,
 			Help: "Successful binds by path: hot (a started sandbox of the image assigned) or generic (containers created and started).",

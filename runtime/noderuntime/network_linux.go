@@ -203,7 +203,7 @@ func (r *Runtime) RefreshFirewalls() {
 	var list []bound
 	r.mu.Lock()
 	for _, s := range r.slots {
-		if s.fwReq != nil && s.Pod != nil && s.State == runtime.StateBound {
+		if s.fwReq != nil && s.Pod != nil && (s.State == runtime.StateBound || s.State == runtime.StatePaused) {
 			list = append(list, bound{s.netns.GetPath(), s.IP, *s.fwReq})
 		}
 	}

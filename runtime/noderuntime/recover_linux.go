@@ -2,6 +2,7 @@ package noderuntime
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -178,6 +179,18 @@ func (r *Runtime) adopt(ctx context.Context, id, dir string, cs []ctrd.Container
 	if !netnsMounted(meta.NetNS) {
 		return nil, errors.New("its network namespace is gone")
 	}
+	// A paused sandbox (checkpoint_linux.go): its containers have no task.
+	var paused *pausedMeta
+	if b, err := os.ReadFile(pausedFile(dir)); err == nil {
+		var m pausedMeta
+		if err := json.Unmarshal(b, &m); err != nil {
+			return nil, fmt.Errorf("paused marker: %w", err)
+		}
+		if len(cs) != 1 {
+			return nil, fmt.Errorf("a paused sandbox of %d containers", len(cs))
+		}
+		paused = &m
+	}
 	type member struct {
 		index int
 		c     ctrd.Container
@@ -192,13 +205,17 @@ func (r *Runtime) adopt(ctx context.Context, id, dir string, cs []ctrd.Container
 		if err != nil {
 			return nil, err
 		}
-		task, err := c.Task(ctx, nil)
-		if err != nil {
-			return nil, fmt.Errorf("container %s has no task: %w", c.ID(), err)
-		}
-		st, err := task.Status(ctx)
-		if err != nil || st.Status != ctrd.Running {
-			return nil, fmt.Errorf("container %s is not running (%v, %v)", c.ID(), st.Status, err)
+		var task ctrd.Task
+		if paused == nil {
+			if task, err = c.Task(ctx, nil); err != nil {
+				return nil, fmt.Errorf("container %s has no task: %w", c.ID(), err)
+			}
+			st, err := task.Status(ctx)
+			if err != nil || st.Status != ctrd.Running {
+				return nil, fmt.Errorf("container %s is not running (%v, %v)", c.ID(), st.Status, err)
+			}
+		} else if _, err := c.Task(ctx, nil); err == nil {
+			return nil, fmt.Errorf("container %s of a paused sandbox has a task", c.ID())
 		}
 		if cpus, err := parseCPUList(l[LabelExclusiveCPUs]); err == nil {
 			for _, cpu := range cpus {
@@ -229,6 +246,13 @@ func (r *Runtime) adopt(ctx context.Context, id, dir string, cs []ctrd.Container
 	if base, err := strconv.ParseUint(labels[LabelUserNS], 10, 32); err == nil {
 		s.idBase = uint32(base) // no other sandbox takes the range while this one runs
 	}
+	if paused != nil {
+		if paused.PodUID != s.Pod.UID {
+			return nil, fmt.Errorf("paused marker of pod %s, container of pod %s", paused.PodUID, s.Pod.UID)
+		}
+		s.State, s.checkpointBytes, s.containers = runtime.StatePaused, paused.Bytes, []string{members[0].c.ID()}
+		return s, nil
+	}
 	for _, m := range members {
 		// The exit watch lasts as long as the runtime, not New's ctx.
 		exit, err := m.task.Wait(r.life)
@@ -236,7 +260,7 @@ func (r *Runtime) adopt(ctx context.Context, id, dir string, cs []ctrd.Container
 			return nil, err
 		}
 		s.containers = append(s.containers, m.c.ID())
-		r.owned.Go(func() { r.watchExit(s, m.c.ID(), m.name, exit) })
+		r.owned.Go(func() { r.watchExit(s, m.c.ID(), m.name, exit, 0) })
 	}
 	r.watchReady(s, s.Pod.UID, loadAssignment(dir))
 	return s, nil

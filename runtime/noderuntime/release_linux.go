@@ -26,9 +26,10 @@ func (r *Runtime) Release(ctx context.Context, uid string, grace time.Duration) 
 			r.mu.Unlock()
 			return nil
 		}
-		// A bind finishes or fails first; a snapshot that reads the
-		// sandbox's filesystem (frozen) finishes that part first.
-		if s.State != runtime.StateBinding && s.snapshots == 0 {
+		// A bind (or a resume) finishes or fails first; a snapshot that
+		// reads the sandbox's filesystem (frozen) finishes that part
+		// first, and a pause its checkpoint.
+		if s.State != runtime.StateBinding && s.snapshots == 0 && !s.pausing {
 			if s.stopReady != nil {
 				s.stopReady()
 			}
@@ -68,6 +69,10 @@ func (r *Runtime) Release(ctx context.Context, uid string, grace time.Duration) 
 	s.Pod, s.Image, s.Resources, s.containers, s.assignToken = nil, "", runtime.Resources{}, nil, ""
 	s.diskLimits, s.diskUsed, s.evicted, s.fwReq = nil, nil, "", nil
 	clearAssignment(s.dir)
+	if cerr := removeCheckpoint(s.dir); cerr != nil {
+		err = errors.Join(err, cerr)
+	}
+	s.checkpointBytes = 0
 	if err != nil {
 		s.Reason, s.leftovers = err.Error(), ids
 		r.setLocked(s, runtime.StateBroken)

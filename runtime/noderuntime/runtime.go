@@ -7,8 +7,9 @@ import "github.com/sandman-dev/sandman/runtime"
 // that New refuses to make (runtime_other.go), so the packages that use it
 // build, vet and test off Linux too.
 var (
-	_ runtime.Runtime     = (*Runtime)(nil)
-	_ runtime.Drainer     = (*Runtime)(nil)
-	_ runtime.ImageCache  = (*Runtime)(nil)
-	_ runtime.Snapshotter = (*Runtime)(nil)
+	_ runtime.Runtime      = (*Runtime)(nil)
+	_ runtime.Drainer      = (*Runtime)(nil)
+	_ runtime.ImageCache   = (*Runtime)(nil)
+	_ runtime.Snapshotter  = (*Runtime)(nil)
+	_ runtime.Checkpointer = (*Runtime)(nil)
 )

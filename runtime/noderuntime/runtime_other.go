@@ -96,3 +96,11 @@ type noMetrics struct{}
 
 func (noMetrics) Describe(chan<- *prometheus.Desc) {}
 func (noMetrics) Collect(chan<- prometheus.Metric) {}
+
+// Pause returns errUnsupported off Linux.
+func (r *Runtime) Pause(ctx context.Context, uid string) (runtime.PauseResult, error) {
+	return runtime.PauseResult{}, errUnsupported
+}
+
+// Resume returns errUnsupported off Linux.
+func (r *Runtime) Resume(ctx context.Context, uid string) error { return errUnsupported }

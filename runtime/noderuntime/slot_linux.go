@@ -69,6 +69,15 @@ type slot struct {
 	// snapshots counts the snapshots reading the bound pod's filesystem
 	// (freezing it and writing its changes): a release waits for them.
 	snapshots int
+	// pausing: a pause is checkpointing the bound pod's sandbox; exits
+	// meanwhile wait in pauseExits (published if the pause fails). epoch
+	// counts the pauses: an exit watch of an earlier epoch (a task the
+	// pause ended) reports nothing. checkpointBytes: the paused sandbox's
+	// checkpoint size.
+	pausing         bool
+	pauseExits      []runtime.Event
+	epoch           int
+	checkpointBytes int64
 }
 
 // slotMeta is persisted in the slot's directory so a restarted agent can

@@ -68,7 +68,10 @@ func (r *Runtime) startTask(reqCtx context.Context, s *slot, container ctrd.Cont
 		_, _ = task.Delete(context.WithoutCancel(ctx), ctrd.WithProcessKill)
 		return err
 	}
-	r.owned.Go(func() { r.watchExit(s, container.ID(), name, exit) })
+	r.mu.Lock()
+	epoch := s.epoch
+	r.mu.Unlock()
+	r.owned.Go(func() { r.watchExit(s, container.ID(), name, exit, epoch) })
 	// The container is recorded in the slot (s.containers): a bind that
 	// fails now removes its task with it.
 	return reqCtx.Err()
@@ -76,8 +79,9 @@ func (r *Runtime) startTask(reqCtx context.Context, s *slot, container ctrd.Cont
 
 // watchExit reports a container's exit while its pod is bound (or cools a
 // hot slot whose waiting sandbox exited). A wait that breaks because
-// containerd restarted is not an exit: the wait is re-established.
-func (r *Runtime) watchExit(s *slot, id, name string, exit <-chan ctrd.ExitStatus) {
+// containerd restarted is not an exit: the wait is re-established. The
+// exit of a task a pause ended (the slot's epoch moved on) is none.
+func (r *Runtime) watchExit(s *slot, id, name string, exit <-chan ctrd.ExitStatus, epoch int) {
 	var st ctrd.ExitStatus
 	for {
 		var ok bool
@@ -120,11 +124,17 @@ func (r *Runtime) watchExit(s *slot, id, name string, exit <-chan ctrd.ExitStatu
 		r.owned.Go(func() { r.coolDown(s) })
 		return
 	}
-	if !slices.Contains(s.containers, id) {
-		return // released
+	if !slices.Contains(s.containers, id) || s.epoch != epoch {
+		return // released, or paused
 	}
 	ev := runtime.Event{Type: runtime.EventExit, Time: st.ExitTime(), Slot: s.Slot.Clone(),
 		Container: name, ExitCode: code, Reason: reason, Message: message}
+	if s.pausing {
+		// A checkpoint ends the sandbox: an exit is one only if the
+		// pause fails.
+		s.pauseExits = append(s.pauseExits, ev)
+		return
+	}
 	switch s.State {
 	case runtime.StateBinding:
 		// A main command that ends at once can end before its bind

@@ -1,0 +1,216 @@
+//go:build root
+
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/sandman-dev/sandman/daemon/api"
+	"github.com/sandman-dev/sandman/e2e/framework"
+	"github.com/sandman-dev/sandman/runtime"
+	"github.com/sandman-dev/sandman/runtime/noderuntime"
+	"github.com/sandman-dev/sandman/runtime/runtimetest"
+)
+
+// statefulServer holds 200 MiB of random bytes in memory and answers each
+// connection on port 8080 with their digest, its pid and how many
+// connections it took: the same digest and pid, and a count that goes on,
+// show the process came back with its memory.
+const statefulServer = `
+import hashlib, os, socket
+data = bytearray(os.urandom(200 << 20))
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 8080))
+s.listen(16)
+n = 0
+while True:
+    c, _ = s.accept()
+    n += 1
+    c.sendall(("%s %d %d\n" % (hashlib.sha256(data).hexdigest(), os.getpid(), n)).encode())
+    c.close()
+`
+
+// TestRootGVisorPauseResume: a gVisor sandbox whose process holds 200 MiB
+// and listens on a port is paused — checkpointed to the node's disk, no
+// process of it left, its slot paused — and resumed: the same process
+// answers with the same memory, and the daemon still knows the pod's
+// token. A runc sandbox is refused with the reason; a paused pod's release
+// removes its checkpoint; a resume whose checkpoint is gone fails as data
+// loss and leaves the pod paused.
+func TestRootGVisorPauseResume(t *testing.T) {
+	s := framework.Get(t)
+	needRunsc(t, s)
+	ctx := t.Context()
+	rt := newContainerdRuntime(t, s, 3, 2, func(c *noderuntime.Config) {
+		c.RuncPath, c.RunscPath = s.RuncBin, s.RunscBin
+	})
+	_, events, err := rt.Watch(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bind := func(uid, handler string) runtime.Slot {
+		t.Helper()
+		req := runtimetest.Request(uid, s.DebianImage, "sleep", "100000")
+		req.RuntimeHandler = handler
+		req.Containers[0].Ports = []runtime.Port{{Port: 8080}}
+		slot, err := rt.Bind(ctx, req)
+		if err != nil {
+			t.Fatalf("bind %s: %v", uid, err)
+		}
+		framework.Eventually(t, time.Minute, uid+"'s daemon", func(ctx context.Context) (bool, error) {
+			_, err := sandboxExec(ctx, slot, runtimetest.Token, "true")
+			return err == nil, nil
+		})
+		return slot
+	}
+	ask := func(ip string) (string, error) {
+		c, err := net.DialTimeout("tcp", ip+":8080", 5*time.Second)
+		if err != nil {
+			return "", err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+		return bufio.NewReader(c).ReadString('\n')
+	}
+	state := func(uid string) runtime.SlotState {
+		inv, err := rt.Inventory(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, sl := range inv.Slots {
+			if sl.Pod != nil && sl.Pod.UID == uid {
+				return sl.State
+			}
+		}
+		return ""
+	}
+	// processes counts the node's processes whose command line names id
+	// (runsc's sandbox and gofer carry their container's).
+	processes := func(id string) int {
+		n := 0
+		entries, _ := os.ReadDir("/proc")
+		for _, e := range entries {
+			b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+			if err == nil && strings.Contains(string(b), id) && !strings.Contains(string(b), "containerd-shim") {
+				n++
+			}
+		}
+		return n
+	}
+
+	g := bind("pr-gvisor", runtime.RuntimeHandlerRunsc)
+	if _, err := daemonClient(t, g).StartProcess(ctx, api.ProcessRequest{Cmd: []string{"python3", "-c", statefulServer}}); err != nil {
+		t.Fatal(err)
+	}
+	var before string
+	framework.Eventually(t, 2*time.Minute, "the stateful server", func(ctx context.Context) (bool, error) {
+		var err error
+		before, err = ask(g.IP)
+		return err == nil, nil
+	})
+	id := g.ID + "-task"
+	if processes(id) == 0 {
+		t.Fatalf("no process of container %s before the pause", id)
+	}
+
+	begin := time.Now()
+	res, err := rt.Pause(ctx, "pr-gvisor")
+	paused := time.Since(begin)
+	if err != nil {
+		t.Fatalf("pause: %v", err)
+	}
+	if res.Bytes < 200<<20 {
+		t.Errorf("checkpoint of %d bytes, want at least the 200 MiB the process holds", res.Bytes)
+	}
+	if st := state("pr-gvisor"); st != runtime.StatePaused {
+		t.Fatalf("slot of the paused pod is %q", st)
+	}
+	if n := processes(id); n != 0 {
+		t.Errorf("%d processes of the paused sandbox still run", n)
+	}
+	if _, err := ask(g.IP); err == nil {
+		t.Errorf("the paused sandbox's port answers")
+	}
+	if again, err := rt.Pause(ctx, "pr-gvisor"); err != nil || again.Bytes != res.Bytes {
+		t.Errorf("pausing a paused pod: %+v, %v", again, err)
+	}
+
+	begin = time.Now()
+	if err := rt.Resume(ctx, "pr-gvisor"); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	resumed := time.Since(begin)
+	runtimetest.WaitEvent(t, events, time.Minute, "the resumed pod ready", func(ev runtime.Event) bool {
+		return ev.Type == runtime.EventReady && ev.Slot.Pod != nil && ev.Slot.Pod.UID == "pr-gvisor"
+	})
+	ready := time.Since(begin)
+	after, err := ask(g.IP)
+	if err != nil {
+		t.Fatalf("the resumed server: %v", err)
+	}
+	t.Logf("200 MiB sandbox: paused in %v (checkpoint %d MiB), resumed in %v, ready %v, first answer %v",
+		paused.Round(time.Millisecond), res.Bytes>>20, resumed.Round(time.Millisecond), ready.Round(time.Millisecond), time.Since(begin).Round(time.Millisecond))
+	b, a := strings.Fields(before), strings.Fields(after)
+	if len(a) != 3 || len(b) != 3 || a[0] != b[0] || a[1] != b[1] || a[2] != "2" {
+		t.Fatalf("before the pause the server said %q, after %q: want the same digest and pid, connection 2", before, after)
+	}
+	if out, err := sandboxExec(ctx, g, runtimetest.Token, "echo", "resumed"); err != nil || out != "resumed\n" {
+		t.Fatalf("exec in the resumed sandbox: %q, %v", out, err)
+	}
+	if err := rt.Resume(ctx, "pr-gvisor"); err != nil {
+		t.Errorf("resuming a running pod: %v", err)
+	}
+
+	// runc cannot keep a sandbox's processes.
+	r := bind("pr-runc", "")
+	if _, err := rt.Pause(ctx, "pr-runc"); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "CRIU") {
+		t.Errorf("pause of a runc sandbox: %v, want FailedPrecondition naming CRIU", err)
+	}
+	if _, err := sandboxExec(ctx, r, runtimetest.Token, "true"); err != nil {
+		t.Errorf("the runc sandbox after its refused pause: %v", err)
+	}
+	if _, err := rt.Pause(ctx, "pr-nobody"); !errdefs.IsNotFound(err) {
+		t.Errorf("pause of an unknown pod: %v, want NotFound", err)
+	}
+
+	// A checkpoint that is gone: the resume fails as data loss, the pod
+	// stays paused, and its release leaves nothing.
+	if _, err := rt.Pause(ctx, "pr-gvisor"); err != nil {
+		t.Fatalf("second pause: %v", err)
+	}
+	dirs, _ := filepath.Glob(filepath.Join(framework.StateDir(), "test-runtimes", "*", "slots", g.ID, "checkpoint"))
+	if len(dirs) != 1 {
+		t.Fatalf("checkpoint directories of slot %s: %v", g.ID, dirs)
+	}
+	if err := os.RemoveAll(dirs[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Resume(ctx, "pr-gvisor"); !errdefs.IsDataLoss(err) {
+		t.Errorf("resume without its checkpoint: %v, want DataLoss", err)
+	}
+	if st := state("pr-gvisor"); st != runtime.StatePaused {
+		t.Errorf("after a failed resume the slot is %q, want paused", st)
+	}
+	for _, uid := range []string{"pr-gvisor", "pr-runc"} {
+		if err := rt.Release(ctx, uid, 0); err != nil {
+			t.Fatalf("release %s: %v", uid, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Dir(dirs[0]) + "/paused.json"); !os.IsNotExist(err) {
+		t.Errorf("the released paused slot keeps its marker: %v", err)
+	}
+	framework.Eventually(t, time.Minute, "the slots warm again", func(ctx context.Context) (bool, error) {
+		inv, err := rt.Inventory(ctx)
+		return err == nil && inv.Count()[runtime.StateWarm] == 3, err
+	})
+}

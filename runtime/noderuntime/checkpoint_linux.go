@@ -1,0 +1,295 @@
+package noderuntime
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	ctrd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/errdefs"
+
+	"github.com/sandman-dev/sandman/runtime"
+)
+
+// Pause and resume (runtime.Checkpointer) of gVisor sandboxes.
+//
+// Pause runs `runsc checkpoint` (through the wrapper, so with the node's
+// runsc flags) on the pod's container: the Sentry writes the sandbox's
+// whole state — its processes, memory, open files, listening sockets — to
+// <slot>/checkpoint, uncompressed, and exits. The task is deleted; the
+// container and its snapshot (the sandbox's filesystem, which gVisor keeps
+// in the snapshot's upper directory, --overlay2=none) stay, and so does the
+// slot with its network namespace and address. A marker, <slot>/paused.json,
+// lets a restarted agent re-adopt the paused slot.
+//
+// Resume creates the container's task again; the wrapper turns the shim's
+// start into `runsc restore --background` of the checkpoint, which returns
+// once the sandbox runs while its memory is still being read in. The
+// sandbox's listening sockets are made again in the same namespace, at the
+// same address; connections open at the pause are reset. The checkpoint is
+// removed once the sandbox runs (the Sentry holds the files it still
+// reads).
+
+// runcRoot is where containerd's runc shim keeps its runtime's state, by
+// namespace (the shim's default: sandman sets no root of its own).
+const runcRoot = "/run/containerd/runc"
+
+// checkpointTimeout bounds runsc's checkpoint and the task's end after it.
+const checkpointTimeout = 5 * time.Minute
+
+// restoreDir holds the wrapper's markers: a file per container being
+// resumed, holding its checkpoint's path.
+func (r *Runtime) restoreDir() string { return filepath.Join(r.cfg.StateDir, "runsc", "restore") }
+
+func checkpointDir(slotDir string) string { return filepath.Join(slotDir, "checkpoint") }
+
+func pausedFile(slotDir string) string { return filepath.Join(slotDir, "paused.json") }
+
+// pausedMeta is a paused slot's marker.
+type pausedMeta struct {
+	PodUID string `json:"pod_uid"`
+	Bytes  int64  `json:"bytes"`
+}
+
+// removeCheckpoint removes a slot's checkpoint and its paused marker.
+func removeCheckpoint(slotDir string) error {
+	err := os.Remove(pausedFile(slotDir))
+	if errors.Is(err, fs.ErrNotExist) {
+		err = nil
+	}
+	return errors.Join(err, os.RemoveAll(checkpointDir(slotDir)))
+}
+
+// Pause implements runtime.Checkpointer.
+func (r *Runtime) Pause(ctx context.Context, uid string) (_ runtime.PauseResult, retErr error) {
+	ctx = r.nsCtx(ctx)
+	begin := time.Now()
+	r.mu.Lock()
+	s, ok := r.byPod[uid]
+	switch {
+	case !ok:
+		r.mu.Unlock()
+		return runtime.PauseResult{}, fmt.Errorf("pause %s: pod not on node %s: %w", uid, r.cfg.Node, errdefs.ErrNotFound)
+	case s.State == runtime.StatePaused:
+		n := s.checkpointBytes
+		r.mu.Unlock()
+		return runtime.PauseResult{Bytes: n}, nil
+	case s.State != runtime.StateBound || s.pausing || s.snapshots > 0:
+		state := s.State
+		if s.pausing {
+			state = "pausing"
+		} else if s.snapshots > 0 {
+			state = "being snapshotted"
+		}
+		r.mu.Unlock()
+		return runtime.PauseResult{}, fmt.Errorf("pause %s: the pod is %s: %w", uid, state, errdefs.ErrFailedPrecondition)
+	case len(s.containers) != 1:
+		n := len(s.containers)
+		r.mu.Unlock()
+		return runtime.PauseResult{}, fmt.Errorf("pause %s: the pod has %d containers; only a pod of one container can be paused: %w", uid, n, errdefs.ErrFailedPrecondition)
+	}
+	id := s.containers[0]
+	s.pausing = true
+	r.mu.Unlock()
+	defer func() {
+		r.metrics.checkpoints.WithLabelValues("pause", runtime.SnapshotOutcome(retErr)).Inc()
+		if retErr == nil {
+			r.metrics.checkpointSeconds.WithLabelValues("pause").Observe(time.Since(begin).Seconds())
+			return
+		}
+		r.log.Warn("pause failed", "pod", uid, "slot", s.ID, "err", retErr)
+		// The sandbox runs on; an exit meanwhile was a real one.
+		r.mu.Lock()
+		s.pausing = false
+		exits := s.pauseExits
+		s.pauseExits = nil
+		for _, ev := range exits {
+			ev.Slot = s.Slot.Clone()
+			r.hub.Publish(ev)
+		}
+		r.mu.Unlock()
+	}()
+
+	// The checkpoint is not cut short by the caller: runsc, stopped
+	// midway, would leave the sandbox's state unknown.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), checkpointTimeout)
+	defer cancel()
+	container, err := r.client.LoadContainer(cctx, id)
+	if err != nil {
+		return runtime.PauseResult{}, fmt.Errorf("pause %s: %w", uid, err)
+	}
+	if !r.isGVisor(cctx, container) {
+		return runtime.PauseResult{}, fmt.Errorf("pause %s: the pod runs under runc: only gVisor sandboxes (RuntimeClass handler runsc) keep their processes and memory; a runc sandbox's would need CRIU, which this node does not have: %w", uid, errdefs.ErrFailedPrecondition)
+	}
+	task, err := container.Task(cctx, nil)
+	if err != nil {
+		return runtime.PauseResult{}, fmt.Errorf("pause %s: its task: %w", uid, err)
+	}
+	exit, err := task.Wait(cctx)
+	if err != nil {
+		return runtime.PauseResult{}, fmt.Errorf("pause %s: %w", uid, err)
+	}
+	dir := checkpointDir(s.dir)
+	if err := removeCheckpoint(s.dir); err != nil {
+		return runtime.PauseResult{}, fmt.Errorf("pause %s: remove an old checkpoint: %w", uid, err)
+	}
+	out, err := exec.CommandContext(cctx, r.runscWrapper(), "--root", filepath.Join(runcRoot, r.cfg.Namespace),
+		"checkpoint", "--compression=none", "--image-path", dir, id).CombinedOutput()
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		msg := runscMessage(out, err)
+		if diskFull(errors.New(msg)) {
+			return runtime.PauseResult{}, fmt.Errorf("pause %s: the node's disk is full: %s: %w", uid, msg, errdefs.ErrResourceExhausted)
+		}
+		return runtime.PauseResult{}, fmt.Errorf("pause %s: runsc checkpoint: %s", uid, msg)
+	}
+	// The Sentry exits once its state is written.
+	select {
+	case <-exit:
+	case <-cctx.Done():
+		_ = task.Kill(context.WithoutCancel(ctx), syscall.SIGKILL)
+		<-exit
+	}
+	if _, err := task.Delete(cctx); err != nil && !errdefs.IsNotFound(err) {
+		// The sandbox is gone, its checkpoint kept: the pause stands.
+		r.log.Warn("pause: delete the checkpointed task", "pod", uid, "err", err)
+	}
+	size := dirSize(dir)
+	b, _ := json.Marshal(pausedMeta{PodUID: uid, Bytes: size})
+	if err := os.WriteFile(pausedFile(s.dir), b, 0o600); err != nil {
+		r.log.Warn("pause: write the paused marker", "pod", uid, "err", err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s.epoch++
+	s.pausing, s.pauseExits = false, nil
+	if s.stopReady != nil {
+		s.stopReady()
+	}
+	s.Ready, s.checkpointBytes = false, size
+	r.setLocked(s, runtime.StatePaused)
+	r.log.Info("paused", "pod", uid, "slot", s.ID, "bytes", size, "took", time.Since(begin))
+	return runtime.PauseResult{Bytes: size}, nil
+}
+
+// Resume implements runtime.Checkpointer.
+func (r *Runtime) Resume(ctx context.Context, uid string) (retErr error) {
+	ctx = r.nsCtx(ctx)
+	begin := time.Now()
+	r.mu.Lock()
+	s, ok := r.byPod[uid]
+	switch {
+	case !ok:
+		r.mu.Unlock()
+		return fmt.Errorf("resume %s: pod not on node %s: %w", uid, r.cfg.Node, errdefs.ErrNotFound)
+	case s.State == runtime.StateBound && !s.pausing:
+		r.mu.Unlock()
+		return nil
+	case s.State != runtime.StatePaused:
+		state := s.State
+		r.mu.Unlock()
+		return fmt.Errorf("resume %s: the pod is %s, not paused: %w", uid, state, errdefs.ErrFailedPrecondition)
+	case r.draining != "":
+		msg := r.draining
+		r.mu.Unlock()
+		return fmt.Errorf("resume %s: %s: %w", uid, msg, errdefs.ErrUnavailable)
+	}
+	var used runtime.Resources
+	for _, o := range r.slots {
+		if o.State == runtime.StateBinding || o.State == runtime.StateBound || o.State == runtime.StateReleasing {
+			used = used.Add(o.Resources)
+		}
+	}
+	if total := used.Add(s.Resources); total.MilliCPU > r.cfg.Resources.MilliCPU || total.MemoryBytes > r.cfg.Resources.MemoryBytes {
+		r.mu.Unlock()
+		return fmt.Errorf("resume %s: requests of %dm CPU and %d bytes do not fit on %s: %w", uid, s.Resources.MilliCPU, s.Resources.MemoryBytes, r.cfg.Node, errdefs.ErrResourceExhausted)
+	}
+	id := s.containers[0]
+	r.setLocked(s, runtime.StateBinding) // a release waits; the requests count
+	r.mu.Unlock()
+	defer func() {
+		r.metrics.checkpoints.WithLabelValues("resume", runtime.SnapshotOutcome(retErr)).Inc()
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if retErr != nil {
+			r.log.Warn("resume failed", "pod", uid, "slot", s.ID, "err", retErr)
+			s.earlyExits = nil
+			r.setLocked(s, runtime.StatePaused)
+			return
+		}
+		r.metrics.checkpointSeconds.WithLabelValues("resume").Observe(time.Since(begin).Seconds())
+		s.checkpointBytes = 0
+		r.setLocked(s, runtime.StateBound)
+		for _, ev := range s.earlyExits {
+			ev.Slot = s.Slot.Clone()
+			r.hub.Publish(ev)
+		}
+		s.earlyExits = nil
+		r.log.Info("resumed", "pod", uid, "slot", s.ID, "took", time.Since(begin))
+	}()
+	dir := checkpointDir(s.dir)
+	if _, err := os.Stat(filepath.Join(dir, "checkpoint.img")); err != nil {
+		return fmt.Errorf("resume %s: its checkpoint is gone (%v): %w", uid, err, errdefs.ErrDataLoss)
+	}
+	container, err := r.client.LoadContainer(ctx, id)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return fmt.Errorf("resume %s: its container is gone: %w", uid, errdefs.ErrDataLoss)
+		}
+		return fmt.Errorf("resume %s: %w", uid, err)
+	}
+	labels, err := container.Labels(ctx)
+	if err != nil {
+		return fmt.Errorf("resume %s: %w", uid, err)
+	}
+	marker := filepath.Join(r.restoreDir(), id)
+	if err := os.WriteFile(marker, []byte(dir), 0o600); err != nil {
+		return fmt.Errorf("resume %s: %w", uid, err)
+	}
+	defer os.Remove(marker)
+	if err := r.startTask(ctx, s, container, labels[LabelContainer]); err != nil {
+		// What a failed restore left: its task.
+		if task, terr := container.Task(context.WithoutCancel(ctx), nil); terr == nil {
+			_, _ = task.Delete(context.WithoutCancel(ctx), ctrd.WithProcessKill)
+		}
+		return fmt.Errorf("resume %s: runsc restore: %v: %w", uid, err, errdefs.ErrDataLoss)
+	}
+	// The Sentry holds the files it still reads in.
+	if err := removeCheckpoint(s.dir); err != nil {
+		r.log.Warn("resume: remove the checkpoint", "pod", uid, "err", err)
+	}
+	r.watchReady(s, uid, nil)
+	return nil
+}
+
+// runscMessage is the gist of a failed runsc command: its last line of
+// output, else the error.
+func runscMessage(out []byte, err error) string {
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if last := strings.TrimSpace(lines[len(lines)-1]); last != "" {
+		return last
+	}
+	return err.Error()
+}
+
+// dirSize is the size of the regular files under dir.
+func dirSize(dir string) int64 {
+	var n int64
+	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if info, err := d.Info(); err == nil {
+				n += info.Size()
+			}
+		}
+		return nil
+	})
+	return n
+}
