@@ -80,6 +80,9 @@ type Runtime struct {
 	// images, which the fake registry has from then on.
 	snapshots []runtime.SnapshotRequest
 	pushed    map[string]bool
+	// gvisor are the bound pods that run under gVisor (they can be
+	// paused), by pod UID.
+	gvisor map[string]bool
 }
 
 // New returns a fake node with all its slots warm.
@@ -100,7 +103,7 @@ func New(cfg Config) (*Runtime, error) {
 		cfg.Clock = clock.RealClock{}
 	}
 	r := &Runtime{cfg: cfg, hub: runtime.NewHub(4096), byPod: map[string]*runtime.Slot{}, images: map[string]*runtime.ImageStatus{},
-		changed: make(chan struct{}), containers: map[string][]string{}, pushed: map[string]bool{}}
+		changed: make(chan struct{}), containers: map[string][]string{}, pushed: map[string]bool{}, gvisor: map[string]bool{}}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	now := cfg.Clock.Now()
 	for i := range cfg.Slots {
@@ -175,6 +178,7 @@ func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Sl
 	slot.Pod, slot.Image, slot.Resources, slot.Ready = &pod, req.Containers[0].Image, want, false
 	r.byPod[pod.UID] = slot
 	r.containers[pod.UID] = nil
+	r.gvisor[pod.UID] = req.GVisor()
 	for _, c := range req.Containers {
 		r.containers[pod.UID] = append(r.containers[pod.UID], c.Name)
 	}
@@ -239,6 +243,7 @@ func (r *Runtime) resetLocked(s *runtime.Slot) {
 	if s.Pod != nil {
 		delete(r.byPod, s.Pod.UID)
 		delete(r.containers, s.Pod.UID)
+		delete(r.gvisor, s.Pod.UID)
 	}
 	s.Pod, s.Image, s.Resources, s.Ready, s.Reason = nil, "", runtime.Resources{}, false, ""
 }
@@ -502,4 +507,59 @@ func (r *Runtime) Snapshots() []runtime.SnapshotRequest {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return slices.Clone(r.snapshots)
+}
+
+var _ runtime.Checkpointer = (*Runtime)(nil)
+
+// Pause implements runtime.Checkpointer: a bound gVisor pod's slot becomes
+// paused at once (its checkpoint as large as its memory request). Errors
+// are the real runtime's: NotFound, FailedPrecondition for a pod not bound,
+// of several containers, or under runc.
+func (r *Runtime) Pause(ctx context.Context, uid string) (runtime.PauseResult, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s, ok := r.byPod[uid]
+	switch {
+	case !ok:
+		return runtime.PauseResult{}, fmt.Errorf("pause %s: pod not on node %s: %w", uid, r.cfg.Node, errdefs.ErrNotFound)
+	case s.State == runtime.StatePaused:
+		return runtime.PauseResult{Bytes: s.Resources.MemoryBytes}, nil
+	case s.State != runtime.StateBound:
+		return runtime.PauseResult{}, fmt.Errorf("pause %s: the pod is %s: %w", uid, s.State, errdefs.ErrFailedPrecondition)
+	case len(r.containers[uid]) != 1:
+		return runtime.PauseResult{}, fmt.Errorf("pause %s: only a pod of one container can be paused: %w", uid, errdefs.ErrFailedPrecondition)
+	case !r.gvisor[uid]:
+		return runtime.PauseResult{}, fmt.Errorf("pause %s: the pod runs under runc: only gVisor sandboxes keep their processes and memory (CRIU is not available): %w", uid, errdefs.ErrFailedPrecondition)
+	}
+	s.Ready = false
+	r.setLocked(s, runtime.StatePaused)
+	return runtime.PauseResult{Bytes: s.Resources.MemoryBytes}, nil
+}
+
+// Resume implements runtime.Checkpointer: a paused pod's slot is bound
+// again if its requests fit, and ready after ReadyLatency.
+func (r *Runtime) Resume(ctx context.Context, uid string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s, ok := r.byPod[uid]
+	switch {
+	case !ok:
+		return fmt.Errorf("resume %s: pod not on node %s: %w", uid, r.cfg.Node, errdefs.ErrNotFound)
+	case s.State == runtime.StateBound:
+		return nil
+	case s.State != runtime.StatePaused:
+		return fmt.Errorf("resume %s: the pod is %s, not paused: %w", uid, s.State, errdefs.ErrFailedPrecondition)
+	}
+	var used runtime.Resources
+	for _, o := range r.slots {
+		if o.State == runtime.StateBinding || o.State == runtime.StateBound || o.State == runtime.StateReleasing {
+			used = used.Add(o.Resources)
+		}
+	}
+	if total := used.Add(s.Resources); total.MilliCPU > r.cfg.Resources.MilliCPU || total.MemoryBytes > r.cfg.Resources.MemoryBytes {
+		return fmt.Errorf("resume %s: requests %+v do not fit on %s: %w", uid, s.Resources, r.cfg.Node, errdefs.ErrResourceExhausted)
+	}
+	r.setLocked(s, runtime.StateBound)
+	r.goLocked(func() { r.ready(uid, s) })
+	return nil
 }

@@ -21,8 +21,9 @@ import (
 )
 
 var (
-	_ runtime.Runtime     = (*Client)(nil)
-	_ runtime.Snapshotter = (*Client)(nil)
+	_ runtime.Runtime      = (*Client)(nil)
+	_ runtime.Snapshotter  = (*Client)(nil)
+	_ runtime.Checkpointer = (*Client)(nil)
 )
 
 // Client is a runtime.Runtime served by a node agent.
@@ -168,6 +169,18 @@ func (c *Client) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Slo
 // Release implements runtime.Runtime.
 func (c *Client) Release(ctx context.Context, uid string, grace time.Duration) error {
 	return c.do(ctx, http.MethodPost, "/v1/release", releaseRequest{UID: uid, GraceSeconds: grace.Seconds()}, nil)
+}
+
+// Pause implements runtime.Checkpointer: POST /v1/pause.
+func (c *Client) Pause(ctx context.Context, uid string) (runtime.PauseResult, error) {
+	var res runtime.PauseResult
+	err := c.do(ctx, http.MethodPost, "/v1/pause", podRequest{UID: uid}, &res)
+	return res, err
+}
+
+// Resume implements runtime.Checkpointer: POST /v1/resume.
+func (c *Client) Resume(ctx context.Context, uid string) error {
+	return c.do(ctx, http.MethodPost, "/v1/resume", podRequest{UID: uid}, nil)
 }
 
 // Drain asks the agent to empty its node (runtime.Drainer), saying why;

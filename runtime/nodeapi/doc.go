@@ -12,10 +12,12 @@
 //	GET  /v1/stats?uid=           runtime.Stats
 //	POST /v1/leader               the caller leads (its epoch) → {"epoch":…}
 //	POST /v1/snapshot             runtime.SnapshotRequest → NDJSON: {"progress":…} per step, then {"result":…} or {"error":…}
+//	POST /v1/pause                {"uid":…} → runtime.PauseResult (runtime.Checkpointer)
+//	POST /v1/resume               {"uid":…}
 //
 // Fencing: an elected sandman-vk sends its leader epoch (HeaderLeaderEpoch)
 // with every call. Every POST (bind, release, drain, undrain, image pins,
-// leader, snapshot) is refused with 409 stale_leader ("stale leader: epoch N < M")
+// leader, snapshot, pause, resume) is refused with 409 stale_leader ("stale leader: epoch N < M")
 // when its epoch is lower than the highest the agent has seen, or carries
 // none once the agent has seen one; otherwise its epoch becomes the highest.
 // The highest is kept in memory only: a restarted agent takes the first
@@ -23,5 +25,5 @@
 //
 // Errors are {"error":{"code":…,"message":…}} with the errdefs class as code
 // (a snapshot's, once its stream has begun, are its last line). Client is
-// also a runtime.Snapshotter.
+// also a runtime.Snapshotter and a runtime.Checkpointer.
 package nodeapi

@@ -70,6 +70,7 @@ var codes = []struct {
 	{errdefs.IsPermissionDenied, "permission_denied", http.StatusForbidden, errdefs.ErrPermissionDenied},
 	{errdefs.IsUnavailable, "unavailable", http.StatusServiceUnavailable, errdefs.ErrUnavailable},
 	{errdefs.IsFailedPrecondition, "failed_precondition", http.StatusPreconditionFailed, errdefs.ErrFailedPrecondition},
+	{errdefs.IsDataLoss, "data_loss", http.StatusGone, errdefs.ErrDataLoss},
 }
 
 // Server serves a runtime over HTTP.
@@ -129,6 +130,8 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("POST /v1/undrain", s.auth(s.fenced(s.undrain)))
 	mux.Handle("POST /v1/leader", s.auth(s.fenced(s.leader)))
 	mux.Handle("POST /v1/snapshot", s.auth(s.fenced(s.snapshot)))
+	mux.Handle("POST /v1/pause", s.auth(s.fenced(s.pause)))
+	mux.Handle("POST /v1/resume", s.auth(s.fenced(s.resume)))
 	return mux
 }
 
@@ -349,6 +352,57 @@ func (s *Server) release(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, map[string]string{"uid": req.UID})
+}
+
+// podRequest names a pod (pause, resume).
+type podRequest struct {
+	UID string `json:"uid"`
+}
+
+func (s *Server) checkpointer(w http.ResponseWriter, r *http.Request) (runtime.Checkpointer, string, bool) {
+	cp, ok := s.rt.(runtime.Checkpointer)
+	if !ok {
+		writeError(w, errors.New("this node agent's runtime cannot pause sandboxes"), http.StatusNotImplemented, "not_implemented")
+		return nil, "", false
+	}
+	var req podRequest
+	err := decode(w, r, 64<<10, &req)
+	if err == nil && req.UID == "" {
+		err = errors.New("uid is required")
+	}
+	if err != nil {
+		writeError(w, err, http.StatusBadRequest, "invalid_argument")
+		return nil, "", false
+	}
+	return cp, req.UID, true
+}
+
+// pause checkpoints a bound pod's sandbox to the node's disk
+// (runtime.Checkpointer); it finishes even when the caller goes away.
+func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
+	cp, uid, ok := s.checkpointer(w, r)
+	if !ok {
+		return
+	}
+	res, err := cp.Pause(context.WithoutCancel(r.Context()), uid)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, res)
+}
+
+// resume restores a paused pod's sandbox (runtime.Checkpointer).
+func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
+	cp, uid, ok := s.checkpointer(w, r)
+	if !ok {
+		return
+	}
+	if err := cp.Resume(context.WithoutCancel(r.Context()), uid); err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, map[string]string{"uid": uid})
 }
 
 // drainRequest says why a node is drained.
