@@ -52,6 +52,14 @@ const (
 	AnnotationEgressBandwidth  = "kubernetes.io/egress-bandwidth"
 )
 
+// AnnotationPause asks the virtual node to pause a sandbox ("true"): its
+// running state — processes, memory, open files, listening sockets — is
+// checkpointed to its worker's disk and it stops, holding no memory or CPU
+// there. Removing it (or any other value) resumes the sandbox where it
+// stopped. Only gVisor sandboxes (RuntimeClass gvisor) can be paused; the
+// pod's ConditionPaused says where it is.
+const AnnotationPause = "sandman.io/pause"
+
 // AnnotationSnapshots names the snapshots taken of a pod: a JSON list of
 // vk/api's SnapshotRecord, newest last, at most vk/api's
 // MaxSnapshotRecords (the oldest dropped). The virtual node writes it after

@@ -32,6 +32,34 @@ const (
 	ReasonReleased = "Released"
 )
 
+// A paused sandbox (AnnotationPause): its pod's ConditionPaused, with one
+// of these reasons, and events of the same reasons. While it is paused the
+// pod is Running and not Ready, and its status's reason is ReasonPaused
+// (kubectl's STATUS column).
+const (
+	// ConditionPaused is True while the sandbox is paused (or resuming),
+	// False once it runs again (or while it is being paused).
+	ConditionPaused = "sandman.io/Paused"
+	// ReasonPausing: the checkpoint is being written.
+	ReasonPausing = "Pausing"
+	// ReasonPaused: the sandbox is checkpointed and stopped (Normal
+	// event, with the checkpoint's size).
+	ReasonPaused = "Paused"
+	// ReasonResuming: the sandbox is being restored.
+	ReasonResuming = "Resuming"
+	// ReasonResumed: the sandbox runs again where it stopped (Normal
+	// event).
+	ReasonResumed = "Resumed"
+	// ReasonPauseFailed: the pause failed and the sandbox runs on
+	// (Warning event, saying why; for example a runc sandbox, which
+	// cannot keep its processes).
+	ReasonPauseFailed = "PauseFailed"
+	// ReasonResumeFailed: the resume failed (Warning event). A sandbox
+	// whose checkpoint cannot be restored fails with this reason; one
+	// that waits for room stays paused and is tried again.
+	ReasonResumeFailed = "ResumeFailed"
+)
+
 // A virtual node's own condition types and their reasons, beside the
 // kubelet's standard ones.
 const (

@@ -21,6 +21,10 @@ var (
 		Name: "sandman_pool_placements_total",
 		Help: "Placement decisions by outcome: hot (a hot slot of the image), image (the image on the node), cold, waiting (no node could take the pod when it arrived).",
 	}, []string{"outcome"})
+	metricCheckpoints = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sandman_pool_checkpoints_total",
+		Help: "Pauses and resumes of sandboxes asked of node agents, by node, op (pause, resume) and outcome (ok, or the error's class).",
+	}, []string{"node", "op", "outcome"})
 	metricSnapshots = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sandman_pool_snapshots_total",
 		Help: "Snapshots of bound sandboxes asked of node agents, by node and outcome (ok, or the error's class: not_found, failed_precondition, invalid_argument, registry_refused, unavailable, resource_exhausted, canceled, deadline_exceeded, error).",
@@ -47,7 +51,7 @@ func init() {
 // Collectors are the pool's package-level metrics, for registration by cmd.
 func Collectors() []prometheus.Collector {
 	return []prometheus.Collector{metricBindSeconds, metricAdmissionWait, metricPlacements,
-		metricSnapshots, metricSnapshotSeconds, metricSnapshotFrozenSeconds}
+		metricSnapshots, metricSnapshotSeconds, metricSnapshotFrozenSeconds, metricCheckpoints}
 }
 
 // Collector reports the pool's state at scrape time, one series per worker

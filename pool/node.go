@@ -305,7 +305,7 @@ func (p *Pool) resync(n *node, inv runtime.Inventory) {
 	p.changedLocked()
 	held := map[string]runtime.Slot{}
 	for _, s := range n.slots {
-		if s.Pod != nil && (s.State == runtime.StateBinding || s.State == runtime.StateBound) {
+		if s.Pod != nil && (s.State == runtime.StateBinding || s.State == runtime.StateBound || s.State == runtime.StatePaused) {
 			held[s.Pod.UID] = s
 		}
 	}
@@ -345,7 +345,7 @@ func (p *Pool) apply(n *node, ev runtime.Event) {
 		if s.Pod != nil {
 			if pl, ok := p.placed[s.Pod.UID]; ok && pl.node == n.name {
 				switch s.State {
-				case runtime.StateBinding, runtime.StateBound:
+				case runtime.StateBinding, runtime.StateBound, runtime.StatePaused:
 					pl.markSeenLocked()
 				}
 			}

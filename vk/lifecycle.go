@@ -148,14 +148,23 @@ func (p *Provider) checkIdle(ctx context.Context) {
 		key     []byte
 	}
 	var list []due
+	var pausedIdle []due
 	p.mu.Lock()
 	for uid, sb := range p.byUID {
+		// A paused sandbox has been idle at least since its pause.
+		if sb.paused && sb.pauseOp == "" && !sb.terminal() && !sb.deleting && sb.idleTimeout > 0 && now.Sub(sb.pauseSince) >= sb.idleTimeout {
+			pausedIdle = append(pausedIdle, due{uid: uid, pod: sb.pod, timeout: now.Sub(sb.pauseSince)})
+			continue
+		}
 		if !sb.isReady || sb.terminal() || sb.deleting || sb.idleTimeout <= 0 || now.Before(sb.nextIdleCheck) {
 			continue
 		}
 		list = append(list, due{uid: uid, ip: sb.slot.IP, pod: sb.pod, timeout: sb.idleTimeout, key: sb.controlKey})
 	}
 	p.mu.Unlock()
+	for _, d := range pausedIdle {
+		p.reclaimIdle(ctx, d.pod, d.timeout)
+	}
 	sem := make(chan struct{}, 64)
 	var wg sync.WaitGroup
 	for _, d := range list {

@@ -522,6 +522,7 @@ func (p *Provider) UpdatePod(ctx context.Context, pod *corev1.Pod) error {
 	var badExpiry error
 	if ok {
 		sb.pod = pod // a copy of its own, as in CreatePod
+		p.reconcilePauseLocked(string(pod.UID), sb)
 		// The expiry may move while the pod runs (an E2B timeout set
 		// again); an unreadable one keeps the last.
 		if at, err := expiresAt(pod); err != nil {
@@ -775,10 +776,11 @@ func (p *Provider) OnUpdate(u pool.Update) {
 		if sb.trace.readyOnNode.IsZero() {
 			sb.trace.readyOnNode, sb.trace.readySeen = u.Time, p.cfg.Now()
 		}
-		if sb.ready(u.Node, u.Slot, u.Time) {
+		if sb.ready(u.Node, u.Slot, u.Time) && sb.pauses == 0 {
 			metricCreateToReady.Observe(u.Time.Sub(sb.created).Seconds())
 			p.recentReady.add(u.Time, u.Time.Sub(sb.created))
 		}
+		p.reconcilePauseLocked(u.UID, sb) // a pause waits for Ready
 	case pool.Exited:
 		if sb.exited(u.Container, u.ExitCode, u.Reason, u.Message, u.Time) {
 			releaseNow = true

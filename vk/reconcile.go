@@ -42,7 +42,7 @@ func (p *Provider) Adopt(ctx context.Context) error {
 	for _, b := range p.cfg.Pool.Slots() {
 		uid := b.Slot.Pod.UID
 		pod, ok := byUID[uid]
-		live := b.Slot.State == runtime.StateBound || b.Slot.State == runtime.StateBinding
+		live := b.Slot.State == runtime.StateBound || b.Slot.State == runtime.StateBinding || b.Slot.State == runtime.StatePaused
 		if !ok || !live || pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 			if live {
 				if err := p.cfg.Pool.ReleaseOn(ctx, b.Node, uid, 0); err != nil {
@@ -102,7 +102,7 @@ func (p *Provider) settleAwaiting(now time.Time, slots []pool.BoundSlot) {
 	var events []func()
 	for _, b := range slots {
 		sb := p.byUID[b.Slot.Pod.UID]
-		if sb == nil || !sb.awaiting || b.Slot.State != runtime.StateBound {
+		if sb == nil || !sb.awaiting || b.Slot.State != runtime.StateBound && b.Slot.State != runtime.StatePaused {
 			continue
 		}
 		p.adoptLocked(sb, b)
@@ -170,7 +170,7 @@ func (p *Provider) reconcile(ctx context.Context) {
 	p.settleAwaiting(now, slots)
 	p.mu.Lock()
 	for _, b := range slots {
-		if b.Slot.State != runtime.StateBound && b.Slot.State != runtime.StateBinding {
+		if b.Slot.State != runtime.StateBound && b.Slot.State != runtime.StateBinding && b.Slot.State != runtime.StatePaused {
 			continue
 		}
 		uid := b.Slot.Pod.UID

@@ -29,6 +29,17 @@ type sandbox struct {
 	// the reconciler settle it).
 	awaiting bool
 
+	// Pause (pause.go): paused, the sandbox is checkpointed on its node;
+	// pauseOp is the pause or resume under way (ReasonPausing,
+	// ReasonResuming); pauseMessage and pauseSince describe the last
+	// change; pauseRefused, a failed pause not tried again until the pod
+	// asks to run; pauses counts the pauses.
+	paused       bool
+	pauseOp      string
+	pauseMessage string
+	pauseSince   time.Time
+	pauseRefused bool
+	pauses       int
 	// Waiting: reason and message for the containers (and the pod when
 	// failed).
 	reason, message string
@@ -245,6 +256,8 @@ func (s *sandbox) podWithStatus(nodeIP string) *corev1.Pod {
 	st.Phase = s.phase()
 	if s.failed {
 		st.Reason, st.Message = s.reason, s.message
+	} else if s.paused && !s.terminal() {
+		st.Reason, st.Message = podcontract.ReasonPaused, s.pauseMessage
 	}
 	scheduled := created
 	readyAt := scheduled
@@ -272,6 +285,9 @@ func (s *sandbox) podWithStatus(nodeIP string) *corev1.Pod {
 		cond(corev1.PodReady, ready, readyAt, notReady),
 		cond(corev1.ContainersReady, ready, readyAt, notReady),
 		cond(corev1.PodScheduled, true, scheduled, ""),
+	}
+	if c, ok := s.pauseCondition(); ok {
+		st.Conditions = append(st.Conditions, c)
 	}
 	pod.Status = st
 	return pod

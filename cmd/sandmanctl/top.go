@@ -68,10 +68,10 @@ func (c *ctl) top(ctx context.Context, args []string) error {
 
 func writeTop(out io.Writer, c vkapi.Capacity) {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "NODE\tHEALTH\tWARM\tHOT\tBINDING\tBOUND\tRECYCLING\tBROKEN\tSLOTS\tCPU\tMEMORY\tIMAGES\tBIND P50\tBIND P99\t")
+	fmt.Fprintln(tw, "NODE\tHEALTH\tWARM\tHOT\tBINDING\tBOUND\tPAUSED\tRECYCLING\tBROKEN\tSLOTS\tCPU\tMEMORY\tIMAGES\tBIND P50\tBIND P99\t")
 	row := func(name, health string, s map[runtime.SlotState]int, slots int, cpu, mem vkapi.Amount, images, p50, p99 string) {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t\n", name, health,
-			s[runtime.StateWarm], s[runtime.StateHot], s[runtime.StateBinding], s[runtime.StateBound],
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t\n", name, health,
+			s[runtime.StateWarm], s[runtime.StateHot], s[runtime.StateBinding], s[runtime.StateBound], s[runtime.StatePaused],
 			s[runtime.StateReleasing], s[runtime.StateBroken], slots,
 			fmt.Sprintf("%.2f/%.2f", cpu.Allocated, cpu.Capacity),
 			compactBytes(mem.Allocated)+"/"+compactBytes(mem.Capacity), images, p50, p99)

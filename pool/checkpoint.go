@@ -1,0 +1,62 @@
+package pool
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/sandman-dev/sandman/runtime"
+)
+
+// Pause checkpoints a bound pod's sandbox to its node's disk
+// (runtime.Checkpointer) and Resume restores it there. The pod stays
+// placed on its node while paused; its slot's requests stop counting
+// against the node once the agent reports the slot paused. Errors are
+// Snapshot's for a pod the pool does not hold or whose node cannot be
+// reached, ErrNotImplemented for a node agent that cannot pause, and the
+// node agent's own (runtime.Checkpointer) keep their errdefs class.
+func (p *Pool) Pause(ctx context.Context, uid string) (runtime.PauseResult, error) {
+	n, ref, cp, err := p.checkpointer(uid)
+	if err != nil {
+		return runtime.PauseResult{}, err
+	}
+	start := p.cfg.Clock.Now()
+	res, err := cp.Pause(ctx, uid)
+	metricCheckpoints.WithLabelValues(n.name, "pause", runtime.SnapshotOutcome(err)).Inc()
+	if err != nil {
+		return runtime.PauseResult{}, fmt.Errorf("pause of pod %s on node %s: %w", ref, n.name, err)
+	}
+	p.log.Info("paused", "pod", ref, "uid", uid, "node", n.name, "bytes", res.Bytes, "took", p.cfg.Clock.Since(start))
+	p.nudge() // its requests are free for queued pods
+	return res, nil
+}
+
+// Resume: see Pause.
+func (p *Pool) Resume(ctx context.Context, uid string) error {
+	n, ref, cp, err := p.checkpointer(uid)
+	if err != nil {
+		return err
+	}
+	start := p.cfg.Clock.Now()
+	err = cp.Resume(ctx, uid)
+	metricCheckpoints.WithLabelValues(n.name, "resume", runtime.SnapshotOutcome(err)).Inc()
+	if err != nil {
+		return fmt.Errorf("resume of pod %s on node %s: %w", ref, n.name, err)
+	}
+	p.log.Info("resumed", "pod", ref, "uid", uid, "node", n.name, "took", p.cfg.Clock.Since(start))
+	return nil
+}
+
+func (p *Pool) checkpointer(uid string) (*node, string, runtime.Checkpointer, error) {
+	n, ref, err := p.snapshotNode(uid)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	cp, ok := n.rt.(runtime.Checkpointer)
+	if !ok {
+		return nil, "", nil, fmt.Errorf("pod %s: node agent %s cannot pause sandboxes (is its sandman-node older than sandman-vk?): %w",
+			ref, n.name, errdefs.ErrNotImplemented)
+	}
+	return n, ref, cp, nil
+}

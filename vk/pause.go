@@ -1,0 +1,156 @@
+package vk
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/containerd/errdefs"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/sandman-dev/sandman/podcontract"
+)
+
+// Pause and resume from the pod: its podcontract.AnnotationPause says
+// whether its sandbox should be paused; the provider makes the sandbox
+// follow (Pool.Pause, Pool.Resume), one operation at a time per pod, and
+// reports it in the pod's status (podcontract.ConditionPaused, the status's
+// reason while paused) and events.
+
+// pauseTimeout bounds one pause or resume.
+const pauseTimeout = 5 * time.Minute
+
+// resumeRetry is how long a resume that found no room on the node waits
+// before it is tried again.
+const resumeRetry = 2 * time.Second
+
+// wantPaused reports whether the pod asks for its sandbox paused.
+func wantPaused(pod *corev1.Pod) bool {
+	return pod.Annotations[podcontract.AnnotationPause] == "true"
+}
+
+// reconcilePauseLocked starts a pause or a resume when the pod asks for
+// what its sandbox is not. A pause waits for the sandbox to be Ready (it
+// is tried again then). The caller holds mu.
+func (p *Provider) reconcilePauseLocked(uid string, sb *sandbox) {
+	if sb.pauseOp != "" || sb.terminal() || sb.deleting || sb.awaiting || sb.slot.ID == "" {
+		return
+	}
+	want := wantPaused(sb.pod)
+	if want == sb.paused || want && !sb.isReady || want && sb.pauseRefused {
+		return
+	}
+	op := podcontract.ReasonResuming
+	if want {
+		op = podcontract.ReasonPausing
+	}
+	sb.pauseOp, sb.pauseMessage = op, ""
+	sb.pauseSince = p.cfg.Now()
+	p.owned.Go(func() { p.runPause(uid, op) })
+	p.push(uid)
+}
+
+// runPause pauses or resumes a pod's sandbox (op is ReasonPausing or
+// ReasonResuming) and records the outcome, then reconciles again: the pod
+// may have changed its mind meanwhile.
+func (p *Provider) runPause(uid, op string) {
+	ctx, cancel := context.WithTimeout(p.ctx, pauseTimeout)
+	defer cancel()
+	var msg string
+	var err error
+	if op == podcontract.ReasonPausing {
+		var bytes int64
+		if res, perr := p.cfg.Pool.Pause(ctx, uid); perr == nil {
+			bytes = res.Bytes
+		} else {
+			err = perr
+		}
+		msg = fmt.Sprintf("the sandbox is paused: its running state (%.1f MiB) is checkpointed on node %s", float64(bytes)/(1<<20), p.nodeOf(types.UID(uid)))
+	} else {
+		err = p.cfg.Pool.Resume(ctx, uid)
+		msg = "the sandbox runs again where it was paused"
+	}
+	p.mu.Lock()
+	sb := p.byUID[uid]
+	if sb == nil {
+		p.mu.Unlock()
+		return
+	}
+	pod := sb.pod
+	sb.pauseOp = ""
+	var event func()
+	var retry bool
+	switch {
+	case err == nil && op == podcontract.ReasonPausing:
+		sb.paused, sb.isReady, sb.pauseMessage, sb.pauseSince = true, false, msg, p.cfg.Now()
+		sb.pauses++
+		event = func() { p.cfg.Recorder.Event(pod, corev1.EventTypeNormal, podcontract.ReasonPaused, msg) }
+	case err == nil:
+		sb.paused, sb.pauseMessage, sb.pauseSince = false, msg, p.cfg.Now()
+		event = func() { p.cfg.Recorder.Event(pod, corev1.EventTypeNormal, podcontract.ReasonResumed, msg) }
+	case op == podcontract.ReasonPausing:
+		// The sandbox runs on. The pause is not tried again until the
+		// pod asks to run, then to pause again.
+		sb.pauseMessage, sb.pauseRefused = "pause failed, the sandbox runs on: "+err.Error(), true
+		m := sb.pauseMessage
+		event = func() { p.cfg.Recorder.Event(pod, corev1.EventTypeWarning, podcontract.ReasonPauseFailed, m) }
+	case errdefs.IsDataLoss(err):
+		m := "resume failed: the sandbox's checkpoint cannot be restored: " + err.Error()
+		sb.fail(podcontract.ReasonResumeFailed, m, p.cfg.Now())
+		event = func() { p.cfg.Recorder.Event(pod, corev1.EventTypeWarning, podcontract.ReasonResumeFailed, m) }
+		key := podKey(pod.Namespace, pod.Name)
+		p.owned.Go(func() { p.release(key, uid, 0, false) })
+	default:
+		// No room on the node yet, or the agent did not answer: the
+		// sandbox stays paused and the resume is tried again.
+		sb.pauseMessage = "waiting to resume: " + err.Error()
+		retry = true
+	}
+	if !wantPaused(sb.pod) {
+		sb.pauseRefused = false
+	}
+	if retry {
+		p.afterFuncLocked(resumeRetry, func() {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if sb := p.byUID[uid]; sb != nil {
+				p.reconcilePauseLocked(uid, sb)
+			}
+		})
+	} else {
+		p.reconcilePauseLocked(uid, sb)
+	}
+	p.mu.Unlock()
+	if err != nil {
+		p.log.Info("pause or resume failed", "op", op, "uid", uid, "err", err)
+	}
+	if event != nil {
+		event()
+	}
+	p.push(uid)
+}
+
+// pauseCondition is the pod's ConditionPaused, or false when its sandbox
+// was never asked to pause.
+func (s *sandbox) pauseCondition() (corev1.PodCondition, bool) {
+	if !s.paused && s.pauseOp == "" && s.pauseMessage == "" {
+		return corev1.PodCondition{}, false
+	}
+	c := corev1.PodCondition{Type: podcontract.ConditionPaused, Status: corev1.ConditionFalse,
+		Message: s.pauseMessage, LastTransitionTime: metav1.NewTime(s.pauseSince.Truncate(time.Second))}
+	switch {
+	case s.pauseOp == podcontract.ReasonPausing:
+		c.Reason, c.Message = podcontract.ReasonPausing, "checkpointing the sandbox's running state"
+	case s.pauseOp == podcontract.ReasonResuming:
+		c.Status, c.Reason, c.Message = corev1.ConditionTrue, podcontract.ReasonResuming, "restoring the sandbox from its checkpoint"
+	case s.paused:
+		c.Status, c.Reason = corev1.ConditionTrue, podcontract.ReasonPaused
+	case wantPaused(s.pod) && s.pauseRefused:
+		c.Reason = podcontract.ReasonPauseFailed
+	default:
+		c.Reason = podcontract.ReasonResumed
+	}
+	return c, true
+}
