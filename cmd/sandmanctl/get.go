@@ -6,6 +6,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/duration"
 
@@ -44,7 +45,11 @@ func (c *ctl) get(ctx context.Context, args []string) error {
 				cancel()
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", pod.Name, orDash(pod.Spec.NodeName), pod.Status.Phase, orDash(pod.Status.PodIP),
+		phase := string(pod.Status.Phase)
+		if pod.Status.Reason == podcontract.ReasonPaused && pod.Status.Phase == corev1.PodRunning {
+			phase = podcontract.ReasonPaused // as kubectl's STATUS says it
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", pod.Name, orDash(pod.Spec.NodeName), phase, orDash(pod.Status.PodIP),
 			duration.HumanDuration(time.Since(pod.CreationTimestamp.Time)), idle)
 	}
 	if err := tw.Flush(); err != nil {

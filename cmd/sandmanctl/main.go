@@ -1,5 +1,6 @@
 // Command sandmanctl is the trainer's and operator's command line for
-// sandboxes: run, exec, cp, ls, rm, renew, get, delete, snapshot; the
+// sandboxes: run, exec, cp, ls, rm, renew, get, delete, snapshot, pause,
+// resume; the
 // pool's images and capacity: prepull, images, top; and version. It
 // follows kubectl's kubeconfig conventions (--kubeconfig, $KUBECONFIG,
 // ~/.kube/config, the context's namespace) and keeps each sandbox's token
@@ -12,7 +13,7 @@
 // codes), client.go (the cluster, the virtual node's routes, a sandbox's
 // daemon and its token), and a file per verb: run.go, exec.go, cp.go,
 // ls.go, rm.go, renew.go, get.go, delete.go, prepull.go, images.go,
-// top.go, snapshot.go, version.go.
+// top.go, snapshot.go, pause.go (pause and resume), version.go.
 package main
 
 import (
@@ -49,6 +50,9 @@ Commands:
   top nodes            slots, CPU, memory, images and bind latency per worker (--watch)
   snapshot POD IMAGE   commit a sandbox's filesystem changes as IMAGE in the pool's
                        snapshot registry (--container C); prints IMAGE@DIGEST
+  pause NAME           pause a gVisor sandbox: its processes and memory are checkpointed
+                       to its worker's disk and it holds no memory there (--timeout)
+  resume NAME          resume a paused sandbox where it stopped; waits until Ready
   version              print sandmanctl's version
 
 Global flags:
@@ -155,6 +159,10 @@ func (c *ctl) dispatch(ctx context.Context, cmd string, args []string) error {
 		return c.top(ctx, args)
 	case "snapshot":
 		return c.snapshot(ctx, args)
+	case "pause":
+		return c.pause(ctx, args, true)
+	case "resume":
+		return c.pause(ctx, args, false)
 	case "version":
 		return c.showVersion(args)
 	}
