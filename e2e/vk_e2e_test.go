@@ -377,7 +377,7 @@ func (p *vpool) boundSlots(ctx context.Context) (map[string]runtime.Slot, error)
 			return nil, err
 		}
 		for _, s := range inv.Slots {
-			if s.Pod != nil && (s.State == runtime.StateBound || s.State == runtime.StateBinding) {
+			if s.Pod != nil && (s.State == runtime.StateBound || s.State == runtime.StateBinding || s.State == runtime.StatePaused) {
 				if _, dup := out[s.Pod.UID]; dup {
 					return nil, fmt.Errorf("pod %s bound twice", s.Pod.UID)
 				}

@@ -1,0 +1,159 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/sandman-dev/sandman/daemon/api"
+	"github.com/sandman-dev/sandman/e2e/framework"
+	"github.com/sandman-dev/sandman/podcontract"
+	"github.com/sandman-dev/sandman/runtime"
+)
+
+// statefulServer64 holds 64 MiB of random bytes and answers each
+// connection on port 8080 with their digest, its pid and how many
+// connections it took.
+const statefulServer64 = `
+import hashlib, os, socket
+data = bytearray(os.urandom(64 << 20))
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 8080))
+s.listen(16)
+n = 0
+while True:
+    c, _ = s.accept()
+    n += 1
+    c.sendall(("%s %d %d\n" % (hashlib.sha256(data).hexdigest(), os.getpid(), n)).encode())
+    c.close()
+`
+
+// TestPauseResume: a gVisor sandbox with a process holding 64 MiB and
+// listening on a port is paused with sandmanctl — the pod says Paused in
+// kubectl and sandmanctl, is not Ready, its worker shows a paused slot and
+// its port is closed — and resumed by removing the pod's annotation: the
+// same process answers with the same memory, kubectl exec works. A runc
+// sandbox's pause is refused on its pod, naming CRIU, and it keeps
+// running. A paused pod that is deleted leaves nothing behind (the census).
+func TestPauseResume(t *testing.T) {
+	s := framework.Get(t)
+	needRunsc(t, s)
+	ensureRuntimeClass(t, s, "gvisor", runtime.RuntimeHandlerRunsc)
+	p := startPool(t, s, 1, 3)
+	bin := buildBinary(t, s.Root, "sandmanctl")
+	tokens := t.TempDir()
+	ctl := func(args ...string) (string, string, int) {
+		return sandmanctl(t, s, bin, tokens, append([]string{"-n", p.ns}, args...)...)
+	}
+	ctx := t.Context()
+	p.create(p.newPod("keeper", s.DebianImage, func(pod *corev1.Pod) {
+		pod.Spec.RuntimeClassName = ptr.To("gvisor")
+		pod.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 8080}}
+	}))
+	p.create(p.newPod("plain", s.BusyboxImage))
+	keeper := p.waitPod("keeper", 3*time.Minute, "Ready", podReady)
+	p.waitPod("plain", 3*time.Minute, "Ready", podReady)
+	ip := keeper.Status.PodIP
+	ask := func() (string, error) {
+		c, err := net.DialTimeout("tcp", ip+":8080", 5*time.Second)
+		if err != nil {
+			return "", err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+		return bufio.NewReader(c).ReadString('\n')
+	}
+	if _, err := daemonAt(t, ip, trainerToken).StartProcess(ctx, api.ProcessRequest{Cmd: []string{"python3", "-c", statefulServer64}}); err != nil {
+		t.Fatal(err)
+	}
+	var before string
+	framework.Eventually(t, 2*time.Minute, "the stateful server", func(ctx context.Context) (bool, error) {
+		var err error
+		before, err = ask()
+		return err == nil, nil
+	})
+
+	out, errOut, code := ctl("pause", "keeper")
+	if code != 0 || !strings.Contains(out, "keeper paused") {
+		t.Fatalf("sandmanctl pause keeper: %d %q %q", code, out, errOut)
+	}
+	t.Logf("sandmanctl pause: %s", strings.TrimSpace(out))
+	paused := p.waitPod("keeper", time.Minute, "paused", func(pod *corev1.Pod) bool { return pod.Status.Reason == podcontract.ReasonPaused })
+	if podReady(paused) || paused.Status.Phase != corev1.PodRunning {
+		t.Errorf("paused pod: ready %v, phase %s", podReady(paused), paused.Status.Phase)
+	}
+	if out, _, _ := kubectl(t, s, "", "-n", p.ns, "get", "pod", "keeper", "--no-headers"); !strings.Contains(out, "Paused") || !strings.Contains(out, "0/1") {
+		t.Errorf("kubectl get pod keeper: %q, want 0/1 Paused", out)
+	}
+	if out, _, _ := ctl("get", "keeper"); !strings.Contains(out, "Paused") {
+		t.Errorf("sandmanctl get keeper: %q, want Paused", out)
+	}
+	if out, _, code := ctl("top", "nodes", "--pool", p.name); code != 0 || !strings.Contains(out, "PAUSED") {
+		t.Errorf("sandmanctl top nodes: %d %q", code, out)
+	} else {
+		lines := strings.Split(out, "\n")
+		head, row := strings.Fields(lines[0]), strings.Fields(lines[1])
+		for i, h := range head {
+			if h == "PAUSED" && (i >= len(row) || row[i] != "1") {
+				t.Errorf("sandmanctl top nodes: the worker's PAUSED column is not 1:\n%s", out)
+			}
+		}
+	}
+	if _, err := ask(); err == nil {
+		t.Errorf("the paused sandbox's port answers")
+	}
+
+	// Resumed from the pod, as a trainer without the CLI would.
+	begin := time.Now()
+	if out, errOut, code := kubectl(t, s, "", "-n", p.ns, "annotate", "pod", "keeper", podcontract.AnnotationPause+"-"); code != 0 {
+		t.Fatalf("kubectl annotate: %d %q %q", code, out, errOut)
+	}
+	p.waitPod("keeper", time.Minute, "resumed and Ready", func(pod *corev1.Pod) bool {
+		for _, c := range pod.Status.Conditions {
+			if c.Type == podcontract.ConditionPaused {
+				return c.Reason == podcontract.ReasonResumed && podReady(pod)
+			}
+		}
+		return false
+	})
+	after, err := ask()
+	if err != nil {
+		t.Fatalf("the resumed server: %v", err)
+	}
+	t.Logf("annotation removed → Ready and first answer: %v", time.Since(begin).Round(time.Millisecond))
+	b, a := strings.Fields(before), strings.Fields(after)
+	if len(a) != 3 || len(b) != 3 || a[0] != b[0] || a[1] != b[1] || a[2] != "2" {
+		t.Fatalf("before the pause the server said %q, after %q: want the same digest and pid, connection 2", before, after)
+	}
+	if out, errOut, code := kubectl(t, s, "", "-n", p.ns, "exec", "keeper", "--", "echo", "back"); code != 0 || out != "back\n" {
+		t.Errorf("kubectl exec after the resume: %d %q %q", code, out, errOut)
+	}
+
+	// runc cannot keep a sandbox's processes: refused, and it runs on.
+	if _, errOut, code := ctl("pause", "plain"); code == 0 || !strings.Contains(errOut, "CRIU") {
+		t.Errorf("sandmanctl pause plain: %d %q, want a refusal naming CRIU", code, errOut)
+	}
+	p.waitPod("plain", time.Minute, "Ready after its refused pause", podReady)
+
+	// A paused pod deleted: its sandbox and checkpoint go (the census at
+	// the end checks the worker).
+	if out, errOut, code := ctl("pause", "keeper"); code != 0 {
+		t.Fatalf("second pause: %d %q %q", code, out, errOut)
+	}
+	if out, errOut, code := ctl("delete", "keeper"); code != 0 {
+		t.Fatalf("delete the paused pod: %d %q %q", code, out, errOut)
+	}
+	framework.Eventually(t, time.Minute, "the paused pod's slot released", func(ctx context.Context) (bool, error) {
+		b, err := p.boundSlots(ctx)
+		return err == nil && len(b) == 1, nil
+	})
+}
