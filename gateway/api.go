@@ -35,11 +35,8 @@ const v1DefaultTimeout = 15 * time.Second
 const refreshDefault = 15 * time.Second
 
 // unsupported are E2B's endpoints sandman has no counterpart for; they
-// answer 501 with what is missing, never hang or fail otherwise. (Pause
-// must not answer 409: the SDK reads that as "already paused".)
+// answer 501 with what is missing, never hang or fail otherwise.
 var unsupported = []struct{ pattern, what string }{
-	{"/sandboxes/{sandboxID}/pause", "pausing a sandbox"},
-	{"/sandboxes/{sandboxID}/resume", "resuming a sandbox (sandboxes are never paused)"},
 	{"/sandboxes/{sandboxID}/snapshots", "sandbox snapshots other than create (POST)"},
 	{"/sandboxes/{sandboxID}/fork", "forking a sandbox with its memory and processes (create a snapshot, which keeps the files, and create sandboxes with its snapshotId as the template)"},
 	{"/sandboxes/{sandboxID}/network", "changing a sandbox's network configuration"},
@@ -67,6 +64,8 @@ func (g *Gateway) ControlHandler() http.Handler {
 	mux.Handle("POST /sandboxes/{sandboxID}/timeout", g.auth(g.serveSetTimeout))
 	mux.Handle("POST /sandboxes/{sandboxID}/refreshes", g.auth(g.serveRefresh))
 	mux.Handle("POST /sandboxes/{sandboxID}/snapshots", g.auth(g.serveSnapshot))
+	mux.Handle("POST /sandboxes/{sandboxID}/pause", g.auth(g.servePause))
+	mux.Handle("POST /sandboxes/{sandboxID}/resume", g.auth(g.serveResume))
 	mux.Handle("POST /v2/sandboxes/{sandboxID}/connect", g.auth(func(w http.ResponseWriter, r *http.Request, k Key) { g.serveConnect(w, r, k, g.cfg.DefaultTimeout) }))
 	mux.Handle("POST /sandboxes/{sandboxID}/connect", g.auth(func(w http.ResponseWriter, r *http.Request, k Key) { g.serveConnect(w, r, k, g.cfg.DefaultTimeout) }))
 	g.buildRoutes(mux)
@@ -187,9 +186,9 @@ func (g *Gateway) domain() *string {
 func refuse(req *newSandbox) error {
 	switch {
 	case req.AutoPause != nil && *req.AutoPause:
-		return errorf(errdefs.ErrNotImplemented, "autoPause is not supported by sandman's E2B gateway: sandboxes cannot be paused, they are killed at their timeout (leave the lifecycle's onTimeout at 'kill')")
+		return errorf(errdefs.ErrNotImplemented, "autoPause is not supported by sandman's E2B gateway yet: sandboxes are killed at their timeout (leave the lifecycle's onTimeout at 'kill'; pause them with Sandbox.pause)")
 	case req.AutoResume != nil && req.AutoResume.Enabled:
-		return errorf(errdefs.ErrNotImplemented, "autoResume is not supported by sandman's E2B gateway: sandboxes cannot be paused or resumed")
+		return errorf(errdefs.ErrNotImplemented, "autoResume is not supported by sandman's E2B gateway yet: resume a paused sandbox with Sandbox.connect")
 	case len(req.VolumeMounts) > 0:
 		return errorf(errdefs.ErrNotImplemented, "volumeMounts: volumes are not supported by sandman's E2B gateway")
 	case len(req.Mcp) > 0 && string(req.Mcp) != "null":
@@ -521,6 +520,11 @@ func (g *Gateway) serveConnect(w http.ResponseWriter, r *http.Request, key Key, 
 	if err == nil {
 		pod, err = g.setExpiry(r.Context(), key, r.PathValue("sandboxID"), g.atLeast(d))
 	}
+	status := http.StatusOK
+	if err == nil && paused(pod) {
+		// A paused sandbox resumes (E2B: 201).
+		err, status = g.resume(r.Context(), key, pod, req.Memory), http.StatusCreated
+	}
 	if err != nil {
 		writeError(w, err)
 		return
@@ -530,7 +534,7 @@ func (g *Gateway) serveConnect(w http.ResponseWriter, r *http.Request, key Key, 
 		writeError(w, fmt.Errorf("sandbox %s: its access token cannot be derived again (the gateway's token key changed since it was made); kill it and create a new one", pod.Name))
 		return
 	}
-	writeJSON(w, http.StatusOK, sandboxJSON{
+	writeJSON(w, status, sandboxJSON{
 		SandboxID: pod.Name, TemplateID: pod.Annotations[podcontract.AnnotationE2BTemplate], Alias: pod.Annotations[podcontract.AnnotationE2BAlias],
 		ClientID: clientID, EnvdVersion: EnvdVersion, EnvdAccessToken: token, Domain: g.domain(), TrafficAccessToken: g.trafficToken(pod),
 	})

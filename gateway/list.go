@@ -30,7 +30,8 @@ const (
 // listQuery is GET /v2/sandboxes's filters.
 type listQuery struct {
 	metadata     map[string]string
-	running      bool // the state filter includes running (sandman has no paused sandboxes)
+	running      bool // the state filter includes running
+	paused       bool // and paused
 	template     string
 	startedAfter time.Time
 	asc          bool
@@ -92,19 +93,21 @@ func unescape(s string) string {
 }
 
 func parseListQuery(q url.Values, paged bool) (listQuery, error) {
-	lq := listQuery{running: true, limit: defaultListLimit}
+	lq := listQuery{running: true, paused: true, limit: defaultListLimit}
 	var err error
 	if lq.metadata, err = parseMetadataFilter(q.Get("metadata")); err != nil {
 		return lq, err
 	}
 	if states := q["state"]; len(states) > 0 {
-		lq.running = false
+		lq.running, lq.paused = false, false
 		for _, s := range states {
 			for st := range strings.SplitSeq(s, ",") {
 				switch st {
 				case stateRunning:
 					lq.running = true
-				case statePaused, "":
+				case statePaused:
+					lq.paused = true
+				case "":
 				default:
 					return lq, errorf(errdefs.ErrInvalidArgument, "state %q: want running or paused", st)
 				}
@@ -145,7 +148,7 @@ func parseListQuery(q url.Values, paged bool) (listQuery, error) {
 // matching lists the namespace's live sandboxes that pass the filters, in
 // the query's order.
 func (g *Gateway) matching(namespace string, lq listQuery) []listedSandbox {
-	if !lq.running {
+	if !lq.running && !lq.paused {
 		return []listedSandbox{}
 	}
 	objs := g.pods.inNamespace(namespace)
@@ -156,6 +159,9 @@ func (g *Gateway) matching(namespace string, lq listQuery) []listedSandbox {
 			continue
 		}
 		s := view(pod)
+		if s.State == stateRunning && !lq.running || s.State == statePaused && !lq.paused {
+			continue
+		}
 		if lq.template != "" && s.TemplateID != lq.template && s.Alias != lq.template {
 			continue
 		}
@@ -197,7 +203,13 @@ func (g *Gateway) serveList(w http.ResponseWriter, r *http.Request, key Key) {
 	}
 	all := g.matching(key.Namespace, lq)
 	if lq.running {
-		w.Header().Set(headerTotalRunning, strconv.Itoa(len(all)))
+		running := 0
+		for _, s := range all {
+			if s.State == stateRunning {
+				running++
+			}
+		}
+		w.Header().Set(headerTotalRunning, strconv.Itoa(running))
 	}
 	page := all
 	if lq.after != nil {

@@ -123,6 +123,7 @@ func buildPod(s podSpec) (*corev1.Pod, error) {
 			// environment describing the cluster's services.
 			AutomountServiceAccountToken: &no,
 			EnableServiceLinks:           &no,
+			RuntimeClassName:             runtimeClass(s.template.RuntimeClass),
 			Containers: []corev1.Container{{
 				Name:  ContainerName,
 				Image: s.template.Image,
@@ -264,6 +265,9 @@ func view(pod *corev1.Pod) listedSandbox {
 		Metadata:    podMetadata(pod),
 		State:       stateRunning,
 	}
+	if paused(pod) {
+		s.State = statePaused
+	}
 	for _, c := range pod.Spec.Containers {
 		if c.Name != ContainerName {
 			continue
@@ -322,4 +326,12 @@ func podNetwork(pod *corev1.Pod) *networkInfo {
 		n.DenyOut = list(a[podcontract.AnnotationEgressDeny])
 	}
 	return n
+}
+
+// runtimeClass is a template's runtimeClassName (nil: the default).
+func runtimeClass(name string) *string {
+	if name == "" {
+		return nil
+	}
+	return &name
 }

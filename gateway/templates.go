@@ -9,6 +9,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // Default resource requests of a sandbox whose template names none.
@@ -32,6 +33,10 @@ type Template struct {
 	// node refuses it unless its operator allows it to the key's namespace
 	// (sandman-vk --privilege-escalation-namespaces).
 	AllowPrivilegeEscalation bool
+	// RuntimeClass is its sandboxes' runtimeClassName (empty: the pool's
+	// default, runc). "gvisor" runs them under gVisor, whose sandboxes can
+	// be paused with their memory (E2B's pause, resume, connect).
+	RuntimeClass string
 	// Built is set for a template built from code (see build.go): the
 	// environment, working directory, user and start command its
 	// sandboxes start with.
@@ -44,12 +49,14 @@ type templateEntry struct {
 	CPU                      string `json:"cpu"`
 	Memory                   string `json:"memory"`
 	AllowPrivilegeEscalation bool   `json:"allowPrivilegeEscalation"`
+	RuntimeClassName         string `json:"runtimeClassName"`
 }
 
 // ParseTemplates reads template entries: entry name = template ID, value =
-// JSON {"image":"…","cpu":"500m","memory":"512Mi","allowPrivilegeEscalation":true}
-// (cpu and memory optional: DefaultCPU, DefaultMemory; the last, for
-// images whose users sudo, optional: false). Entries that cannot be used are
+// JSON {"image":"…","cpu":"500m","memory":"512Mi","allowPrivilegeEscalation":true,"runtimeClassName":"gvisor"}
+// (cpu and memory optional: DefaultCPU, DefaultMemory; allowPrivilegeEscalation,
+// for images whose users sudo, optional: false; runtimeClassName optional:
+// the pool's default). Entries that cannot be used are
 // left out, each with an error saying why.
 func ParseTemplates(data map[string]string) (map[string]Template, []error) {
 	out := map[string]Template{}
@@ -78,7 +85,11 @@ func parseTemplate(name, raw string) (Template, error) {
 	if e.Image == "" {
 		return Template{}, fmt.Errorf("no image")
 	}
-	t := Template{Name: name, Image: e.Image, CPU: DefaultCPU, Memory: DefaultMemory, AllowPrivilegeEscalation: e.AllowPrivilegeEscalation}
+	t := Template{Name: name, Image: e.Image, CPU: DefaultCPU, Memory: DefaultMemory, AllowPrivilegeEscalation: e.AllowPrivilegeEscalation,
+		RuntimeClass: e.RuntimeClassName}
+	if msgs := validation.IsDNS1123Subdomain(e.RuntimeClassName); e.RuntimeClassName != "" && len(msgs) > 0 {
+		return Template{}, fmt.Errorf("runtimeClassName %q: %s", e.RuntimeClassName, strings.Join(msgs, "; "))
+	}
 	var err error
 	if e.CPU != "" {
 		if t.CPU, err = resource.ParseQuantity(e.CPU); err != nil || t.CPU.Sign() <= 0 {

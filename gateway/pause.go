@@ -1,0 +1,154 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/containerd/errdefs"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/sandman-dev/sandman/podcontract"
+)
+
+// E2B's pause, resume and connect of a paused sandbox, on the pod's
+// podcontract.AnnotationPause: the gateway sets or removes it and waits
+// for the virtual node to say it is done (podcontract.ConditionPaused). A
+// sandbox is "paused" to E2B from the moment its pause is asked for.
+// Only gVisor sandboxes (a template with runtimeClassName gvisor) keep
+// their memory and processes; runc's would need CRIU. A paused sandbox
+// is kept for MaxTimeout from its pause (E2B keeps them longer), unless
+// it is killed.
+
+// pauseWait bounds how long a pause or resume call waits for the sandbox.
+const pauseWait = 2 * time.Minute
+
+func paused(pod *corev1.Pod) bool { return pod.Annotations[podcontract.AnnotationPause] == "true" }
+
+// servePause is POST /sandboxes/{id}/pause {memory}: 204 once paused, 409
+// when it already is.
+func (g *Gateway) servePause(w http.ResponseWriter, r *http.Request, key Key) {
+	var req timeoutRequest
+	if err := decodeBody(r, &req, true); err != nil {
+		writeError(w, err)
+		return
+	}
+	id := r.PathValue("sandboxID")
+	ctx := r.Context()
+	pod, err := g.sandboxPod(ctx, key, id)
+	switch {
+	case err != nil:
+	case req.Memory != nil && !*req.Memory:
+		err = errorf(errdefs.ErrNotImplemented, "pausing sandbox %s without its memory (keepMemory: false) is not supported: sandman's pauses keep a sandbox's memory and processes", id)
+	case paused(pod):
+		err = errorf(errdefs.ErrConflict, "sandbox %s is already paused", id)
+	case pod.Spec.RuntimeClassName == nil || *pod.Spec.RuntimeClassName == "":
+		err = errorf(errdefs.ErrNotImplemented, "sandbox %s cannot be paused: it runs under runc, whose sandboxes cannot keep their memory and processes (that would take CRIU, which sandman's workers do not have); sandboxes of a template with runtimeClassName gvisor can be paused", id)
+	}
+	if err == nil {
+		err = g.setPause(ctx, key, pod, true)
+	}
+	if err == nil {
+		err = g.awaitPause(ctx, key, id, true)
+		if err != nil {
+			// The sandbox runs on: it is not paused to E2B either.
+			_ = g.setPause(context.WithoutCancel(ctx), key, pod, false)
+		}
+	}
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// serveResume is POST /sandboxes/{id}/resume {timeout} (E2B's older
+// call): 201 with the sandbox once it runs again, 409 when it is not
+// paused.
+func (g *Gateway) serveResume(w http.ResponseWriter, r *http.Request, key Key) {
+	var req timeoutRequest
+	if err := decodeBody(r, &req, true); err != nil {
+		writeError(w, err)
+		return
+	}
+	id := r.PathValue("sandboxID")
+	pod, err := g.sandboxPod(r.Context(), key, id)
+	if err == nil && !paused(pod) {
+		err = errorf(errdefs.ErrConflict, "sandbox %s is already running", id)
+	}
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	g.serveConnect(w, r, key, g.cfg.DefaultTimeout)
+}
+
+// resume resumes a paused sandbox (connect's and resume's part) and
+// returns it running. memory false (E2B's onResume "reboot") is refused.
+func (g *Gateway) resume(ctx context.Context, key Key, pod *corev1.Pod, memory *bool) error {
+	if memory != nil && !*memory {
+		return errorf(errdefs.ErrNotImplemented, "resuming sandbox %s without its memory (onResume: reboot) is not supported: it resumes where it was paused", pod.Name)
+	}
+	if err := g.setPause(ctx, key, pod, false); err != nil {
+		return err
+	}
+	return g.awaitPause(ctx, key, pod.Name, false)
+}
+
+// setPause sets (or removes) the pod's AnnotationPause. A pause also keeps
+// the sandbox for MaxTimeout from now.
+func (g *Gateway) setPause(ctx context.Context, key Key, pod *corev1.Pod, pause bool) error {
+	annotations := map[string]any{podcontract.AnnotationPause: nil}
+	if pause {
+		annotations[podcontract.AnnotationPause] = "true"
+		if end := g.cfg.Now().Add(g.cfg.MaxTimeout).UTC().Truncate(time.Second); end.After(expiresAt(pod)) {
+			annotations[podcontract.AnnotationExpiresAt] = end.Format(time.RFC3339)
+		}
+	}
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": annotations}})
+	_, err := g.cfg.Client.CoreV1().Pods(key.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	if err != nil {
+		return kubeError("pause or resume sandbox "+pod.Name, err)
+	}
+	return nil
+}
+
+// awaitPause waits until the virtual node has paused (or resumed, and the
+// sandbox is Ready) the sandbox, or says why it could not.
+func (g *Gateway) awaitPause(ctx context.Context, key Key, id string, pause bool) error {
+	ctx, cancel := context.WithTimeout(ctx, pauseWait)
+	defer cancel()
+	for {
+		pod, err := g.cfg.Client.CoreV1().Pods(key.Namespace).Get(ctx, id, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			return errorf(errdefs.ErrNotFound, "sandbox %s not found", id)
+		case err == nil && (pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded):
+			return fmt.Errorf("sandbox %s ended: %s %s", id, pod.Status.Reason, pod.Status.Message)
+		case err == nil:
+			for _, c := range pod.Status.Conditions {
+				if c.Type != podcontract.ConditionPaused {
+					continue
+				}
+				switch {
+				case pause && c.Reason == podcontract.ReasonPaused:
+					return nil
+				case pause && c.Reason == podcontract.ReasonPauseFailed:
+					return fmt.Errorf("sandbox %s: %s", id, c.Message)
+				case !pause && c.Reason == podcontract.ReasonResumed && podReady(pod):
+					return nil
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("sandbox %s: not %s after %v: %w", id, map[bool]string{true: "paused", false: "resumed"}[pause], pauseWait, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
