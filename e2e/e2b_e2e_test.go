@@ -28,6 +28,7 @@ import (
 	"github.com/sandman-dev/sandman/e2e/e2bsdk"
 	"github.com/sandman-dev/sandman/e2e/framework"
 	"github.com/sandman-dev/sandman/podcontract"
+	"github.com/sandman-dev/sandman/runtime"
 )
 
 var (
@@ -94,6 +95,8 @@ func TestE2BSDK(t *testing.T) {
 		agentArgs: []string{"--snapshot-registry", snapRepo, "--snapshot-repository", snapRepo + "/e2b"},
 		vkArgs:    func(p *vpool) []string { return []string{"--privilege-escalation-namespaces", p.ns} }})
 	ctx := t.Context()
+	needRunsc(t, s)
+	ensureRuntimeClass(t, s, "gvisor", runtime.RuntimeHandlerRunsc)
 	g := startGateway(t, s, p)
 
 	files, err := filepath.Glob(filepath.Join(sdk, "*.test.mjs"))
@@ -112,7 +115,7 @@ func TestE2BSDK(t *testing.T) {
 	cmd.Dir = sdk
 	cmd.Env = append(os.Environ(),
 		"E2B_API_URL="+g.url, "E2B_SANDBOX_URL="+g.url, "E2B_API_KEY="+g.key,
-		"SANDMAN_TEMPLATE=debian", "SANDMAN_BASE_TEMPLATE=base", "SANDMAN_IMAGE="+s.DebianImage,
+		"SANDMAN_TEMPLATE=debian", "SANDMAN_BASE_TEMPLATE=base", "SANDMAN_GVISOR_TEMPLATE=gvisor", "SANDMAN_IMAGE="+s.DebianImage,
 		"SANDMAN_SNAPSHOT_REGISTRY="+snapRepo, "SANDMAN_STATE_FILE="+state)
 	out, err := cmd.CombinedOutput()
 	t.Logf("the SDK's run:\n%s", out)
@@ -167,8 +170,9 @@ type gateway struct {
 }
 
 // startGateway runs sandman-gateway for pool p: one key for p's
-// namespace, templates "debian" (the stack's Debian image, root) and
-// "base" (E2B's base template: the same as user `user`).
+// namespace, templates "debian" (the stack's Debian image, root),
+// "base" (E2B's base template: the same as user `user`) and "gvisor" (the
+// Debian image under gVisor, whose sandboxes can be paused).
 func startGateway(t *testing.T, s *framework.Stack, p *vpool) *gateway {
 	t.Helper()
 	ctx := t.Context()
@@ -181,8 +185,9 @@ func startGateway(t *testing.T, s *framework.Stack, p *vpool) *gateway {
 	}
 	tmplJSON, _ := json.Marshal(map[string]string{"image": s.DebianImage, "cpu": "250m", "memory": "256Mi"})
 	baseJSON, _ := json.Marshal(map[string]any{"image": s.E2BBaseImage, "cpu": "250m", "memory": "256Mi", "allowPrivilegeEscalation": true})
+	gvisorJSON, _ := json.Marshal(map[string]string{"image": s.DebianImage, "cpu": "250m", "memory": "256Mi", "runtimeClassName": "gvisor"})
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "e2b-templates", Namespace: p.ns},
-		Data: map[string]string{"debian": string(tmplJSON), "base": string(baseJSON)}}
+		Data: map[string]string{"debian": string(tmplJSON), "base": string(baseJSON), "gvisor": string(gvisorJSON)}}
 	if _, err := s.Kube.CoreV1().ConfigMaps(p.ns).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,85 @@
+// Pause and resume through the official E2B SDK: a sandbox of a gVisor
+// template keeps a process's memory across pause and connect (which
+// resumes it); a runc sandbox's pause is refused, saying why. Run by
+// e2e/e2b_e2e_test.go with the other *.test.mjs files; see sdk.test.mjs for
+// the environment.
+import { test, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { Sandbox } from 'e2b'
+import { env, until } from './lib.mjs'
+
+const gvisor = env('SANDMAN_GVISOR_TEMPLATE')
+const runc = env('SANDMAN_TEMPLATE')
+
+const made = []
+after(async () => {
+  for (const s of made) await s.kill().catch(() => {})
+})
+
+// keeper holds 16 MiB of random bytes: each time /tmp/ask appears it
+// writes their digest, its pid and how many times it was asked to
+// /tmp/answer. Random bytes cannot be made again: the same digest after a
+// resume is the same memory.
+const keeper = `
+import hashlib, os, time
+data = bytearray(os.urandom(16 << 20))
+n = 0
+while True:
+    if os.path.exists("/tmp/ask"):
+        n += 1
+        with open("/tmp/answer.tmp", "w") as f:
+            f.write("%s %d %d" % (hashlib.sha256(data).hexdigest(), os.getpid(), n))
+        os.rename("/tmp/answer.tmp", "/tmp/answer")
+        os.remove("/tmp/ask")
+    time.sleep(0.05)
+`
+
+const ask = async (sbx) => {
+  await sbx.commands.run('rm -f /tmp/answer; touch /tmp/ask')
+  let answer = ''
+  await until('the keeper to answer', 30_000, async () => {
+    const r = await sbx.commands.run('cat /tmp/answer 2>/dev/null || true')
+    answer = r.stdout
+    return answer !== ''
+  }, () => answer)
+  return answer.split(' ')
+}
+
+test('pause keeps a gVisor sandbox running state; connect resumes it where it was', async (t) => {
+  const sbx = await Sandbox.create(gvisor, { timeoutMs: 300_000 })
+  made.push(sbx)
+  await sbx.files.write('/tmp/keeper.py', keeper)
+  await sbx.commands.run('python3 /tmp/keeper.py', { background: true })
+  const [digest, pid, n] = await ask(sbx)
+  assert.equal(n, '1')
+
+  let begin = Date.now()
+  assert.equal(await sbx.pause(), true, 'pause of a running sandbox')
+  t.diagnostic(`paused in ${Date.now() - begin} ms`)
+  assert.equal(await sbx.pause(), false, 'pause of a paused sandbox')
+  assert.equal((await sbx.getInfo()).state, 'paused')
+  const paused = await Sandbox.list({ query: { state: ['paused'] } }).nextItems()
+  assert.ok(paused.some((s) => s.sandboxId === sbx.sandboxId), `paused list: ${JSON.stringify(paused.map((s) => s.sandboxId))}`)
+  const running = await Sandbox.list({ query: { state: ['running'] } }).nextItems()
+  assert.ok(!running.some((s) => s.sandboxId === sbx.sandboxId), 'a paused sandbox listed as running')
+
+  begin = Date.now()
+  const back = await Sandbox.connect(sbx.sandboxId, { timeoutMs: 300_000 })
+  t.diagnostic(`connect resumed it in ${Date.now() - begin} ms`)
+  assert.equal((await back.getInfo()).state, 'running')
+  const [digest2, pid2, n2] = await ask(back)
+  assert.equal(digest2, digest, 'the memory after the resume')
+  assert.equal(pid2, pid, 'the process after the resume')
+  assert.equal(n2, '2', 'the count went on')
+  const r = await back.commands.run('echo resumed')
+  assert.equal(r.stdout, 'resumed\n')
+})
+
+test('pausing a runc sandbox is refused with the reason, and it runs on', async () => {
+  const sbx = await Sandbox.create(runc, { timeoutMs: 120_000 })
+  made.push(sbx)
+  await assert.rejects(sbx.pause(), /CRIU/)
+  assert.equal((await sbx.getInfo()).state, 'running')
+  const r = await sbx.commands.run('echo alive')
+  assert.equal(r.stdout, 'alive\n')
+})
