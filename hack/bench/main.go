@@ -50,6 +50,7 @@ var suites = []suite{
 	{"hot", false, "the mixed burst once per hot budget, about 10 minutes (BENCH_HOT_*)", benchHot},
 	{"deploy", false, "installs deploy/overlays/local: the deployed path beside host processes", benchDeploy},
 	{"snapshot", false, "prepared environments: snapshot, fork and bind, about 2.5 minutes", benchSnapshot},
+	{"pause", false, "pause and resume of gVisor sandboxes holding 64 MiB to 1 GiB, a few minutes", benchPause},
 	{"scale", false, "20,000 sandboxes, bursts and scheduler load, many minutes (BENCH_SCALE_*)", benchScale},
 }
 

@@ -1,0 +1,118 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+
+	"github.com/sandman-dev/sandman/daemon/api"
+	"github.com/sandman-dev/sandman/daemon/client"
+	"github.com/sandman-dev/sandman/runtime"
+	"github.com/sandman-dev/sandman/runtime/noderuntime"
+	"github.com/sandman-dev/sandman/runtime/runtimetest"
+)
+
+// pauseSizes are the memory a paused sandbox's process holds, in MiB.
+var pauseSizes = []int{64, 256, 1024}
+
+// benchPause: pause and resume of gVisor sandboxes whose process holds
+// 64 MiB, 256 MiB and 1 GiB, on the real node runtime, against a cold
+// gVisor bind of the same image measured in the same run (bind → first
+// exec answered): pause is Pause's return (checkpoint written, task gone),
+// resume is Resume's call to the first exec answered.
+func benchPause(cfg config) ([]row, error) {
+	be, closeEnv, err := openBenchEnv(cfg, benchNamespace)
+	if err != nil {
+		return nil, err
+	}
+	defer closeEnv()
+	env := be.env
+	ctx := namespaces.WithNamespace(context.Background(), benchNamespace)
+	image := env["DEBIAN_IMAGE"]
+	runc, runsc := env["RUNC_BIN"], env["RUNSC_BIN"]
+	if runc == "" {
+		runc = filepath.Join(env["SANDMAN_CACHE"], "runc-"+env["RUNC_VERSION"], "runc")
+	}
+	if runsc == "" {
+		runsc = filepath.Join(env["SANDMAN_CACHE"], "gvisor-"+env["GVISOR_VERSION"], "runsc")
+	}
+	n := max(3, min(cfg.n, 10))
+	cold, err := be.handlerBinds(ctx, "bench-p-cold", image, runtime.RuntimeHandlerRunsc, runc, runsc, n)
+	if err != nil {
+		return nil, fmt.Errorf("cold gVisor binds: %w", err)
+	}
+	base := cold.ready.p50()
+	rows := []row{{name: "cold gVisor bind → first exec answered (Debian)", n: len(cold.ready), p50: ms(base), p99: ms(cold.ready.p99()),
+		baseline: "-", ratio: "1.00×"}}
+	rt, stop, err := be.startRuntime(ctx, "bench-pause", func(c *noderuntime.Config) {
+		c.Slots, c.WarmSlots, c.RuncPath, c.RunscPath = 2, 1, runc, runsc
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+	for _, mib := range pauseSizes {
+		pause, resume, bytes, err := pauseResume(ctx, rt, image, mib, n)
+		if err != nil {
+			return rows, fmt.Errorf("%d MiB: %w", mib, err)
+		}
+		rate := float64(bytes) / (1 << 20) / pause.p50().Seconds()
+		rows = append(rows,
+			row{name: fmt.Sprintf("pause, process holding %d MiB", mib), n: len(pause), p50: ms(pause.p50()), p99: ms(pause.p99()),
+				baseline: "-", ratio: "-", note: fmt.Sprintf("checkpoint %d MiB, %.0f MiB/s", bytes>>20, rate)},
+			row{name: fmt.Sprintf("resume → first exec answered, %d MiB", mib), n: len(resume), p50: ms(resume.p50()), p99: ms(resume.p99()),
+				baseline: "cold gVisor bind", ratio: ratio(resume.p50(), base), note: "restore --background: memory loads after"})
+	}
+	return rows, nil
+}
+
+// pauseResume binds a gVisor sandbox whose main process holds mib MiB
+// (written, so every page is in memory), then pauses and resumes it n
+// times.
+func pauseResume(ctx context.Context, rt *noderuntime.Runtime, image string, mib, n int) (pause, resume durations, bytes int64, _ error) {
+	uid := fmt.Sprintf("bench-pause-%d", mib)
+	hold := fmt.Sprintf("import os, time\nb = bytearray(os.urandom(1 << 20)) * %d\nopen('/tmp/held', 'w').write('1')\ntime.sleep(1e9)\n", mib)
+	req := runtimetest.Request(uid, image, "python3", "-c", hold)
+	req.RuntimeHandler = runtime.RuntimeHandlerRunsc
+	req.Containers[0].Limits.MemoryBytes = int64(mib+512) << 20
+	slot, err := rt.Bind(ctx, req)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	defer func() { _ = rt.Release(context.WithoutCancel(ctx), uid, 0) }()
+	c, err := client.New(slot.IP+":49983", client.WithToken(runtimetest.Token), client.WithRetries(0))
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	answered := func(cmd ...string) error {
+		for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			if r, err := c.Exec(ctx, api.ExecRequest{Cmd: cmd}); err == nil && r.ExitCode == 0 {
+				return nil
+			}
+		}
+		return fmt.Errorf("%s: %v not answered in 2 minutes", uid, cmd)
+	}
+	if err := answered("test", "-f", "/tmp/held"); err != nil {
+		return nil, nil, 0, err
+	}
+	for range n {
+		start := time.Now()
+		res, err := rt.Pause(ctx, uid)
+		if err != nil {
+			return nil, nil, 0, err
+		}
+		pause, bytes = append(pause, time.Since(start)), res.Bytes
+		start = time.Now()
+		if err := rt.Resume(ctx, uid); err != nil {
+			return nil, nil, 0, err
+		}
+		if err := answered("true"); err != nil {
+			return nil, nil, 0, err
+		}
+		resume = append(resume, time.Since(start))
+	}
+	return pause, resume, bytes, nil
+}
