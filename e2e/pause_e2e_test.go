@@ -157,3 +157,59 @@ func TestPauseResume(t *testing.T) {
 		return err == nil && len(b) == 1, nil
 	})
 }
+
+// TestAutoPause: on a pool that pauses idle gVisor sandboxes
+// (--auto-pause-after), a sandbox whose main process holds memory and
+// serves a port is paused once nobody calls its daemon (its pod says
+// sandman.io/pause=idle, Paused), and the next kubectl exec resumes it
+// transparently: the exec answers, the process answers with the same
+// memory, and the pod runs again.
+func TestAutoPause(t *testing.T) {
+	s := framework.Get(t)
+	needRunsc(t, s)
+	ensureRuntimeClass(t, s, "gvisor", runtime.RuntimeHandlerRunsc)
+	p := startPoolWith(t, s, poolOptions{agents: 1, slots: 2,
+		vkArgs: func(*vpool) []string { return []string{"--auto-pause-after", "3s", "--reconcile-interval", "1s"} }})
+	p.create(p.newPod("napper", s.DebianImage, func(pod *corev1.Pod) {
+		pod.Spec.RuntimeClassName = ptr.To("gvisor")
+		pod.Spec.Containers[0].Command = []string{"python3", "-c", statefulServer64}
+		pod.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 8080}}
+	}))
+	napper := p.waitPod("napper", 3*time.Minute, "Ready", podReady)
+	ask := func() (string, error) {
+		c, err := net.DialTimeout("tcp", napper.Status.PodIP+":8080", 5*time.Second)
+		if err != nil {
+			return "", err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+		return bufio.NewReader(c).ReadString('\n')
+	}
+	var before string
+	framework.Eventually(t, 2*time.Minute, "the stateful server", func(ctx context.Context) (bool, error) {
+		var err error
+		before, err = ask()
+		return err == nil, nil
+	})
+	p.waitPod("napper", time.Minute, "paused after sitting idle", func(pod *corev1.Pod) bool {
+		return pod.Annotations[podcontract.AnnotationPause] == podcontract.PauseIdle && pod.Status.Reason == podcontract.ReasonPaused
+	})
+	begin := time.Now()
+	out, errOut, code := kubectl(t, s, "", "-n", p.ns, "exec", "napper", "--", "echo", "awake")
+	if code != 0 || out != "awake\n" {
+		t.Fatalf("kubectl exec of the paused sandbox: %d %q %q", code, out, errOut)
+	}
+	t.Logf("kubectl exec of an idle-paused sandbox answered in %v", time.Since(begin).Round(time.Millisecond))
+	after, err := ask()
+	if err != nil {
+		t.Fatalf("the resumed server: %v", err)
+	}
+	b, a := strings.Fields(before), strings.Fields(after)
+	if len(a) != 3 || len(b) != 3 || a[0] != b[0] || a[1] != b[1] {
+		t.Fatalf("before the pause the server said %q, after %q: want the same digest and pid", before, after)
+	}
+	p.waitPod("napper", time.Minute, "running, its annotation gone", func(pod *corev1.Pod) bool {
+		_, has := pod.Annotations[podcontract.AnnotationPause]
+		return !has && podReady(pod)
+	})
+}

@@ -28,7 +28,30 @@ import (
 // pauseWait bounds how long a pause or resume call waits for the sandbox.
 const pauseWait = 2 * time.Minute
 
-func paused(pod *corev1.Pod) bool { return pod.Annotations[podcontract.AnnotationPause] == "true" }
+// paused says whether a sandbox is paused (or being paused): by a call,
+// or by its virtual node after it sat idle.
+func paused(pod *corev1.Pod) bool {
+	v := pod.Annotations[podcontract.AnnotationPause]
+	return v == "true" || v == podcontract.PauseIdle
+}
+
+// resumeIdle resumes a sandbox its virtual node paused after it sat idle
+// (sandman-vk --auto-pause-after) when traffic for it arrives, and returns
+// it running; other pods are returned as they are.
+func (g *Gateway) resumeIdle(ctx context.Context, pod *corev1.Pod) *corev1.Pod {
+	if pod.Annotations[podcontract.AnnotationPause] != podcontract.PauseIdle {
+		return pod
+	}
+	key := Key{Namespace: pod.Namespace}
+	if err := g.resume(ctx, key, pod, nil); err != nil {
+		g.log.Warn("resume of an idle-paused sandbox for its traffic", "sandbox", pod.Name, "err", err)
+		return pod
+	}
+	if cur, err := g.cfg.Client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{}); err == nil {
+		return cur
+	}
+	return pod
+}
 
 // servePause is POST /sandboxes/{id}/pause {memory}: 204 once paused, 409
 // when it already is.

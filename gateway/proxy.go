@@ -284,7 +284,7 @@ func (g *Gateway) route(ctx context.Context, id, token string, check podCheck) (
 		case matched > 1 && token == "":
 			return nil, routeRefused // which one? only a token tells
 		case found != nil:
-			return found, routed
+			return g.resumeIdle(ctx, found), routed
 		case refused && !waiting:
 			return nil, routeRefused
 		case !waiting && (seen || g.tomb.has(id)):

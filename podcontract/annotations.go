@@ -60,6 +60,12 @@ const (
 // pod's ConditionPaused says where it is.
 const AnnotationPause = "sandman.io/pause"
 
+// PauseIdle as AnnotationPause: the virtual node paused the sandbox after
+// it sat idle (sandman-vk --auto-pause-after); the next call that reaches
+// it through the virtual node (kubectl exec) or sandman-gateway resumes it.
+// "true", set by a person or a trainer, is resumed only by removing it.
+const PauseIdle = "idle"
+
 // AnnotationSnapshots names the snapshots taken of a pod: a JSON list of
 // vk/api's SnapshotRecord, newest last, at most vk/api's
 // MaxSnapshotRecords (the oldest dropped). The virtual node writes it after

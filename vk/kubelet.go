@@ -123,6 +123,9 @@ func (p *Provider) callPod(namespace, podName, container string, call func(*clie
 // runs through the daemon's attach endpoint, on a terminal with -t, with
 // stdin with -i; its exit code comes back as kubectl's.
 func (p *Provider) RunInContainer(ctx context.Context, namespace, podName, containerName string, cmd []string, attach api.AttachIO) error {
+	if err := p.resumeForCall(ctx, namespace, podName); err != nil {
+		return err
+	}
 	if _, err := p.daemonFor(namespace, podName, containerName); err != nil {
 		return err
 	}

@@ -156,10 +156,14 @@ func (p *Provider) checkIdle(ctx context.Context) {
 			pausedIdle = append(pausedIdle, due{uid: uid, pod: sb.pod, timeout: now.Sub(sb.pauseSince)})
 			continue
 		}
-		if !sb.isReady || sb.terminal() || sb.deleting || sb.idleTimeout <= 0 || now.Before(sb.nextIdleCheck) {
+		timeout := sb.idleTimeout
+		if p.autoPauses(sb) && (timeout <= 0 || p.cfg.AutoPauseAfter < timeout) {
+			timeout = p.cfg.AutoPauseAfter
+		}
+		if !sb.isReady || sb.terminal() || sb.deleting || timeout <= 0 || now.Before(sb.nextIdleCheck) {
 			continue
 		}
-		list = append(list, due{uid: uid, ip: sb.slot.IP, pod: sb.pod, timeout: sb.idleTimeout, key: sb.controlKey})
+		list = append(list, due{uid: uid, ip: sb.slot.IP, pod: sb.pod, timeout: timeout, key: sb.controlKey})
 	}
 	p.mu.Unlock()
 	for _, d := range pausedIdle {
@@ -186,7 +190,17 @@ func (p *Provider) checkIdle(ctx context.Context) {
 				p.mu.Unlock()
 				return
 			}
-			p.reclaimIdle(ctx, d.pod, idle)
+			p.mu.Lock()
+			sb := p.byUID[d.uid]
+			reclaim := sb != nil && sb.idleTimeout > 0 && idle >= sb.idleTimeout
+			pause := sb != nil && !reclaim && p.autoPauses(sb) && !wantPaused(sb.pod)
+			p.mu.Unlock()
+			switch {
+			case reclaim:
+				p.reclaimIdle(ctx, d.pod, idle)
+			case pause:
+				p.autoPause(ctx, d.pod, idle)
+			}
 		}()
 	}
 	wg.Wait()
@@ -247,4 +261,10 @@ func (p *Provider) nodeOf(uid types.UID) string {
 		return sb.node
 	}
 	return ""
+}
+
+// autoPauses says whether the sandbox is one AutoPauseAfter pauses: a
+// gVisor pod of one container, with the control plane's token to ask it.
+func (p *Provider) autoPauses(sb *sandbox) bool {
+	return p.cfg.AutoPauseAfter > 0 && sb.req.GVisor() && len(sb.req.Containers) == 1 && !sb.paused && sb.pauseOp == "" && !sb.pauseRefused
 }

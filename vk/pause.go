@@ -2,11 +2,14 @@ package vk
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
 	"github.com/containerd/errdefs"
+	vkerrdefs "github.com/virtual-kubelet/virtual-kubelet/errdefs"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -26,9 +29,89 @@ const pauseTimeout = 5 * time.Minute
 // before it is tried again.
 const resumeRetry = 2 * time.Second
 
-// wantPaused reports whether the pod asks for its sandbox paused.
+// wantPaused reports whether the pod asks for its sandbox paused (by
+// hand, or by the virtual node after it sat idle).
 func wantPaused(pod *corev1.Pod) bool {
-	return pod.Annotations[podcontract.AnnotationPause] == "true"
+	v := pod.Annotations[podcontract.AnnotationPause]
+	return v == "true" || v == podcontract.PauseIdle
+}
+
+// autoPause asks for a sandbox idle for idle to be paused: its pod's
+// AnnotationPause becomes PauseIdle, guarded by its UID and resource
+// version (a pod changed meanwhile is left alone until the next check).
+func (p *Provider) autoPause(ctx context.Context, pod *corev1.Pod, idle time.Duration) {
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
+		"uid": pod.UID, "resourceVersion": pod.ResourceVersion,
+		"annotations": map[string]string{podcontract.AnnotationPause: podcontract.PauseIdle},
+	}})
+	_, err := p.cfg.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		p.log.Warn("auto-pause", "pod", podKey(pod.Namespace, pod.Name), "err", err)
+		return
+	}
+	if err == nil {
+		p.log.Info("auto-pause", "pod", podKey(pod.Namespace, pod.Name), "idle", idle)
+	}
+}
+
+// resumeForCall makes sure the sandbox a call through the virtual node
+// (kubectl exec, port-forward) goes to is running: one the virtual node
+// paused after it sat idle is resumed first (its annotation removed, then
+// waited for until Ready); one paused by hand is an error saying so.
+func (p *Provider) resumeForCall(ctx context.Context, namespace, name string) error {
+	p.mu.Lock()
+	sb := p.byUID[p.byKey[podKey(namespace, name)]]
+	if sb == nil || sb.terminal() || !sb.paused && sb.pauseOp == "" {
+		p.mu.Unlock()
+		return nil
+	}
+	pod := sb.pod
+	p.mu.Unlock()
+	if pod.Annotations[podcontract.AnnotationPause] != podcontract.PauseIdle {
+		if !wantPaused(pod) {
+			return p.waitRunning(ctx, namespace, name) // resuming already
+		}
+		return vkerrdefs.InvalidInputf("pod %s/%s is paused (%s=%s): resume it first (sandmanctl resume, or remove the annotation)",
+			namespace, name, podcontract.AnnotationPause, pod.Annotations[podcontract.AnnotationPause])
+	}
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
+		"uid": pod.UID, "annotations": map[string]any{podcontract.AnnotationPause: nil},
+	}})
+	if _, err := p.cfg.Client.CoreV1().Pods(namespace).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("resume pod %s/%s, paused after it sat idle: %w", namespace, name, err)
+	}
+	p.log.Info("auto-resume", "pod", podKey(namespace, name))
+	return p.waitRunning(ctx, namespace, name)
+}
+
+// waitRunning waits until a resuming sandbox is Ready again.
+func (p *Provider) waitRunning(ctx context.Context, namespace, name string) error {
+	ctx, cancel := context.WithTimeout(ctx, pauseTimeout)
+	defer cancel()
+	for {
+		p.mu.Lock()
+		sb := p.byUID[p.byKey[podKey(namespace, name)]]
+		var done bool
+		var why string
+		switch {
+		case sb == nil || sb.terminal():
+			done, why = true, "it ended"
+		case !sb.paused && sb.pauseOp == "" && sb.isReady:
+			done = true
+		}
+		p.mu.Unlock()
+		if done && why != "" {
+			return vkerrdefs.InvalidInputf("pod %s/%s: %s while it was resumed", namespace, name, why)
+		}
+		if done {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pod %s/%s: not resumed: %w", namespace, name, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
 
 // reconcilePauseLocked starts a pause or a resume when the pod asks for

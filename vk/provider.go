@@ -67,6 +67,11 @@ type Config struct {
 	// still tried; a change of the current key re-keys running sandboxes
 	// (rekey.go). Nil: none.
 	ControlKeys *ControlKeys
+	// AutoPauseAfter pauses a gVisor sandbox that has been idle that long
+	// (no daemon call, nothing running; asked at each reconcile) instead
+	// of leaving it to hold its slot's memory: its pod's AnnotationPause
+	// becomes PauseIdle, and the next kubectl exec resumes it. 0: off.
+	AutoPauseAfter time.Duration
 	// ReconcileInterval is how often slots and pods are compared (default
 	// 10 s); OrphanGrace how long a slot whose pod is gone is kept before
 	// it is released (default 30 s).
