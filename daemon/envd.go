@@ -52,7 +52,7 @@ func (e envdSandbox) Init(env map[string]string, dir string) {
 	}
 }
 
-func (e envdSandbox) Touch() { e.s.touch() }
+func (e envdSandbox) Call() (done func()) { return e.s.call() }
 
 func (e envdSandbox) Command(argv []string, env map[string]string, cwd string) (*exec.Cmd, error) {
 	return e.s.command(commandSpec{argv: argv, env: env, cwd: cwd})

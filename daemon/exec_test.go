@@ -358,6 +358,10 @@ func TestIdleSeconds(t *testing.T) {
 	if hl, _ = h.client.Health(ctx); hl.IdleSeconds != 0 || hl.Running != 1 {
 		t.Fatalf("with a process running: %+v", hl)
 	}
+	// The time since the last call goes on, whatever runs.
+	if hl.CallIdleSeconds != 3600 {
+		t.Fatalf("call idle with a process running = %v, want 3600", hl.CallIdleSeconds)
+	}
 	if _, err := h.client.KillProcess(ctx, p.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -368,5 +372,40 @@ func TestIdleSeconds(t *testing.T) {
 	now = now.Add(3 * time.Second)
 	if hl, _ = h.client.Health(ctx); hl.IdleSeconds != 3 {
 		t.Fatalf("after renew: idle = %v, want 3", hl.IdleSeconds)
+	}
+}
+
+// TestCallIdleSeconds: a call in progress keeps the time since the last
+// call at 0; its end starts it again.
+func TestCallIdleSeconds(t *testing.T) {
+	h := newHarness(t)
+	ctx := t.Context()
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.client.Exec(ctx, api.ExecRequest{Cmd: []string{"sleep", "1"}})
+		done <- err
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		hl, err := h.client.Health(ctx)
+		if err == nil && hl.Running == 1 {
+			if hl.CallIdleSeconds != 0 {
+				t.Fatalf("call idle during an exec = %v, want 0", hl.CallIdleSeconds)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the exec never ran")
+		}
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if hl, err := h.client.Health(ctx); err == nil && hl.CallIdleSeconds > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("call idle stayed 0 after the exec ended")
+		}
 	}
 }

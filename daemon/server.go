@@ -85,8 +85,10 @@ type Server struct {
 	log     *slog.Logger
 	handler http.Handler
 
-	// lastActivity is the unix-nano time of the last authenticated call.
+	// lastActivity is the unix-nano time of the last authenticated call
+	// (its start and its end); calls counts those in progress.
 	lastActivity atomic.Int64
+	calls        atomic.Int32
 
 	// procs starts, tracks and stops every child: execs, background
 	// processes (v1's and envd's, one table), sessions, attaches.
@@ -257,7 +259,7 @@ func (s *Server) recoverPanics(next http.Handler) http.Handler {
 // authenticated checks the bearer token and records the call as activity.
 func (s *Server) authenticated(h http.HandlerFunc) http.Handler {
 	return s.checkToken(func(w http.ResponseWriter, r *http.Request) {
-		s.touch()
+		defer s.call()()
 		h(w, r)
 	})
 }
@@ -300,6 +302,27 @@ func (s *Server) authorized(r *http.Request) bool {
 
 func (s *Server) touch() { s.lastActivity.Store(s.cfg.Now().UnixNano()) }
 
+// call records an authenticated call's start as activity and counts it in
+// progress until done is called, which records its end too.
+func (s *Server) call() (done func()) {
+	s.touch()
+	s.calls.Add(1)
+	return func() {
+		s.calls.Add(-1)
+		s.touch()
+	}
+}
+
+// CallIdleSeconds is the time since the last authenticated call ended, or
+// 0 while one is in progress, whatever the sandbox's processes do.
+func (s *Server) CallIdleSeconds() float64 {
+	if s.calls.Load() > 0 {
+		return 0
+	}
+	d := s.cfg.Now().Sub(time.Unix(0, s.lastActivity.Load()))
+	return max(d.Seconds(), 0)
+}
+
 // IdleSeconds is the time since the last authenticated call, or 0 while an
 // exec, background process or session run is in progress.
 func (s *Server) IdleSeconds() float64 {
@@ -322,7 +345,7 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, api.Health{
-		Status: status, Version: s.cfg.Version, IdleSeconds: s.IdleSeconds(), Running: s.procs.Running(),
+		Status: status, Version: s.cfg.Version, IdleSeconds: s.IdleSeconds(), CallIdleSeconds: s.CallIdleSeconds(), Running: s.procs.Running(),
 		MainRestarts: int(s.mainRestarts.Load()),
 	})
 }
@@ -330,7 +353,7 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 // renew is an explicit keep-alive: the call itself counts as activity.
 func (s *Server) renew(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, api.Health{
-		Status: "ok", Version: s.cfg.Version, IdleSeconds: s.IdleSeconds(), Running: s.procs.Running(),
+		Status: "ok", Version: s.cfg.Version, IdleSeconds: s.IdleSeconds(), CallIdleSeconds: s.CallIdleSeconds(), Running: s.procs.Running(),
 	})
 }
 

@@ -182,24 +182,30 @@ func (p *Provider) checkIdle(ctx context.Context) {
 				return // unreachable now, or no key taken: asked again next round
 			}
 			idle := time.Duration(h.IdleSeconds * float64(time.Second))
-			if idle < d.timeout {
-				p.mu.Lock()
-				if sb := p.byUID[d.uid]; sb != nil {
-					sb.nextIdleCheck = now.Add(max(time.Second, d.timeout-idle))
-				}
-				p.mu.Unlock()
-				return
-			}
+			// Auto-pause waits for no call, whatever runs (the processes
+			// go on after the resume).
+			callIdle := time.Duration(h.CallIdleSeconds * float64(time.Second))
 			p.mu.Lock()
 			sb := p.byUID[d.uid]
 			reclaim := sb != nil && sb.idleTimeout > 0 && idle >= sb.idleTimeout
-			pause := sb != nil && !reclaim && p.autoPauses(sb) && !wantPaused(sb.pod)
+			pauses := sb != nil && !reclaim && p.autoPauses(sb) && !wantPaused(sb.pod)
+			pause := pauses && callIdle >= p.cfg.AutoPauseAfter
+			if sb != nil && !reclaim && !pause {
+				next := time.Duration(1<<62)
+				if sb.idleTimeout > 0 {
+					next = sb.idleTimeout - idle
+				}
+				if pauses {
+					next = min(next, p.cfg.AutoPauseAfter-callIdle)
+				}
+				sb.nextIdleCheck = now.Add(max(time.Second, next))
+			}
 			p.mu.Unlock()
 			switch {
 			case reclaim:
 				p.reclaimIdle(ctx, d.pod, idle)
 			case pause:
-				p.autoPause(ctx, d.pod, idle)
+				p.autoPause(ctx, d.pod, callIdle)
 			}
 		}()
 	}

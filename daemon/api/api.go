@@ -41,6 +41,10 @@ type Health struct {
 	Status      string  `json:"status"`
 	Version     string  `json:"version"`
 	IdleSeconds float64 `json:"idle_seconds"`
+	// CallIdleSeconds is the time since the last authenticated call ended
+	// (0 while one is in progress), whatever the sandbox's processes do:
+	// what the virtual node's auto-pause waits for.
+	CallIdleSeconds float64 `json:"call_idle_seconds"`
 	// Running counts execs, background processes and session runs in progress.
 	Running int `json:"running"`
 	// MainRestarts counts restarts of the main process (its restart policy).

@@ -48,8 +48,8 @@ type Sandbox interface {
 	// Init sets env over the environment and, unless "", makes dir the
 	// working directory.
 	Init(env map[string]string, dir string)
-	// Touch records activity.
-	Touch()
+	// Call records a call's start as activity; done records its end.
+	Call() (done func())
 	// Command builds the command that runs argv with env over the
 	// sandbox's environment in cwd, in a process group of its own. Its
 	// errors carry the v1 API's code (see apiCoded).
@@ -123,7 +123,7 @@ func (s *Service) authenticated(h http.Handler) http.Handler {
 		if u, _, ok := basicUser(r); ok {
 			user = u
 		}
-		s.sandbox.Touch()
+		defer s.sandbox.Call()()
 		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), userKey{}, user)))
 	})
 }
