@@ -37,12 +37,11 @@ func wantPaused(pod *corev1.Pod) bool {
 }
 
 // autoPause asks for a sandbox idle for idle to be paused: its pod's
-// AnnotationPause becomes PauseIdle, guarded by its UID and resource
-// version (a pod changed meanwhile is left alone until the next check).
+// AnnotationPause becomes PauseIdle (the patch names the pod's UID: a new
+// pod of the same name is left alone).
 func (p *Provider) autoPause(ctx context.Context, pod *corev1.Pod, idle time.Duration) {
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
-		"uid": pod.UID, "resourceVersion": pod.ResourceVersion,
-		"annotations": map[string]string{podcontract.AnnotationPause: podcontract.PauseIdle},
+		"uid": pod.UID, "annotations": map[string]string{podcontract.AnnotationPause: podcontract.PauseIdle},
 	}})
 	_, err := p.cfg.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
