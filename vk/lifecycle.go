@@ -191,7 +191,7 @@ func (p *Provider) checkIdle(ctx context.Context) {
 			pauses := sb != nil && !reclaim && p.autoPauses(sb) && !wantPaused(sb.pod)
 			pause := pauses && callIdle >= p.cfg.AutoPauseAfter
 			if sb != nil && !reclaim && !pause {
-				next := time.Duration(1<<62)
+				next := time.Duration(1 << 62)
 				if sb.idleTimeout > 0 {
 					next = sb.idleTimeout - idle
 				}
