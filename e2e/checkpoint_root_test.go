@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -188,7 +189,7 @@ func TestRootGVisorPauseResume(t *testing.T) {
 	if _, err := rt.Pause(ctx, "pr-gvisor"); err != nil {
 		t.Fatalf("second pause: %v", err)
 	}
-	dirs, _ := filepath.Glob(filepath.Join(framework.StateDir(), "test-runtimes", "*", "slots", g.ID, "checkpoint"))
+	dirs, _ := filepath.Glob(filepath.Join(framework.StateDir(), "test-runtimes", "*", "checkpoints", g.ID))
 	if len(dirs) != 1 {
 		t.Fatalf("checkpoint directories of slot %s: %v", g.ID, dirs)
 	}
@@ -206,11 +207,67 @@ func TestRootGVisorPauseResume(t *testing.T) {
 			t.Fatalf("release %s: %v", uid, err)
 		}
 	}
-	if _, err := os.Stat(filepath.Dir(dirs[0]) + "/paused.json"); !os.IsNotExist(err) {
-		t.Errorf("the released paused slot keeps its marker: %v", err)
+	markers, _ := filepath.Glob(filepath.Join(framework.StateDir(), "test-runtimes", "*", "slots", g.ID, "paused.json"))
+	if len(markers) != 0 {
+		t.Errorf("the released paused slot keeps its marker: %v", markers)
 	}
 	framework.Eventually(t, time.Minute, "the slots warm again", func(ctx context.Context) (bool, error) {
 		inv, err := rt.Inventory(ctx)
 		return err == nil && inv.Count()[runtime.StateWarm] == 3, err
 	})
+}
+
+// TestRootGVisorPauseDiskFull: a pause whose checkpoint fills the disk
+// (a 16 MiB tmpfs for a sandbox holding 64 MiB) fails as ResourceExhausted
+// saying so, removes what it wrote, and leaves the sandbox running: the
+// same process, its daemon answering, its slot bound.
+func TestRootGVisorPauseDiskFull(t *testing.T) {
+	s := framework.Get(t)
+	needRunsc(t, s)
+	ctx := t.Context()
+	dir := filepath.Join(t.TempDir(), "checkpoints")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=16m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) })
+	rt := newContainerdRuntime(t, s, 2, 1, func(c *noderuntime.Config) {
+		c.RuncPath, c.RunscPath, c.CheckpointDir = s.RuncBin, s.RunscBin, dir
+	})
+	req := runtimetest.Request("full-1", s.DebianImage, "python3", "-c",
+		"import os, time\nb = bytearray(os.urandom(1 << 20)) * 64\nopen('/tmp/held', 'w').write(str(os.getpid()))\ntime.sleep(1e9)\n")
+	req.RuntimeHandler = runtime.RuntimeHandlerRunsc
+	slot, err := rt.Bind(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pid string
+	framework.Eventually(t, time.Minute, "the process holding 64 MiB", func(ctx context.Context) (bool, error) {
+		out, err := sandboxExec(ctx, slot, runtimetest.Token, "cat", "/tmp/held")
+		pid = out
+		return err == nil && out != "", nil
+	})
+	_, err = rt.Pause(ctx, "full-1")
+	if !errdefs.IsResourceExhausted(err) || !strings.Contains(err.Error(), "disk is full") {
+		t.Fatalf("pause onto a full disk: %v, want ResourceExhausted saying the disk is full", err)
+	}
+	t.Logf("pause onto a full disk: %v", err)
+	if left, _ := os.ReadDir(dir); len(left) != 0 {
+		t.Errorf("the failed checkpoint left %d entries", len(left))
+	}
+	inv, _ := rt.Inventory(ctx)
+	for _, sl := range inv.Slots {
+		if sl.Pod != nil && sl.Pod.UID == "full-1" && sl.State != runtime.StateBound {
+			t.Errorf("after the failed pause the slot is %s", sl.State)
+		}
+	}
+	out, err := sandboxExec(ctx, slot, runtimetest.Token, "sh", "-c", "kill -0 "+pid+" && echo alive")
+	if err != nil || out != "alive\n" {
+		t.Fatalf("the sandbox after the failed pause: %q, %v", out, err)
+	}
+	if err := rt.Release(ctx, "full-1", 0); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -44,6 +44,7 @@ type options struct {
 	userNSBase                                  uint
 	snapshotRegistry, snapshotPushConfig        string
 	snapshotScratchDir                          string
+	checkpointDir                               string
 	snapshotRepositories                        []string
 	hotSlots                                    string
 	hotBudget                                   int
@@ -103,6 +104,7 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 		}
 		return nil
 	})
+	fs.StringVar(&o.checkpointDir, "checkpoint-dir", "", "where paused gVisor sandboxes' checkpoints are kept, about their memory's size each (default <state-dir>/checkpoints)")
 	fs.StringVar(&o.snapshotScratchDir, "snapshot-scratch-dir", "", "where a snapshot's uncompressed changes are written while the sandbox is frozen, then compressed (default <state-dir>/snapshots)")
 	fs.StringVar(&o.hostsDir, "registry-hosts-dir", "", "per-registry settings in containerd's hosts.toml layout (<dir>/<host>/hosts.toml: mirrors, plain HTTP, CA, skip_verify)")
 	fs.Func("prepull", "image kept unpacked on this node (repeatable, or comma-separated)", func(v string) error {

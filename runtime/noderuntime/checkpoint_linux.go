@@ -21,10 +21,12 @@ import (
 
 // Pause and resume (runtime.Checkpointer) of gVisor sandboxes.
 //
-// Pause runs `runsc checkpoint` (through the wrapper, so with the node's
-// runsc flags) on the pod's container: the Sentry writes the sandbox's
-// whole state — its processes, memory, open files, listening sockets — to
-// <slot>/checkpoint, uncompressed, and exits. The task is deleted; the
+// Pause stops the sandbox's tasks (containerd's Pause: runsc pause) and
+// runs `runsc checkpoint --leave-running` (through the wrapper, so with the
+// node's runsc flags) on the pod's container: the Sentry writes the
+// sandbox's whole state — its processes, memory, open files, listening
+// sockets — to <CheckpointDir>/<slot>, uncompressed; then the stopped
+// sandbox's Sentry is killed. A checkpoint that fails lets it run again. The task is deleted; the
 // container and its snapshot (the sandbox's filesystem, which gVisor keeps
 // in the snapshot's upper directory, --overlay2=none) stay, and so does the
 // slot with its network namespace and address. A marker, <slot>/paused.json,
@@ -49,7 +51,8 @@ const checkpointTimeout = 5 * time.Minute
 // resumed, holding its checkpoint's path.
 func (r *Runtime) restoreDir() string { return filepath.Join(r.cfg.StateDir, "runsc", "restore") }
 
-func checkpointDir(slotDir string) string { return filepath.Join(slotDir, "checkpoint") }
+// checkpointDir is where a slot's checkpoint goes.
+func (r *Runtime) checkpointDir(s *slot) string { return filepath.Join(r.cfg.CheckpointDir, s.ID) }
 
 func pausedFile(slotDir string) string { return filepath.Join(slotDir, "paused.json") }
 
@@ -60,12 +63,12 @@ type pausedMeta struct {
 }
 
 // removeCheckpoint removes a slot's checkpoint and its paused marker.
-func removeCheckpoint(slotDir string) error {
-	err := os.Remove(pausedFile(slotDir))
+func (r *Runtime) removeCheckpoint(s *slot) error {
+	err := os.Remove(pausedFile(s.dir))
 	if errors.Is(err, fs.ErrNotExist) {
 		err = nil
 	}
-	return errors.Join(err, os.RemoveAll(checkpointDir(slotDir)))
+	return errors.Join(err, os.RemoveAll(r.checkpointDir(s)))
 }
 
 // Pause implements runtime.Checkpointer.
@@ -137,26 +140,50 @@ func (r *Runtime) Pause(ctx context.Context, uid string) (_ runtime.PauseResult,
 	if err != nil {
 		return runtime.PauseResult{}, fmt.Errorf("pause %s: %w", uid, err)
 	}
-	dir := checkpointDir(s.dir)
-	if err := removeCheckpoint(s.dir); err != nil {
+	dir := r.checkpointDir(s)
+	if err := r.removeCheckpoint(s); err != nil {
 		return runtime.PauseResult{}, fmt.Errorf("pause %s: remove an old checkpoint: %w", uid, err)
 	}
+	// A checkpoint is the sandbox's memory: root's alone.
+	if err := os.MkdirAll(r.cfg.CheckpointDir, 0o700); err != nil {
+		return runtime.PauseResult{}, fmt.Errorf("pause %s: %w", uid, err)
+	}
+	// The sandbox is stopped first (runsc pause: its tasks stop, the
+	// Sentry runs) and checkpointed leaving it so: a checkpoint that fails
+	// leaves it to run on, and one that succeeds leaves it stopped at the
+	// moment its state was written, until it is killed.
+	if err := task.Pause(cctx); err != nil {
+		return runtime.PauseResult{}, fmt.Errorf("pause %s: stop the sandbox's tasks: %w", uid, err)
+	}
 	out, err := exec.CommandContext(cctx, r.runscWrapper(), "--root", filepath.Join(runcRoot, r.cfg.Namespace),
-		"checkpoint", "--compression=none", "--image-path", dir, id).CombinedOutput()
+		"checkpoint", "--leave-running", "--compression=none", "--image-path", dir, id).CombinedOutput()
 	if err != nil {
 		_ = os.RemoveAll(dir)
-		msg := runscMessage(out, err)
-		if diskFull(errors.New(msg)) {
-			return runtime.PauseResult{}, fmt.Errorf("pause %s: the node's disk is full: %s: %w", uid, msg, errdefs.ErrResourceExhausted)
+		if rerr := task.Resume(context.WithoutCancel(cctx)); rerr != nil {
+			r.log.Error("pause failed and the sandbox could not be let run again", "pod", uid, "err", rerr)
 		}
+		if diskFull(errors.New(string(out))) {
+			return runtime.PauseResult{}, fmt.Errorf("pause %s: the node's disk is full (no space left on device in %s): %w", uid, r.cfg.CheckpointDir, errdefs.ErrResourceExhausted)
+		}
+		msg := runscMessage(out, err)
 		return runtime.PauseResult{}, fmt.Errorf("pause %s: runsc checkpoint: %s", uid, msg)
 	}
-	// The Sentry exits once its state is written.
+	// The Sentry (the task's process on the node) is killed while the
+	// sandbox's tasks are stopped: nothing runs after its state was
+	// written. (A kill through runsc is not delivered to stopped tasks.)
+	if pid := task.Pid(); pid > 0 {
+		_ = syscall.Kill(int(pid), syscall.SIGKILL)
+	}
 	select {
 	case <-exit:
 	case <-cctx.Done():
-		_ = task.Kill(context.WithoutCancel(ctx), syscall.SIGKILL)
-		<-exit
+		return runtime.PauseResult{}, fmt.Errorf("pause %s: the checkpointed sandbox did not end: %w", uid, cctx.Err())
+	}
+	// runsc still has the container as paused, which the shim's delete
+	// refuses without force: it is removed first.
+	if out, err := exec.CommandContext(cctx, r.runscWrapper(), "--root", filepath.Join(runcRoot, r.cfg.Namespace),
+		"delete", "--force", id).CombinedOutput(); err != nil {
+		r.log.Warn("pause: runsc delete of the checkpointed sandbox", "pod", uid, "err", runscMessage(out, err))
 	}
 	if _, err := task.Delete(cctx); err != nil && !errdefs.IsNotFound(err) {
 		// The sandbox is gone, its checkpoint kept: the pause stands.
@@ -235,7 +262,7 @@ func (r *Runtime) Resume(ctx context.Context, uid string) (retErr error) {
 		s.earlyExits = nil
 		r.log.Info("resumed", "pod", uid, "slot", s.ID, "took", time.Since(begin))
 	}()
-	dir := checkpointDir(s.dir)
+	dir := r.checkpointDir(s)
 	if _, err := os.Stat(filepath.Join(dir, "checkpoint.img")); err != nil {
 		return fmt.Errorf("resume %s: its checkpoint is gone (%v): %w", uid, err, errdefs.ErrDataLoss)
 	}
@@ -263,21 +290,25 @@ func (r *Runtime) Resume(ctx context.Context, uid string) (retErr error) {
 		return fmt.Errorf("resume %s: runsc restore: %v: %w", uid, err, errdefs.ErrDataLoss)
 	}
 	// The Sentry holds the files it still reads in.
-	if err := removeCheckpoint(s.dir); err != nil {
+	if err := r.removeCheckpoint(s); err != nil {
 		r.log.Warn("resume: remove the checkpoint", "pod", uid, "err", err)
 	}
 	r.watchReady(s, uid, nil)
 	return nil
 }
 
-// runscMessage is the gist of a failed runsc command: its last line of
-// output, else the error.
+// runscMessage is the gist of a failed runsc command: the first line of
+// its output (runsc says what failed first, then may dump goroutines and
+// objects), cut to 300 bytes, else the error.
 func runscMessage(out []byte, err error) string {
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	if last := strings.TrimSpace(lines[len(lines)-1]); last != "" {
-		return last
+	first, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
+	if first == "" {
+		return err.Error()
 	}
-	return err.Error()
+	if len(first) > 300 {
+		first = first[:300] + "…"
+	}
+	return first
 }
 
 // dirSize is the size of the regular files under dir.

@@ -98,6 +98,10 @@ type Config struct {
 	// they are compressed (default <StateDir>/snapshots): as large as what
 	// the sandbox wrote, briefly.
 	SnapshotScratchDir string
+	// CheckpointDir holds paused sandboxes' checkpoints, a directory per
+	// slot (default <StateDir>/checkpoints): each about as large as its
+	// sandbox's memory, for as long as it is paused.
+	CheckpointDir string
 	// ImageCacheBytes is the disk budget for images; least recently used
 	// images no slot uses are removed above it (0: no budget).
 	ImageCacheBytes int64
@@ -267,6 +271,9 @@ func (c *Config) setDefaults() error {
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err
+	}
+	if c.CheckpointDir == "" {
+		c.CheckpointDir = filepath.Join(c.StateDir, "checkpoints")
 	}
 	if c.SnapshotScratchDir == "" {
 		c.SnapshotScratchDir = filepath.Join(c.StateDir, "snapshots")

@@ -104,6 +104,17 @@ func (r *Runtime) recover(ctx context.Context) error {
 			}
 		}
 	}
+	// Checkpoints of slots that are not paused (an agent killed mid-pause
+	// or mid-release).
+	cps, _ := os.ReadDir(r.cfg.CheckpointDir)
+	for _, e := range cps {
+		if s, ok := r.slots[e.Name()]; ok && s.State == runtime.StatePaused {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(r.cfg.CheckpointDir, e.Name())); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	errs = append(errs, r.recoverHolders(ctx, holders))
 	r.reapShims()
 	return errors.Join(errs...)

@@ -69,7 +69,7 @@ func (r *Runtime) Release(ctx context.Context, uid string, grace time.Duration) 
 	s.Pod, s.Image, s.Resources, s.containers, s.assignToken = nil, "", runtime.Resources{}, nil, ""
 	s.diskLimits, s.diskUsed, s.evicted, s.fwReq = nil, nil, "", nil
 	clearAssignment(s.dir)
-	if cerr := removeCheckpoint(s.dir); cerr != nil {
+	if cerr := r.removeCheckpoint(s); cerr != nil {
 		err = errors.Join(err, cerr)
 	}
 	s.checkpointBytes = 0
