@@ -171,6 +171,10 @@ func (p *Provider) runPause(uid, op string) {
 		event = func() { p.cfg.Recorder.Event(pod, corev1.EventTypeNormal, podcontract.ReasonPaused, msg) }
 	case err == nil:
 		sb.paused, sb.pauseMessage, sb.pauseSince = false, msg, p.cfg.Now()
+		// Its daemon's last call is from before the pause: the call that
+		// resumed it has a full idle period to arrive before the next
+		// check could pause it again.
+		sb.nextIdleCheck = p.cfg.Now().Add(max(p.cfg.AutoPauseAfter, time.Second))
 		event = func() { p.cfg.Recorder.Event(pod, corev1.EventTypeNormal, podcontract.ReasonResumed, msg) }
 	case op == podcontract.ReasonPausing:
 		// The sandbox runs on. The pause is not tried again until the
