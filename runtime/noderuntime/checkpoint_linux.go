@@ -181,10 +181,7 @@ func (r *Runtime) Pause(ctx context.Context, uid string) (_ runtime.PauseResult,
 	}
 	// runsc still has the container as paused, which the shim's delete
 	// refuses without force: it is removed first.
-	if out, err := exec.CommandContext(cctx, r.runscWrapper(), "--root", filepath.Join(runcRoot, r.cfg.Namespace),
-		"delete", "--force", id).CombinedOutput(); err != nil {
-		r.log.Warn("pause: runsc delete of the checkpointed sandbox", "pod", uid, "err", runscMessage(out, err))
-	}
+	r.forceDeleteRunsc(cctx, id)
 	if _, err := task.Delete(cctx); err != nil && !errdefs.IsNotFound(err) {
 		// The sandbox is gone, its checkpoint kept: the pause stands.
 		r.log.Warn("pause: delete the checkpointed task", "pod", uid, "err", err)
@@ -323,4 +320,14 @@ func dirSize(dir string) int64 {
 		return nil
 	})
 	return n
+}
+
+// forceDeleteRunsc removes container id from runsc's state by force (its
+// sandbox's processes killed), for a container runsc has paused.
+func (r *Runtime) forceDeleteRunsc(ctx context.Context, id string) {
+	out, err := exec.CommandContext(ctx, r.runscWrapper(), "--root", filepath.Join(runcRoot, r.cfg.Namespace),
+		"delete", "--force", id).CombinedOutput()
+	if err != nil {
+		r.log.Warn("runsc delete --force", "container", id, "err", runscMessage(out, err))
+	}
 }

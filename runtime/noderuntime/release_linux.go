@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -153,7 +154,16 @@ func (r *Runtime) removeContainer(ctx context.Context, id string, grace time.Dur
 		} else {
 			opts = append(opts, ctrd.WithProcessKill)
 		}
-		if _, err := task.Delete(ctx, opts...); err != nil && !errdefs.IsNotFound(err) {
+		_, err := task.Delete(ctx, opts...)
+		if err != nil && strings.Contains(err.Error(), "without --force") && r.isGVisor(ctx, container) {
+			// A gVisor sandbox runsc still has paused (a pause whose
+			// checkpoint failed and could not let it run again): a kill
+			// is not delivered to its stopped tasks, and the shim's
+			// delete refuses it. runsc removes it by force.
+			r.forceDeleteRunsc(ctx, id)
+			_, err = task.Delete(ctx, opts...)
+		}
+		if err != nil && !errdefs.IsNotFound(err) {
 			return fmt.Errorf("delete task %s: %w", id, err)
 		}
 	} else if !errdefs.IsNotFound(err) {
