@@ -55,6 +55,71 @@ func TestAssign(t *testing.T) {
 	}
 }
 
+// TestReassign: a sandbox restored from another's checkpoint (a fork) is
+// re-assigned by the node agent to its own pod's tokens: the old tokens
+// stop working, the new one works, the assign token is spent (the next one
+// takes over), and a re-assignment cannot set the environment.
+func TestReassign(t *testing.T) {
+	assignSum := sha256.Sum256([]byte("assign-secret"))
+	h := newHarness(t, func(c *daemonConfig) {
+		c.TokenHashes = nil
+		c.AssignTokenHash = &assignSum
+	})
+	ctx := t.Context()
+	hashOf := func(tok string) string {
+		sum := sha256.Sum256([]byte(tok))
+		return hex.EncodeToString(sum[:])
+	}
+	post := func(bearer string, req api.AssignRequest) int {
+		body, _ := json.Marshal(req)
+		r, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.url+"/v1/assign", bytes.NewReader(body))
+		r.Header.Set("Authorization", "Bearer "+bearer)
+		resp, err := http.DefaultClient.Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	reassign := api.AssignRequest{TokenHashes: []string{hashOf("fork-token")}, Reassign: true, NextAssignTokenSHA256: hashOf("next-assign")}
+	if code := post("assign-secret", reassign); code != http.StatusConflict {
+		t.Fatalf("re-assign before any assignment: %d, want 409", code)
+	}
+	if code := post("assign-secret", api.AssignRequest{TokenHashes: []string{hashOf(testToken)}}); code != http.StatusOK {
+		t.Fatalf("assign: %d", code)
+	}
+	if _, err := h.client.Exec(ctx, api.ExecRequest{Cmd: []string{"true"}}); err != nil {
+		t.Fatalf("exec with the source's token: %v", err)
+	}
+	if code := post("assign-secret", api.AssignRequest{TokenHashes: reassign.TokenHashes, Reassign: true}); code != http.StatusBadRequest {
+		t.Errorf("re-assign without the next assign token: %d, want 400", code)
+	}
+	withEnv := reassign
+	withEnv.Env = []string{"X=1"}
+	if code := post("assign-secret", withEnv); code != http.StatusBadRequest {
+		t.Errorf("re-assign with env: %d, want 400", code)
+	}
+	if code := post(testToken, reassign); code != http.StatusUnauthorized {
+		t.Errorf("re-assign with the pod's token: %d, want 401", code)
+	}
+	if code := post("assign-secret", reassign); code != http.StatusOK {
+		t.Fatalf("re-assign: %d", code)
+	}
+	if _, err := h.client.Exec(ctx, api.ExecRequest{Cmd: []string{"true"}}); !client.IsCode(err, api.CodeUnauthorized) {
+		t.Errorf("exec with the source's token after the re-assignment: %v, want unauthorized", err)
+	}
+	forked, _ := client.New(h.url, client.WithToken("fork-token"))
+	if res, err := forked.Exec(ctx, api.ExecRequest{Shell: "echo ok"}); err != nil || string(res.Stdout) != "ok\n" {
+		t.Errorf("exec with the fork's token: %v %q", err, res.Stdout)
+	}
+	if code := post("assign-secret", reassign); code != http.StatusUnauthorized {
+		t.Errorf("re-assign with the spent assign token: %d, want 401", code)
+	}
+	if code := post("next-assign", reassign); code != http.StatusOK {
+		t.Errorf("re-assign with the next assign token (the agent retrying): %d, want 200", code)
+	}
+}
+
 // TestHealthWithoutTokenSaysOnlyUp: unauthenticated health tells whether
 // the daemon is up, not its version, activity or processes; with the
 // sandbox's token it tells everything.

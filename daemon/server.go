@@ -31,7 +31,8 @@ type Config struct {
 	// AssignTokenHash, when set, starts the daemon unassigned (a hot slot):
 	// it answers health, and POST /v1/assign from the holder of this token
 	// (the node agent) sets the tokens, environment and main process. Until
-	// then every other call gets 503.
+	// then every other call gets 503. Once assigned, the holder may
+	// re-assign its tokens (a fork's: see assign).
 	AssignTokenHash *[sha256.Size]byte
 
 	// Env is the sandbox's environment for commands (default os.Environ()).
@@ -177,7 +178,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.access.Store(&access{
 		hashes: cfg.TokenHashes, allowUnauth: cfg.AllowUnauthenticated, env: cfg.Env, dir: cfg.Dir,
-		assigned: cfg.AssignTokenHash == nil,
+		assigned: cfg.AssignTokenHash == nil, assignHash: cfg.AssignTokenHash,
 	})
 	s.assignMain = make(chan mainSpec, 1)
 	s.sessions = newSessionTable()

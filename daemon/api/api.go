@@ -230,6 +230,12 @@ type AssignRequest struct {
 	Main []string `json:"main,omitempty"`
 	// RestartPolicy for Main: Never (default), OnFailure or Always.
 	RestartPolicy string `json:"restart_policy,omitempty"`
+	// Reassign replaces an assigned sandbox's tokens (TokenHashes,
+	// AllowUnauthenticated) and nothing else: a sandbox restored from
+	// another's checkpoint gets its own pod's. NextAssignTokenSHA256 (hex)
+	// then replaces the assign token, which is spent.
+	Reassign              bool   `json:"reassign,omitempty"`
+	NextAssignTokenSHA256 string `json:"next_assign_token_sha256,omitempty"`
 }
 
 // TokenRequest is POST /v1/token: the caller's own token is replaced by the
