@@ -5,6 +5,9 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -269,5 +272,169 @@ func TestRootGVisorPauseDiskFull(t *testing.T) {
 	}
 	if err := rt.Release(ctx, "full-1", 0); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRootGVisorFork: three binds of one fork of a running gVisor sandbox
+// (a process holding 200 MiB and serving a port, a file in its writable
+// layer) each start from the same moment: the same process with the same
+// memory answers in each, at the fork's own address, going on from the
+// source's count; the file is there. Then they diverge: a file written in
+// one fork is in no other sandbox, and each answers its own count. Each
+// fork takes its own token and refuses the source's; the source runs on.
+// A fork of a runc sandbox is refused naming CRIU, one of another image
+// as invalid; releasing the source removes the fork's checkpoint.
+func TestRootGVisorFork(t *testing.T) {
+	s := framework.Get(t)
+	needRunsc(t, s)
+	ctx := t.Context()
+	ckdir := filepath.Join(t.TempDir(), "checkpoints")
+	rt := newContainerdRuntime(t, s, 6, 2, func(c *noderuntime.Config) {
+		c.RuncPath, c.RunscPath, c.CheckpointDir = s.RuncBin, s.RunscBin, ckdir
+	})
+	_, events, err := rt.Watch(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ready := func(uid string) {
+		t.Helper()
+		runtimetest.WaitEvent(t, events, 2*time.Minute, uid+" ready", func(ev runtime.Event) bool {
+			return ev.Type == runtime.EventReady && ev.Slot.Pod != nil && ev.Slot.Pod.UID == uid
+		})
+	}
+	ask := func(ip string) []string {
+		t.Helper()
+		c, err := net.DialTimeout("tcp", ip+":8080", 5*time.Second)
+		if err != nil {
+			t.Fatalf("the server at %s: %v", ip, err)
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil {
+			t.Fatalf("the server at %s: %v", ip, err)
+		}
+		return strings.Fields(line)
+	}
+	forkReq := func(uid, token, source, id string) runtime.BindRequest {
+		req := runtimetest.Request(uid, s.DebianImage, "sleep", "100000")
+		req.RuntimeHandler = runtime.RuntimeHandlerRunsc
+		req.Containers[0].Ports = []runtime.Port{{Port: 8080}}
+		sum := sha256.Sum256([]byte(token))
+		req.TokenHashes = []string{hex.EncodeToString(sum[:])}
+		req.Fork = &runtime.ForkSource{PodUID: source, ID: id}
+		return req
+	}
+
+	src := forkReq("fk-source", runtimetest.Token, "", "")
+	src.Fork = nil
+	srcSlot, err := rt.Bind(ctx, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ready("fk-source")
+	if _, err := daemonClient(t, srcSlot).StartProcess(ctx, api.ProcessRequest{Cmd: []string{"python3", "-c", statefulServer}}); err != nil {
+		t.Fatal(err)
+	}
+	framework.Eventually(t, 2*time.Minute, "the stateful server", func(ctx context.Context) (bool, error) {
+		c, err := net.DialTimeout("tcp", srcSlot.IP+":8080", time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil, nil
+	})
+	before := ask(srcSlot.IP) // connection 2 (the poll took 1)
+	if _, err := sandboxExec(ctx, srcSlot, runtimetest.Token, "sh", "-c", "echo from-source > /root/note"); err != nil {
+		t.Fatal(err)
+	}
+
+	const n = 3
+	slots := make([]runtime.Slot, n)
+	errs := make(chan error, n)
+	begin := time.Now()
+	for i := range n {
+		go func() {
+			var err error
+			slots[i], err = rt.Bind(ctx, forkReq(fmt.Sprintf("fk-%d", i), fmt.Sprintf("fork-token-%d", i), "fk-source", "batch1"))
+			errs <- err
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatalf("fork bind: %v", err)
+		}
+	}
+	for i := range n {
+		ready(fmt.Sprintf("fk-%d", i))
+	}
+	t.Logf("%d forks of a 200 MiB sandbox bound and ready in %v", n, time.Since(begin).Round(time.Millisecond))
+	for i, sl := range slots {
+		if sl.IP == srcSlot.IP {
+			t.Fatalf("fork %d has its source's address %s", i, sl.IP)
+		}
+		got := ask(sl.IP)
+		// The source had answered 2 connections at the fork.
+		if len(got) != 3 || got[0] != before[0] || got[1] != before[1] || got[2] != "3" {
+			t.Errorf("fork %d's server said %q, the source's before the fork %q: want the same digest and pid, connection 3", i, got, before)
+		}
+		tok := fmt.Sprintf("fork-token-%d", i)
+		if out, err := sandboxExec(ctx, sl, tok, "cat", "/root/note"); err != nil || out != "from-source\n" {
+			t.Errorf("fork %d's /root/note: %q, %v", i, out, err)
+		}
+		if _, err := sandboxExec(ctx, sl, runtimetest.Token, "true"); err == nil {
+			t.Errorf("fork %d takes its source's token", i)
+		}
+	}
+	if _, err := sandboxExec(ctx, srcSlot, "fork-token-0", "true"); err == nil {
+		t.Errorf("the source takes a fork's token")
+	}
+	// They diverge.
+	if _, err := sandboxExec(ctx, slots[0], "fork-token-0", "sh", "-c", "echo mine > /root/only-0"); err != nil {
+		t.Fatal(err)
+	}
+	for i, sl := range slots[1:] {
+		if out, err := sandboxExec(ctx, sl, fmt.Sprintf("fork-token-%d", i+1), "sh", "-c", "cat /root/only-0 2>&1 || true"); err != nil || !strings.Contains(out, "No such file") {
+			t.Errorf("fork %d sees fork 0's file: %q %v", i+1, out, err)
+		}
+	}
+	if out, err := sandboxExec(ctx, srcSlot, runtimetest.Token, "sh", "-c", "cat /root/only-0 2>&1 || true"); err != nil || !strings.Contains(out, "No such file") {
+		t.Errorf("the source sees fork 0's file: %q %v", out, err)
+	}
+	if got := ask(slots[0].IP); len(got) != 3 || got[2] != "4" {
+		t.Errorf("fork 0's second answer %q, want its connection 4", got)
+	}
+	if got := ask(srcSlot.IP); len(got) != 3 || got[2] != "3" {
+		t.Errorf("the source after the fork said %q, want its connection 3", got)
+	}
+	dirs, _ := filepath.Glob(filepath.Join(ckdir, "fork-*"))
+	if len(dirs) != 1 {
+		t.Errorf("fork checkpoints on the node: %v, want one", dirs)
+	}
+
+	// Refusals.
+	bad := forkReq("fk-bad-image", "x", "fk-source", "batch2")
+	bad.Containers[0].Image = s.BusyboxImage
+	if _, err := rt.Bind(ctx, bad); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("a fork of another image: %v, want InvalidArgument", err)
+	}
+	runcReq := runtimetest.Request("fk-runc", s.DebianImage, "sleep", "100000")
+	if _, err := rt.Bind(ctx, runcReq); err != nil {
+		t.Fatal(err)
+	}
+	ready("fk-runc")
+	if _, err := rt.Bind(ctx, forkReq("fk-of-runc", "x", "fk-runc", "b")); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "CRIU") {
+		t.Errorf("a fork of a runc sandbox: %v, want FailedPrecondition naming CRIU", err)
+	}
+	if _, err := rt.Bind(ctx, forkReq("fk-of-nobody", "x", "fk-nobody", "b")); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("a fork of an unknown pod: %v, want FailedPrecondition", err)
+	}
+
+	for _, uid := range []string{"fk-source", "fk-runc", "fk-0", "fk-1", "fk-2"} {
+		if err := rt.Release(ctx, uid, 0); err != nil {
+			t.Fatalf("release %s: %v", uid, err)
+		}
+	}
+	if left, _ := os.ReadDir(ckdir); len(left) != 0 {
+		t.Errorf("after every release the checkpoint directory holds %d entries", len(left))
 	}
 }

@@ -1,6 +1,9 @@
 package runtime
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // Checkpointer is implemented by runtimes that can keep a sandbox's
 // running state: runtime/noderuntime (gVisor sandboxes), runtime/fake and
@@ -41,3 +44,31 @@ type PauseResult struct {
 	// Bytes is the checkpoint's size on the node's disk.
 	Bytes int64 `json:"bytes"`
 }
+
+// ForkSource asks a bind to start its sandbox as a live fork of a running
+// sandbox on the same node: the source's processes, memory and files as
+// they were at one moment, in a slot, network and writable layer of the
+// fork's own, with the fork's tokens (the source's stop working in it).
+//
+// The source is stopped for an instant and checkpointed, leaving it
+// running (runsc checkpoint --leave-running), and its writable layer is
+// copied while it is stopped; every bind that names the same ID restores
+// from that one checkpoint, so a batch of forks starts from the same
+// moment. A later ID takes a new checkpoint. Only a running gVisor
+// sandbox of one container forks, into a pod of the same image, also
+// under gVisor; connections open in the source are reset in its forks,
+// and its listening sockets listen again at the fork's address.
+//
+// A node keeps a fork's checkpoint until its source is released or
+// paused, a newer fork of the source is made, or ForkKeep passes.
+type ForkSource struct {
+	// PodUID is the source pod's.
+	PodUID string `json:"pod_uid"`
+	// ID names one fork of the source (one moment): forks that give the
+	// same ID start from the same checkpoint.
+	ID string `json:"id"`
+}
+
+// ForkKeep is how long a node keeps a fork's checkpoint for further forks
+// of the same ID.
+const ForkKeep = 10 * time.Minute

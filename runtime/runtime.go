@@ -221,6 +221,9 @@ type BindRequest struct {
 	// RuntimeHandlerRunc for runc, RuntimeHandlerRunsc for gVisor. A node
 	// without gVisor refuses runsc.
 	RuntimeHandler string `json:"runtime_handler,omitempty"`
+	// Fork, when set, starts the sandbox from a running one's state
+	// instead of the image's start (see ForkSource).
+	Fork *ForkSource `json:"fork,omitempty"`
 }
 
 // The runtime handlers a sandbox runs under (a RuntimeClass's handler).

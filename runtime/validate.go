@@ -29,6 +29,18 @@ func (r BindRequest) Validate() error {
 	if len(r.Containers) == 0 {
 		return fmt.Errorf("bind %s: the pod has no containers: %w", r.Pod.UID, errdefs.ErrInvalidArgument)
 	}
+	if f := r.Fork; f != nil {
+		switch {
+		case !r.GVisor():
+			return fmt.Errorf("bind %s: a fork runs under gVisor, as its source: set the pod's RuntimeClass to gVisor's (handler %s): %w", r.Pod.UID, RuntimeHandlerRunsc, errdefs.ErrInvalidArgument)
+		case len(r.Containers) != 1:
+			return fmt.Errorf("bind %s: a fork has one container, as its source: %w", r.Pod.UID, errdefs.ErrInvalidArgument)
+		case f.PodUID == "" || f.PodUID == r.Pod.UID:
+			return fmt.Errorf("bind %s: a fork needs its source pod's UID, not its own: %w", r.Pod.UID, errdefs.ErrInvalidArgument)
+		case !validForkID(f.ID):
+			return fmt.Errorf("bind %s: fork ID %q: want 1 to 63 letters, digits, '-' or '.': %w", r.Pod.UID, f.ID, errdefs.ErrInvalidArgument)
+		}
+	}
 	seen := map[string]bool{}
 	var sum Resources
 	for i, c := range r.Containers {
@@ -201,4 +213,17 @@ func validPortRange(s string) bool {
 	}
 	b, err := strconv.ParseUint(hi, 10, 16)
 	return err == nil && b >= a
+}
+
+// validForkID: a fork's ID names a directory on the node.
+func validForkID(id string) bool {
+	if id == "" || len(id) > 63 || id[0] == '.' {
+		return false
+	}
+	for _, c := range id {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '.') {
+			return false
+		}
+	}
+	return true
 }

@@ -31,9 +31,19 @@ type assignment struct {
 	// Containers is how many daemons there are: container i's listens on
 	// api.Port+i.
 	Containers int `json:"containers"`
+	// Bearer, when set, is the assign token of the sandbox a fork was
+	// restored from, which its daemon still holds: the assignment is a
+	// re-assignment (Token's hash becomes the daemon's next assign token).
+	Bearer string `json:"bearer,omitempty"`
 }
 
-const assignmentFile = "assign.json"
+// assignmentFile holds a pending assignment; assignKeyFile, once the
+// daemon took it, the token it holds as its assign token (a fork's
+// re-assignment needs it).
+const (
+	assignmentFile = "assign.json"
+	assignKeyFile  = "assign.key"
+)
 
 func newAssignment(req runtime.BindRequest) *assignment {
 	var tok [16]byte
@@ -76,26 +86,44 @@ func loadAssignment(dir string) *assignment {
 // returns nil once all took it (or had taken it before: 409), and removes
 // the file from dir.
 func (r *Runtime) assign(ctx context.Context, ip, dir string, a *assignment) error {
-	body, _ := json.Marshal(api.AssignRequest{TokenHashes: a.TokenHashes, AllowUnauthenticated: a.AllowUnauthenticated})
+	ar := api.AssignRequest{TokenHashes: a.TokenHashes, AllowUnauthenticated: a.AllowUnauthenticated}
+	bearers := []string{a.Token}
+	if a.Bearer != "" {
+		// A fork's daemon holds its source's assign token, or ours if it
+		// took this re-assignment before (an agent restarted meanwhile).
+		ar.Reassign, ar.NextAssignTokenSHA256 = true, a.hash()
+		bearers = []string{a.Bearer, a.Token}
+	}
+	body, _ := json.Marshal(ar)
 	for i := range a.Containers {
 		url := "http://" + ip + ":" + strconv.Itoa(api.Port+i) + "/v1/assign"
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+a.Token)
-		resp, err := r.health.Do(req)
-		if err != nil {
-			return err
+		status := 0
+		for _, bearer := range bearers {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+			req.Header.Set("Authorization", "Bearer "+bearer)
+			resp, err := r.health.Do(req)
+			if err != nil {
+				return err
+			}
+			resp.Body.Close()
+			if status = resp.StatusCode; status != http.StatusUnauthorized {
+				break
+			}
 		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusConflict {
-			return fmt.Errorf("daemon %d answered the assignment with %s", i, resp.Status)
+		if status != http.StatusOK && status != http.StatusConflict {
+			return fmt.Errorf("daemon %d answered the assignment with %s", i, http.StatusText(status))
 		}
 	}
-	clearAssignment(dir)
+	if err := os.WriteFile(filepath.Join(dir, assignKeyFile), []byte(a.Token), 0o600); err != nil {
+		return fmt.Errorf("keep the daemon's assign token: %w", err)
+	}
+	_ = os.Remove(filepath.Join(dir, assignmentFile))
 	return nil
 }
 
-// clearAssignment removes a slot's pending assignment: every daemon took
-// it, or its pod is gone (released, or its bind failed).
+// clearAssignment removes a slot's assignment, pending or taken: its pod
+// is gone (released, or its bind failed).
 func clearAssignment(dir string) {
 	_ = os.Remove(filepath.Join(dir, assignmentFile))
+	_ = os.Remove(filepath.Join(dir, assignKeyFile))
 }

@@ -284,6 +284,17 @@ func (r *Runtime) start(ctx context.Context, s *slot, req runtime.BindRequest) e
 		return err
 	}
 	a := newAssignment(req)
+	var fork *forkImage
+	if req.Fork != nil {
+		t = time.Now()
+		var err error
+		if fork, err = r.acquireFork(ctx, req); err != nil {
+			return fmt.Errorf("bind %s: %w", req.Pod.UID, err)
+		}
+		defer r.releaseFork(fork)
+		r.metrics.observePhase("fork", t)
+		a.Bearer = fork.assignKey
+	}
 	if err := a.save(s.dir); err != nil {
 		return fmt.Errorf("bind %s: %w", req.Pod.UID, err)
 	}
@@ -332,6 +343,13 @@ func (r *Runtime) start(ctx context.Context, s *slot, req runtime.BindRequest) e
 		r.mu.Unlock()
 		r.metrics.observePhase("create", t)
 		t = time.Now()
+		if fork != nil {
+			done, err := r.startFork(ctx, fork, id)
+			if err != nil {
+				return fmt.Errorf("bind %s: fork of %s: %w", req.Pod.UID, req.Fork.PodUID, err)
+			}
+			defer done()
+		}
 		if err := r.startTask(ctx, s, container, c.Name); err != nil {
 			return fmt.Errorf("bind %s: start container %s: %w", req.Pod.UID, c.Name, err)
 		}

@@ -85,12 +85,15 @@ func (r *Runtime) Pause(ctx context.Context, uid string) (_ runtime.PauseResult,
 		n := s.checkpointBytes
 		r.mu.Unlock()
 		return runtime.PauseResult{Bytes: n}, nil
-	case s.State != runtime.StateBound || s.pausing || s.snapshots > 0:
+	case s.State != runtime.StateBound || s.pausing || s.snapshots > 0 || s.forking > 0:
 		state := s.State
-		if s.pausing {
+		switch {
+		case s.pausing:
 			state = "pausing"
-		} else if s.snapshots > 0 {
+		case s.snapshots > 0:
 			state = "being snapshotted"
+		case s.forking > 0:
+			state = "being forked"
 		}
 		r.mu.Unlock()
 		return runtime.PauseResult{}, fmt.Errorf("pause %s: the pod is %s: %w", uid, state, errdefs.ErrFailedPrecondition)
@@ -102,6 +105,8 @@ func (r *Runtime) Pause(ctx context.Context, uid string) (_ runtime.PauseResult,
 	id := s.containers[0]
 	s.pausing = true
 	r.mu.Unlock()
+	// Its forks' checkpoints are of a sandbox that stops now.
+	r.dropForksOf(uid)
 	defer func() {
 		r.metrics.checkpoints.WithLabelValues("pause", runtime.SnapshotOutcome(retErr)).Inc()
 		if retErr == nil {

@@ -18,7 +18,8 @@ type metrics struct {
 	snapshots       *prometheus.CounterVec
 	snapshotSeconds prometheus.Histogram
 	frozenSeconds   prometheus.Histogram
-	// Pauses and resumes (checkpoint_linux.go), by op and result.
+	// Pauses, resumes and fork checkpoints (checkpoint_linux.go,
+	// fork_linux.go), by op and result.
 	checkpoints       *prometheus.CounterVec
 	checkpointSeconds *prometheus.HistogramVec
 	// The hot pool (hot_linux.go): binds by path, hot-eligible binds that
@@ -37,7 +38,7 @@ func newMetrics(node string) *metrics {
 	m := &metrics{
 		bindSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "sandman_node_bind_duration_seconds", ConstLabels: l, Buckets: durationBuckets,
-			Help: "Time to bind a pod into a slot, by phase: reserve, image, create, start, total (seconds).",
+			Help: "Time to bind a pod into a slot, by phase: reserve, image, fork (a fork's checkpoint, made or awaited), create, start, total (seconds).",
 		}, []string{"phase"}),
 		releaseSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "sandman_node_release_duration_seconds", ConstLabels: l, Buckets: durationBuckets,
@@ -66,11 +67,11 @@ func newMetrics(node string) *metrics {
 		}),
 		checkpoints: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sandman_node_checkpoints_total", ConstLabels: l,
-			Help: "Pauses (checkpoint to disk) and resumes (restore) of gVisor sandboxes by op (pause, resume) and result: ok, or the class of the failure.",
+			Help: "Pauses (checkpoint to disk), resumes (restore) and fork checkpoints (leaving the source running) of gVisor sandboxes by op (pause, resume, fork) and result: ok, or the class of the failure.",
 		}, []string{"op", "result"}),
 		checkpointSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "sandman_node_checkpoint_duration_seconds", ConstLabels: l, Buckets: durationBuckets,
-			Help: "Time to pause a sandbox (checkpoint written, task gone) or resume it (restored and running), by op (seconds).",
+			Help: "Time to pause a sandbox (checkpoint written, task gone), resume it (restored and running) or checkpoint it for a fork (checkpoint and files copied, running again), by op (seconds).",
 		}, []string{"op"}),
 		binds: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sandman_node_binds_total", ConstLabels: l,

@@ -30,7 +30,7 @@ func (r *Runtime) Release(ctx context.Context, uid string, grace time.Duration) 
 		// A bind (or a resume) finishes or fails first; a snapshot that
 		// reads the sandbox's filesystem (frozen) finishes that part
 		// first, and a pause its checkpoint.
-		if s.State != runtime.StateBinding && s.snapshots == 0 && !s.pausing {
+		if s.State != runtime.StateBinding && s.snapshots == 0 && s.forking == 0 && !s.pausing {
 			if s.stopReady != nil {
 				s.stopReady()
 			}
@@ -53,6 +53,7 @@ func (r *Runtime) Release(ctx context.Context, uid string, grace time.Duration) 
 	begin := time.Now()
 	err := r.removeContainers(ctx, s, grace)
 	r.forgetNames(s)
+	r.dropForksOf(uid)
 	// Back to the base firewall now, so the next bind only adds to it (a
 	// reset waits for a kernel grace period: here, not on a bind).
 	clean := false

@@ -69,6 +69,9 @@ type slot struct {
 	// snapshots counts the snapshots reading the bound pod's filesystem
 	// (freezing it and writing its changes): a release waits for them.
 	snapshots int
+	// forking counts the fork checkpoints being taken of the bound pod's
+	// sandbox (fork_linux.go): a release or a pause waits for them.
+	forking int
 	// pausing: a pause is checkpointing the bound pod's sandbox; exits
 	// meanwhile wait in pauseExits (published if the pause fails). epoch
 	// counts the pauses: an exit watch of an earlier epoch (a task the
