@@ -380,7 +380,16 @@ func (p *Pool) Run(ctx context.Context) error {
 func (p *Pool) dispatch(ctx context.Context) {
 	p.mu.Lock()
 	now := p.cfg.Clock.Now()
+	var gone []Update
 	p.queue.fairRound(func(ns string) int { return p.heldNS[ns] }, func(k jobKey) int { return p.held[k] }, func(req Request) bool {
+		if f := req.Bind.Fork; f != nil && p.placed[f.PodUID] == nil {
+			// A fork starts on its source's node: with its source gone,
+			// it cannot start anywhere.
+			delete(p.queuedAt, req.Bind.Pod.UID)
+			gone = append(gone, Update{Kind: Failed, UID: req.Bind.Pod.UID, Time: now, Reason: runtime.ReasonStartFailed, Permanent: true,
+				Message: fmt.Sprintf("the fork's source pod %s is not placed in pool %s (deleted, or never started)", f.PodUID, p.cfg.Name)})
+			return true
+		}
 		n, how := p.placeLocked(req)
 		if n == nil {
 			return false
@@ -407,7 +416,7 @@ func (p *Pool) dispatch(ctx context.Context) {
 	// its own lock, under which it calls the pool (the provider's
 	// reconciler asks Unsynced while holding it).
 	p.mu.Unlock()
-	for _, u := range queued {
+	for _, u := range append(gone, queued...) {
 		p.cfg.OnUpdate(u)
 	}
 }
@@ -519,7 +528,8 @@ func failureReason(err error) (reason string, permanent bool) {
 
 // placeLocked picks the node for req, or nil when none can take it now, and
 // says why it chose it: "hot" (a hot slot of the image), "image" (the image
-// is on the node) or "cold".
+// is on the node) or "cold". A fork (Bind.Fork) goes to its source's node
+// or waits.
 func (p *Pool) placeLocked(req Request) (*node, string) {
 	want := req.Bind.Requests()
 	image := ""
@@ -531,6 +541,9 @@ func (p *Pool) placeLocked(req Request) (*node, string) {
 	for _, n := range p.sortedNodesLocked() {
 		if !n.healthy || n.inflight >= p.cfg.BindsPerNode || n.inv.Draining != "" {
 			continue
+		}
+		if f := req.Bind.Fork; f != nil && (p.placed[f.PodUID] == nil || p.placed[f.PodUID].node != n.name) {
+			continue // a fork starts from its source's checkpoint, on its node
 		}
 		free := n.freeSlotsLocked()
 		if free <= 0 || !n.fitsLocked(want) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -571,5 +572,66 @@ func TestReconnectBackoff(t *testing.T) {
 				return false
 			})
 		})
+	}
+}
+
+// TestForkGoesToItsSourcesNode: a fork is placed on its source's node even
+// where another has more room, waits in the queue while that node is full,
+// and fails for good once its source is released.
+func TestForkGoesToItsSourcesNode(t *testing.T) {
+	a := fakeNode(t, "a", 2)
+	b := fakeNode(t, "b", 4)
+	p, rec := newPool(t, Config{Name: "t"}, a, b)
+	gvisor := func(uid string) Request {
+		r := request(uid, "j", "img", 0)
+		r.Bind.RuntimeHandler = runtime.RuntimeHandlerRunsc
+		return r
+	}
+	fork := func(uid, source string) Request {
+		r := gvisor(uid)
+		r.Bind.Fork = &runtime.ForkSource{PodUID: source, ID: "f1"}
+		return r
+	}
+	// Forks fill the source's node, whichever it is, and then wait.
+	if err := p.Submit(gvisor("src")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "src bound", func() bool { _, ok := rec.last("src", Bound); return ok })
+	u, _ := rec.last("src", Bound)
+	srcNode := u.Node
+	for i := range 3 {
+		if err := p.Submit(fork(fmt.Sprint("f", i), "src")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	capacity := map[string]int{"a": 2, "b": 4}[srcNode] - 1
+	eventually(t, "forks bound on the source's node, the rest queued", func() bool {
+		n := 0
+		for i := range 3 {
+			if u, ok := rec.last(fmt.Sprint("f", i), Bound); ok {
+				if u.Node != srcNode {
+					t.Fatalf("fork f%d placed on %s, its source is on %s", i, u.Node, srcNode)
+				}
+				n++
+			}
+		}
+		return n == min(3, capacity)
+	})
+	if capacity < 3 {
+		eventually(t, "f2 queued while the source's node is full", func() bool { _, ok := rec.last("f2", Queued); return ok })
+		if _, ok := rec.last("f2", Bound); ok {
+			t.Fatalf("f2 bound on a full node")
+		}
+	}
+	// A fork whose source is gone fails for good (in a job of its own:
+	// a job's pods are admitted in order).
+	orphan := fork("orphan", "nobody")
+	orphan.Job = "other"
+	if err := p.Submit(orphan); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the orphan fork failed", func() bool { _, ok := rec.last("orphan", Failed); return ok })
+	if u, _ := rec.last("orphan", Failed); !u.Permanent || !strings.Contains(u.Message, "source pod nobody") {
+		t.Fatalf("orphan fork: %+v, want a permanent failure naming its source", u)
 	}
 }

@@ -153,6 +153,22 @@ func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Sl
 		r.mu.Unlock()
 		return runtime.Slot{}, fmt.Errorf("bind %s: pod already bound on %s: %w", req.Pod.UID, r.cfg.Node, errdefs.ErrAlreadyExists)
 	}
+	if f := req.Fork; f != nil {
+		// As the node agent: a fork starts from a running gVisor sandbox
+		// of the same image on this node.
+		src, ok := r.byPod[f.PodUID]
+		switch {
+		case !ok:
+			r.mu.Unlock()
+			return runtime.Slot{}, fmt.Errorf("bind %s: fork of %s: its source pod is not on node %s: %w", req.Pod.UID, f.PodUID, r.cfg.Node, errdefs.ErrFailedPrecondition)
+		case src.State != runtime.StateBound || !r.gvisor[f.PodUID]:
+			r.mu.Unlock()
+			return runtime.Slot{}, fmt.Errorf("bind %s: fork of %s: only a running gVisor sandbox forks: %w", req.Pod.UID, f.PodUID, errdefs.ErrFailedPrecondition)
+		case src.Image != req.Containers[0].Image:
+			r.mu.Unlock()
+			return runtime.Slot{}, fmt.Errorf("bind %s: fork of %s: the fork runs its source's image %s: %w", req.Pod.UID, f.PodUID, src.Image, errdefs.ErrInvalidArgument)
+		}
+	}
 	var slot *runtime.Slot
 	var used runtime.Resources
 	for _, s := range r.slots {
