@@ -292,14 +292,19 @@ func TestRootGVisorFork(t *testing.T) {
 	rt := newContainerdRuntime(t, s, 6, 2, func(c *noderuntime.Config) {
 		c.RuncPath, c.RunscPath, c.CheckpointDir = s.RuncBin, s.RunscBin, ckdir
 	})
-	_, events, err := rt.Watch(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ready := func(uid string) {
 		t.Helper()
-		runtimetest.WaitEvent(t, events, 2*time.Minute, uid+" ready", func(ev runtime.Event) bool {
-			return ev.Type == runtime.EventReady && ev.Slot.Pod != nil && ev.Slot.Pod.UID == uid
+		framework.Eventually(t, 2*time.Minute, uid+" ready", func(ctx context.Context) (bool, error) {
+			inv, err := rt.Inventory(ctx)
+			if err != nil {
+				return false, err
+			}
+			for _, sl := range inv.Slots {
+				if sl.Pod != nil && sl.Pod.UID == uid {
+					return sl.Ready, nil
+				}
+			}
+			return false, nil
 		})
 	}
 	ask := func(ip string) []string {

@@ -295,12 +295,18 @@ func (r *Runtime) start(ctx context.Context, s *slot, req runtime.BindRequest) e
 		r.metrics.observePhase("fork", t)
 		a.Bearer = fork.assignKey
 	}
+	// The daemon's command line names the hash of its assign token; a
+	// fork's names its source's, as runsc's restore wants the same.
+	specHash := a.hash()
+	if fork != nil {
+		specHash = (&assignment{Token: fork.assignKey}).hash()
+	}
 	if err := a.save(s.dir); err != nil {
 		return fmt.Errorf("bind %s: %w", req.Pod.UID, err)
 	}
 	for i, c := range req.Containers {
 		id := s.ID + "-" + c.Name
-		spec, err := r.specOpts(s, req, i, images[i], a.hash(), false)
+		spec, err := r.specOpts(s, req, i, images[i], specHash, false)
 		if err != nil {
 			return err
 		}
