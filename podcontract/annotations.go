@@ -66,6 +66,21 @@ const AnnotationPause = "sandman.io/pause"
 // "true", set by a person or a trainer, is resumed only by removing it.
 const PauseIdle = "idle"
 
+// AnnotationForkOf makes a pod a live fork of a running sandbox: the name
+// of a pod in the same namespace on the same virtual node, a gVisor
+// sandbox of one container. The fork starts from that sandbox's processes,
+// memory and files as they were when its fork's checkpoint was taken, in a
+// slot, address and writable layer of its own, with its own token (the
+// source's does not work in it). Its spec must be its source's (image,
+// command, user, security; env may differ and does not reach the restored
+// processes). sandmanctl fork makes such pods.
+const AnnotationForkOf = "sandman.io/fork-of"
+
+// AnnotationForkID groups the forks that start from one checkpoint: pods
+// of the same source and ID start from the same moment, and a new ID takes
+// a new checkpoint. Default: the pod's UID (a checkpoint of its own).
+const AnnotationForkID = "sandman.io/fork-id"
+
 // AnnotationSnapshots names the snapshots taken of a pod: a JSON list of
 // vk/api's SnapshotRecord, newest last, at most vk/api's
 // MaxSnapshotRecords (the oldest dropped). The virtual node writes it after

@@ -58,6 +58,10 @@ const (
 	// whose checkpoint cannot be restored fails with this reason; one
 	// that waits for room stays paused and is tried again.
 	ReasonResumeFailed = "ResumeFailed"
+	// ReasonForking: the pod is a live fork (AnnotationForkOf) and starts
+	// from a checkpoint of its source (Normal event, naming the source).
+	// A fork that cannot start fails with StartError saying why.
+	ReasonForking = "Forking"
 )
 
 // A virtual node's own condition types and their reasons, beside the

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/sandman-dev/sandman/podcontract"
+	"github.com/sandman-dev/sandman/runtime"
 )
 
 // Pause and resume from the pod: its podcontract.AnnotationPause says
@@ -239,4 +240,33 @@ func (s *sandbox) pauseCondition() (corev1.PodCondition, bool) {
 		c.Reason = podcontract.ReasonResumed
 	}
 	return c, true
+}
+
+// forkSourceLocked is the fork a pod asks for (podcontract.AnnotationForkOf),
+// nil when it asks for none: the source must be a running gVisor sandbox on
+// this virtual node, in the pod's namespace. The node checks the rest (the
+// same image, one container) when it takes the checkpoint.
+func (p *Provider) forkSourceLocked(pod *corev1.Pod) (*runtime.ForkSource, error) {
+	name, ok := pod.Annotations[podcontract.AnnotationForkOf]
+	if !ok {
+		return nil, nil
+	}
+	src := p.byUID[p.byKey[podKey(pod.Namespace, name)]]
+	switch {
+	case src == nil || src.terminal() || src.deleting:
+		return nil, fmt.Errorf("annotation %s: pod %s/%s is not a running sandbox on virtual node %s (a fork starts on its source's virtual node: give the fork spec.nodeName %s)",
+			podcontract.AnnotationForkOf, pod.Namespace, name, p.cfg.NodeName, p.cfg.NodeName)
+	case !src.req.GVisor():
+		return nil, fmt.Errorf("annotation %s: sandbox %s/%s runs under runc: only gVisor sandboxes (RuntimeClass gvisor) fork with their processes and memory; a runc sandbox's would need CRIU, which sandman's nodes do not have",
+			podcontract.AnnotationForkOf, pod.Namespace, name)
+	case src.paused || src.pauseOp != "":
+		return nil, fmt.Errorf("annotation %s: sandbox %s/%s is paused: resume it before forking it", podcontract.AnnotationForkOf, pod.Namespace, name)
+	case !src.started() || !src.isReady:
+		return nil, fmt.Errorf("annotation %s: sandbox %s/%s is not Ready yet: fork it once it is", podcontract.AnnotationForkOf, pod.Namespace, name)
+	}
+	id := pod.Annotations[podcontract.AnnotationForkID]
+	if id == "" {
+		id = string(pod.UID)
+	}
+	return &runtime.ForkSource{PodUID: string(src.pod.UID), ID: id}, nil
 }

@@ -107,3 +107,73 @@ func TestPauseAnnotation(t *testing.T) {
 		return strings.Contains(s, "Normal Paused") && strings.Contains(s, "Normal Resumed") && strings.Contains(s, "Warning PauseFailed")
 	})
 }
+
+// TestForkAnnotation: a pod that names a running gVisor sandbox in
+// sandman.io/fork-of is bound as its fork (the fork ID its annotation's,
+// or its UID); one that names a runc sandbox, a pod that is not there, or
+// a paused one fails with a reason that says so.
+func TestForkAnnotation(t *testing.T) {
+	idx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	if err := idx.Add(&nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "gvisor"}, Handler: "runsc"}); err != nil {
+		t.Fatal(err)
+	}
+	rec := record.NewFakeRecorder(100)
+	h := newHarness(t, 6, func(c *Config) {
+		c.RuntimeClasses, c.Recorder = nodev1listers.NewRuntimeClassLister(idx), rec
+	})
+	ctx := t.Context()
+	rc := "gvisor"
+	gvisorPod := func(name string, mutate ...func(*corev1.Pod)) *corev1.Pod {
+		pod := testPod(name, "img")
+		pod.Spec.RuntimeClassName = &rc
+		for _, m := range mutate {
+			m(pod)
+		}
+		return pod
+	}
+	forkOf := func(source, id string) func(*corev1.Pod) {
+		return func(pod *corev1.Pod) {
+			pod.Annotations[podcontract.AnnotationForkOf] = source
+			if id != "" {
+				pod.Annotations[podcontract.AnnotationForkID] = id
+			}
+		}
+	}
+	src, plain := gvisorPod("src"), testPod("plain", "img")
+	for _, pod := range []*corev1.Pod{src, plain} {
+		if err := h.p.CreatePod(ctx, pod); err != nil {
+			t.Fatal(err)
+		}
+		h.wait(t, pod.UID, pod.Name+" ready", isReady)
+	}
+	f1, f2 := gvisorPod("f1", forkOf("src", "batch")), gvisorPod("f2", forkOf("src", ""))
+	for _, pod := range []*corev1.Pod{f1, f2} {
+		if err := h.p.CreatePod(ctx, pod); err != nil {
+			t.Fatal(err)
+		}
+		h.wait(t, pod.UID, pod.Name+" ready", isReady)
+	}
+	h.p.mu.Lock()
+	got1, got2 := h.p.byUID[string(f1.UID)].req.Fork, h.p.byUID[string(f2.UID)].req.Fork
+	h.p.mu.Unlock()
+	if got1 == nil || got1.PodUID != string(src.UID) || got1.ID != "batch" {
+		t.Errorf("f1's fork: %+v, want source %s, ID batch", got1, src.UID)
+	}
+	if got2 == nil || got2.ID != string(f2.UID) {
+		t.Errorf("f2's fork: %+v, want its UID as the ID", got2)
+	}
+
+	bad := map[string]*corev1.Pod{
+		"runc":                  gvisorPod("of-runc", forkOf("plain", "")),
+		"not a running sandbox": gvisorPod("of-nobody", forkOf("nobody", "")),
+	}
+	for want, pod := range bad {
+		if err := h.p.CreatePod(ctx, pod); err != nil {
+			t.Fatal(err)
+		}
+		got := h.wait(t, pod.UID, pod.Name+" failed", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed })
+		if got.Status.Reason != runtime.ReasonInvalidSpec || !strings.Contains(got.Status.Message, want) {
+			t.Errorf("%s: %s %q, want InvalidSpec saying %q", pod.Name, got.Status.Reason, got.Status.Message, want)
+		}
+	}
+}

@@ -465,6 +465,9 @@ func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	if err == nil {
 		sb.expiresAt, err = expiresAt(pod)
 	}
+	if err == nil {
+		req.Fork, err = p.forkSourceLocked(pod)
+	}
 	if err != nil {
 		sb.fail(runtime.ReasonInvalidSpec, err.Error(), p.cfg.Now())
 		p.mu.Unlock()
@@ -476,6 +479,10 @@ func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	p.armDeadlineLocked(uid, sb)
 	p.armExpiryLocked(uid, sb)
 	p.mu.Unlock()
+	if f := req.Fork; f != nil {
+		p.cfg.Recorder.Eventf(pod, corev1.EventTypeNormal, podcontract.ReasonForking, "a live fork of sandbox %s (fork %s): it starts from a checkpoint of that sandbox's running state",
+			pod.Annotations[podcontract.AnnotationForkOf], f.ID)
+	}
 	p.submit(uid)
 	metricPodsCreated.Inc()
 	return nil
