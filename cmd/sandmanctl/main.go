@@ -1,6 +1,6 @@
 // Command sandmanctl is the trainer's and operator's command line for
 // sandboxes: run, exec, cp, ls, rm, renew, get, delete, snapshot, pause,
-// resume; the
+// resume, fork; the
 // pool's images and capacity: prepull, images, top; and version. It
 // follows kubectl's kubeconfig conventions (--kubeconfig, $KUBECONFIG,
 // ~/.kube/config, the context's namespace) and keeps each sandbox's token
@@ -13,7 +13,7 @@
 // codes), client.go (the cluster, the virtual node's routes, a sandbox's
 // daemon and its token), and a file per verb: run.go, exec.go, cp.go,
 // ls.go, rm.go, renew.go, get.go, delete.go, prepull.go, images.go,
-// top.go, snapshot.go, pause.go (pause and resume), version.go.
+// top.go, snapshot.go, pause.go (pause and resume), fork.go, version.go.
 package main
 
 import (
@@ -53,6 +53,8 @@ Commands:
   pause NAME           pause a gVisor sandbox: its processes and memory are checkpointed
                        to its worker's disk and it holds no memory there (--timeout)
   resume NAME          resume a paused sandbox where it stopped; waits until Ready
+  fork NAME            live-fork a running gVisor sandbox: --count N new sandboxes start from
+                       its processes, memory and files at one moment, each with its own token
   version              print sandmanctl's version
 
 Global flags:
@@ -161,6 +163,8 @@ func (c *ctl) dispatch(ctx context.Context, cmd string, args []string) error {
 		return c.snapshot(ctx, args)
 	case "pause":
 		return c.pause(ctx, args, true)
+	case "fork":
+		return c.fork(ctx, args)
 	case "resume":
 		return c.pause(ctx, args, false)
 	case "version":
