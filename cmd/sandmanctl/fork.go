@@ -26,13 +26,21 @@ func (c *ctl) fork(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return cliError{code: exitUsage}
 	}
-	if fs.NArg() != 1 {
+	if fs.NArg() == 0 {
 		return fail(exitUsage, "fork: give NAME (fork NAME [--count N])")
+	}
+	source := fs.Arg(0)
+	// Flags may follow the name too.
+	if err := fs.Parse(fs.Args()[1:]); err != nil {
+		return cliError{code: exitUsage}
+	}
+	if fs.NArg() != 0 {
+		return fail(exitUsage, "fork: give one NAME (fork NAME [--count N]), not %q", fs.Args())
 	}
 	if *count < 1 {
 		return fail(exitUsage, "fork: --count %d: give 1 or more", *count)
 	}
-	src, err := c.kube.CoreV1().Pods(c.namespace).Get(ctx, fs.Arg(0), metav1.GetOptions{})
+	src, err := c.kube.CoreV1().Pods(c.namespace).Get(ctx, source, metav1.GetOptions{})
 	if err != nil {
 		return err
 	}
