@@ -6,12 +6,15 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/containerd/cgroups/v3"
 	runcoptions "github.com/containerd/containerd/api/types/runc/options"
 	ctrd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/sandman-dev/sandman/runtime"
 )
@@ -31,6 +34,8 @@ import (
 //   - --overlay2=none: the sandbox writes to its snapshot's upper directory
 //     as a runc sandbox does, so disk limits are measured the same way.
 //   - --oci-seccomp: the pod's seccomp profile applies inside the Sentry.
+//     gVisor's filter returns EPERM for every errno rule, whatever errno
+//     the profile names (withGVisorSeccomp).
 //
 // gVisor's own shim (containerd-shim-runsc-v1) is not used: it sets its
 // OOM score to -999, which needs CAP_SYS_RESOURCE even where containerd
@@ -153,4 +158,25 @@ func (r *Runtime) runtimeOpt(gvisor bool) ctrd.NewContainerOpts {
 		return ctrd.WithRuntime("io.containerd.runc.v2", &runcoptions.Options{BinaryName: r.cfg.RuncPath})
 	}
 	return func(context.Context, *ctrd.Client, *containers.Container) error { return nil }
+}
+
+// withGVisorSeccomp adapts the container's seccomp profile to gVisor's
+// filter, which answers every errno rule with EPERM (runsc ignores a
+// rule's errnoRet). Rules that ask for ENOSYS — the default profile's
+// clone3, so that glibc falls back to clone, whose flags the profile can
+// check — become trace rules, which gVisor answers with ENOSYS when no
+// tracer watches (as Linux does): with EPERM, glibc does not fall back and
+// no thread can be started in the sandbox. A tracer inside the sandbox
+// could let such a call through, into gVisor's kernel, not the node's.
+// Other errnos stay denied, as EPERM.
+func withGVisorSeccomp(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+	if s.Linux == nil || s.Linux.Seccomp == nil {
+		return nil
+	}
+	for i, sc := range s.Linux.Seccomp.Syscalls {
+		if sc.Action == specs.ActErrno && sc.ErrnoRet != nil && *sc.ErrnoRet == uint(syscall.ENOSYS) {
+			s.Linux.Seccomp.Syscalls[i].Action, s.Linux.Seccomp.Syscalls[i].ErrnoRet = specs.ActTrace, nil
+		}
+	}
+	return nil
 }

@@ -60,12 +60,12 @@ type Runtime struct {
 
 	// mu guards slots, byPod, creating and groups; events are published
 	// under it.
-	mu       sync.Mutex
-	slots    map[string]*slot
-	byPod    map[string]*slot
+	mu    sync.Mutex
+	slots map[string]*slot
+	byPod map[string]*slot
 	// forks are the fork images kept for further binds of their fork
 	// (fork_linux.go), by source pod UID and fork ID.
-	forks map[string]*forkImage
+	forks    map[string]*forkImage
 	creating int
 	// groups are the shim groups by name (Config.ShimGroupSize > 1).
 	groups map[string]*shimGroup

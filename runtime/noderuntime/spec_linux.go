@@ -142,6 +142,9 @@ func (r *Runtime) specOpts(s *slot, req runtime.BindRequest, i int, img ctrd.Ima
 		return sandboxSpec{}, err
 	}
 	opts = append(opts, sec...)
+	if sp.gvisor {
+		opts = append(opts, withGVisorSeccomp)
+	}
 	if sp.idBase != 0 {
 		if err := mountSlotSysfs(s.dir, s.netns.GetPath()); err != nil {
 			return sandboxSpec{}, err

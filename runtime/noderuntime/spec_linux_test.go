@@ -134,3 +134,33 @@ func TestSeccompLocalhost(t *testing.T) {
 		}
 	}
 }
+
+// TestGVisorSeccomp: for gVisor, whose filter answers errno rules with
+// EPERM, the default profile's clone3 (ENOSYS, so glibc falls back to
+// clone) becomes a trace rule, which gVisor answers with ENOSYS; the other
+// rules stay as they were.
+func TestGVisorSeccomp(t *testing.T) {
+	s := mustSpec(t, runtime.ContainerSpec{Name: "c"}, 0, "")
+	before := len(s.Linux.Seccomp.Syscalls)
+	if err := withGVisorSeccomp(context.Background(), nil, nil, s); err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Linux.Seccomp.Syscalls) != before {
+		t.Fatalf("%d rules, had %d", len(s.Linux.Seccomp.Syscalls), before)
+	}
+	found := false
+	for _, sc := range s.Linux.Seccomp.Syscalls {
+		if slices.Contains(sc.Names, "clone3") && sc.Action != specs.ActAllow {
+			found = true
+			if sc.Action != specs.ActTrace || sc.ErrnoRet != nil {
+				t.Errorf("clone3's rule: %s %v, want a trace rule", sc.Action, sc.ErrnoRet)
+			}
+		}
+		if sc.Action == specs.ActErrno && sc.ErrnoRet != nil && *sc.ErrnoRet == 38 {
+			t.Errorf("an ENOSYS rule is left for %v", sc.Names)
+		}
+	}
+	if !found {
+		t.Fatal("the default profile has no clone3 rule: the test no longer checks anything")
+	}
+}
