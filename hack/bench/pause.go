@@ -22,7 +22,8 @@ var pauseSizes = []int{64, 256, 1024}
 // 64 MiB, 256 MiB and 1 GiB, on the real node runtime, against a cold
 // gVisor bind of the same image measured in the same run (bind → first
 // exec answered): pause is Pause's return (checkpoint written, task gone),
-// resume is Resume's call to the first exec answered.
+// resume is Resume's call to the first exec answered. Then live forks of 8
+// and 32 of a sandbox holding forkMiB, bound at once.
 func benchPause(cfg config) ([]row, error) {
 	be, closeEnv, err := openBenchEnv(cfg, benchNamespace)
 	if err != nil {
@@ -48,7 +49,7 @@ func benchPause(cfg config) ([]row, error) {
 	rows := []row{{name: "cold gVisor bind → first exec answered (Debian)", n: len(cold.ready), p50: ms(base), p99: ms(cold.ready.p99()),
 		baseline: "-", ratio: "1.00×"}}
 	rt, stop, err := be.startRuntime(ctx, "bench-pause", func(c *noderuntime.Config) {
-		c.Slots, c.WarmSlots, c.RuncPath, c.RunscPath = 2, 1, runc, runsc
+		c.Slots, c.WarmSlots, c.RuncPath, c.RunscPath = 2+forkCounts[len(forkCounts)-1], 1, runc, runsc
 	})
 	if err != nil {
 		return nil, err
@@ -66,7 +67,85 @@ func benchPause(cfg config) ([]row, error) {
 			row{name: fmt.Sprintf("resume → first exec answered, %d MiB", mib), n: len(resume), p50: ms(resume.p50()), p99: ms(resume.p99()),
 				baseline: "cold gVisor bind", ratio: ratio(resume.p50(), base), note: "restore --background: memory loads after"})
 	}
+	for _, count := range forkCounts {
+		all, each, err := forkMany(ctx, rt, image, forkMiB, count)
+		if err != nil {
+			return rows, fmt.Errorf("fork of %d: %w", count, err)
+		}
+		rows = append(rows,
+			row{name: fmt.Sprintf("live fork of %d (%d MiB held): bind → first exec, per fork", count, forkMiB), n: len(each), p50: ms(each.p50()), p99: ms(each.p99()),
+				baseline: "cold gVisor bind", ratio: ratio(each.p50(), base), note: "one checkpoint, restored concurrently"},
+			row{name: fmt.Sprintf("live fork of %d: all answered", count), n: 1, p50: ms(all), p99: ms(all),
+				baseline: "-", ratio: "-", note: fmt.Sprintf("%.0f ms per fork", float64(all.Milliseconds())/float64(count))})
+	}
 	return rows, nil
+}
+
+// forkCounts are the batch sizes of live forks, of a sandbox holding
+// forkMiB.
+var forkCounts = []int{8, 32}
+
+const forkMiB = 64
+
+// forkMany binds a gVisor sandbox whose process holds mib MiB and forks it
+// count times at once (one fork ID): how long until every fork answered an
+// exec, and each fork's bind → first exec answered.
+func forkMany(ctx context.Context, rt *noderuntime.Runtime, image string, mib, count int) (all time.Duration, each durations, _ error) {
+	uid := fmt.Sprintf("bench-fork-src-%d", count)
+	hold := fmt.Sprintf("import os, time\nb = bytearray(os.urandom(1 << 20)) * %d\nopen('/tmp/held', 'w').write('1')\ntime.sleep(1e9)\n", mib)
+	req := runtimetest.Request(uid, image, "python3", "-c", hold)
+	req.RuntimeHandler = runtime.RuntimeHandlerRunsc
+	slot, err := rt.Bind(ctx, req)
+	if err != nil {
+		return 0, nil, err
+	}
+	uids := []string{uid}
+	defer func() {
+		for _, u := range uids {
+			_ = rt.Release(context.WithoutCancel(ctx), u, 0)
+		}
+	}()
+	if err := answered(ctx, slot, runtimetest.Token, "test", "-f", "/tmp/held"); err != nil {
+		return 0, nil, err
+	}
+	begin := time.Now()
+	took := make([]time.Duration, count)
+	errs := make(chan error, count)
+	for i := range count {
+		f := runtimetest.Request(fmt.Sprintf("bench-fork-%d-%d", count, i), image, "python3", "-c", hold)
+		f.RuntimeHandler = runtime.RuntimeHandlerRunsc
+		f.Fork = &runtime.ForkSource{PodUID: uid, ID: fmt.Sprintf("b%d", count)}
+		uids = append(uids, f.Pod.UID)
+		go func() {
+			start := time.Now()
+			sl, err := rt.Bind(ctx, f)
+			if err == nil {
+				err = answered(ctx, sl, runtimetest.Token, "test", "-f", "/tmp/held")
+			}
+			took[i] = time.Since(start)
+			errs <- err
+		}()
+	}
+	for range count {
+		if e := <-errs; e != nil && err == nil {
+			err = e
+		}
+	}
+	return time.Since(begin), took, err
+}
+
+// answered waits for the daemon of slot to run cmd successfully.
+func answered(ctx context.Context, slot runtime.Slot, token string, cmd ...string) error {
+	c, err := client.New(slot.IP+":49983", client.WithToken(token), client.WithRetries(0))
+	if err != nil {
+		return err
+	}
+	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if r, err := c.Exec(ctx, api.ExecRequest{Cmd: cmd}); err == nil && r.ExitCode == 0 {
+			return nil
+		}
+	}
+	return fmt.Errorf("%s: %v not answered in 2 minutes", slot.ID, cmd)
 }
 
 // pauseResume binds a gVisor sandbox whose main process holds mib MiB
