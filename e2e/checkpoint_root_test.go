@@ -433,6 +433,14 @@ func TestRootGVisorFork(t *testing.T) {
 	if _, err := rt.Bind(ctx, forkReq("fk-of-nobody", "x", "fk-nobody", "b")); !errdefs.IsFailedPrecondition(err) {
 		t.Errorf("a fork of an unknown pod: %v, want FailedPrecondition", err)
 	}
+	// A fork whose spec is not its source's (another command): runsc's
+	// restore refuses it, the bind fails saying so, and its container goes
+	// (the census at the end checks nothing is left).
+	other := forkReq("fk-other-cmd", "x", "fk-source", "batch3")
+	other.Containers[0].Command = []string{"sleep", "5"}
+	if _, err := rt.Bind(ctx, other); err == nil || !strings.Contains(err.Error(), "does not match") {
+		t.Errorf("a fork with another command: %v, want runsc's refusal", err)
+	}
 
 	for _, uid := range []string{"fk-source", "fk-runc", "fk-0", "fk-1", "fk-2"} {
 		if err := rt.Release(ctx, uid, 0); err != nil {

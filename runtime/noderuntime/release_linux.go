@@ -156,11 +156,13 @@ func (r *Runtime) removeContainer(ctx context.Context, id string, grace time.Dur
 			opts = append(opts, ctrd.WithProcessKill)
 		}
 		_, err := task.Delete(ctx, opts...)
-		if err != nil && strings.Contains(err.Error(), "without --force") && r.isGVisor(ctx, container) {
+		if err != nil && (strings.Contains(err.Error(), "without --force") || strings.Contains(err.Error(), "not started")) && r.isGVisor(ctx, container) {
 			// A gVisor sandbox runsc still has paused (a pause whose
 			// checkpoint failed and could not let it run again): a kill
 			// is not delivered to its stopped tasks, and the shim's
-			// delete refuses it. runsc removes it by force.
+			// delete refuses it. Or one whose restore failed (a fork's or
+			// a resume's): runsc has it created, never started, and
+			// refuses to signal it. runsc removes it by force.
 			r.forceDeleteRunsc(ctx, id)
 			_, err = task.Delete(ctx, opts...)
 		}
