@@ -307,20 +307,7 @@ func TestRootGVisorFork(t *testing.T) {
 			return false, nil
 		})
 	}
-	ask := func(ip string) []string {
-		t.Helper()
-		c, err := net.DialTimeout("tcp", ip+":8080", 5*time.Second)
-		if err != nil {
-			t.Fatalf("the server at %s: %v", ip, err)
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(30 * time.Second))
-		line, err := bufio.NewReader(c).ReadString('\n')
-		if err != nil {
-			t.Fatalf("the server at %s: %v", ip, err)
-		}
-		return strings.Fields(line)
-	}
+	ask := func(ip string) []string { return askServer(t, ip) }
 	forkReq := func(uid, token, source, id string) runtime.BindRequest {
 		req := runtimetest.Request(uid, s.DebianImage, "sleep", "100000")
 		req.RuntimeHandler = runtime.RuntimeHandlerRunsc

@@ -268,20 +268,7 @@ func TestFork(t *testing.T) {
 	p.create(p.newPod("plain", s.BusyboxImage))
 	origin := p.waitPod("origin", 3*time.Minute, "Ready", podReady)
 	p.waitPod("plain", 3*time.Minute, "Ready", podReady)
-	ask := func(ip string) []string {
-		t.Helper()
-		c, err := net.DialTimeout("tcp", ip+":8080", 5*time.Second)
-		if err != nil {
-			t.Fatalf("the server at %s: %v", ip, err)
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(30 * time.Second))
-		line, err := bufio.NewReader(c).ReadString('\n')
-		if err != nil {
-			t.Fatalf("the server at %s: %v", ip, err)
-		}
-		return strings.Fields(line)
-	}
+	ask := func(ip string) []string { return askServer(t, ip) }
 	src := daemonAt(t, origin.Status.PodIP, trainerToken)
 	framework.Eventually(t, 2*time.Minute, "the counting server", func(ctx context.Context) (bool, error) {
 		c, err := net.DialTimeout("tcp", origin.Status.PodIP+":8080", time.Second)
