@@ -52,24 +52,12 @@ func (c *ctl) fork(ctx context.Context, args []string) error {
 		return err
 	}
 	pod := forkPod(src, id, *name)
-	boxes, err := c.createSandboxes(ctx, pod, *count)
-	if err != nil {
-		return err
-	}
 	begin := time.Now()
-	var waitErr error
-	if *wait > 0 {
-		waitErr = c.waitAllReady(ctx, boxes, podcontract.LabelRun+"="+id, *wait)
-	}
-	for _, b := range boxes {
-		if b.err == nil {
-			fmt.Fprintf(c.out, "%s\t%s\n", b.name, b.tokenFile)
-		}
-	}
-	if waitErr == nil && *wait > 0 {
+	boxes, err := c.createAndWait(ctx, pod, *count, id, *wait)
+	if err == nil && *wait > 0 {
 		fmt.Fprintf(c.errw, "%d forks of %s Ready in %v\n", len(boxes), src.Name, time.Since(begin).Round(time.Millisecond))
 	}
-	return waitErr
+	return err
 }
 
 // forkPod is the pod each fork of src is made from: src's spec on src's

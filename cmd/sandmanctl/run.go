@@ -94,20 +94,28 @@ func (c *ctl) run(ctx context.Context, args []string) error {
 		res.Requests[corev1.ResourceMemory], res.Limits[corev1.ResourceMemory] = q, q
 	}
 	pod.Spec.Containers[0].Resources = res
-	boxes, err := c.createSandboxes(ctx, pod, *count)
+	_, err = c.createAndWait(ctx, pod, *count, id, *wait)
+	return err
+}
+
+// createAndWait creates count sandboxes from pod (run label id), waits up
+// to wait (0: not at all) for them to be Ready, and prints the name and
+// token file of each that is; the error names those that are not.
+func (c *ctl) createAndWait(ctx context.Context, pod *corev1.Pod, count int, id string, wait time.Duration) ([]sandbox, error) {
+	boxes, err := c.createSandboxes(ctx, pod, count)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var waitErr error
-	if *wait > 0 {
-		waitErr = c.waitAllReady(ctx, boxes, podcontract.LabelRun+"="+id, *wait)
+	if wait > 0 {
+		waitErr = c.waitAllReady(ctx, boxes, podcontract.LabelRun+"="+id, wait)
 	}
 	for _, b := range boxes {
 		if b.err == nil {
 			fmt.Fprintf(c.out, "%s\t%s\n", b.name, b.tokenFile)
 		}
 	}
-	return waitErr
+	return boxes, waitErr
 }
 
 // createFanOut caps the sandboxes created at once.
