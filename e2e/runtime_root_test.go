@@ -134,8 +134,19 @@ func TestRootHotSlots(t *testing.T) {
 	if st, err := rt.Stats(ctx, "hot-1"); err != nil || st.MemoryLimitBytes != 256<<20 {
 		t.Fatalf("memory limit of the assigned sandbox: %d (%v), want %d", st.MemoryLimitBytes, err, 256<<20)
 	}
-	framework.Eventually(t, 10*time.Second, "the main process to run", func(ctx context.Context) (bool, error) {
+	// Each try has its own deadline, so that one stalled call cannot use up
+	// the wait; the last answer is logged when the wait fails.
+	var last string
+	defer func() {
+		if t.Failed() {
+			t.Logf("the last try at /tmp/main answered: %s", last)
+		}
+	}()
+	framework.Eventually(t, 30*time.Second, "the main process to run", func(ctx context.Context) (bool, error) {
+		ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		defer cancel()
 		out, err := sandboxExec(ctx, slot, runtimetest.Token, "cat", "/tmp/main")
+		last = fmt.Sprintf("%q, err %v", out, err)
 		return err == nil && out == "main-ran\n", nil
 	})
 	if _, err := sandboxExec(ctx, slot, "wrong", "true"); err == nil {
