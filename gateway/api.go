@@ -185,10 +185,10 @@ func (g *Gateway) domain() *string {
 // refuse says which part of a create request sandman cannot honour, or nil.
 func refuse(req *newSandbox) error {
 	switch {
-	case req.AutoPause != nil && *req.AutoPause:
-		return errorf(errdefs.ErrNotImplemented, "autoPause is not supported by sandman's E2B gateway yet: sandboxes are killed at their timeout (leave the lifecycle's onTimeout at 'kill'; pause them with Sandbox.pause)")
-	case req.AutoResume != nil && req.AutoResume.Enabled:
-		return errorf(errdefs.ErrNotImplemented, "autoResume is not supported by sandman's E2B gateway yet: resume a paused sandbox with Sandbox.connect")
+	case req.AutoPauseMemory != nil && !*req.AutoPauseMemory:
+		return errorf(errdefs.ErrNotImplemented, "autoPauseMemory false (onTimeout keepMemory: false) is not supported: sandman's pauses keep a sandbox's memory and processes; leave keepMemory at true")
+	case req.AutoResume != nil && req.AutoResume.Enabled && (req.AutoPause == nil || !*req.AutoPause):
+		return errorf(errdefs.ErrInvalidArgument, "autoResume needs autoPause (lifecycle onTimeout 'pause'): only a sandbox paused at its timeout resumes on activity")
 	case len(req.VolumeMounts) > 0:
 		return errorf(errdefs.ErrNotImplemented, "volumeMounts: volumes are not supported by sandman's E2B gateway")
 	case len(req.Mcp) > 0 && string(req.Mcp) != "null":
@@ -264,6 +264,16 @@ func (g *Gateway) create(ctx context.Context, key Key, req *newSandbox, defTimeo
 			return nil, err
 		}
 	}
+	var life lifecyclePolicy
+	if req.AutoPause != nil && *req.AutoPause {
+		if tmpl.RuntimeClass == "" {
+			return nil, errorf(errdefs.ErrNotImplemented, "lifecycle onTimeout 'pause' is not supported for template %s: it runs under runc, whose sandboxes cannot keep their memory and processes (that would take CRIU, which sandman's workers do not have); sandboxes of a template with runtimeClassName gvisor can be paused at their timeout", req.TemplateID)
+		}
+		life.pause = true
+		if req.AutoResume != nil && req.AutoResume.Enabled {
+			life.resumeFor = lifetime
+		}
+	}
 	if !g.pods.watches(key.Namespace) {
 		return nil, fmt.Errorf("API key %s: its namespace %s is not one the gateway watches (%v): fix the key or the gateway's --namespaces", key.Name, key.Namespace, g.pods.namespaces())
 	}
@@ -279,7 +289,7 @@ func (g *Gateway) create(ctx context.Context, key Key, req *newSandbox, defTimeo
 		pod, err := buildPod(podSpec{
 			id: id, tokenHash: TokenHash(token), key: key, template: tmpl, templateID: req.TemplateID,
 			metadata: req.Metadata, env: req.EnvVars, internet: req.AllowInternetAccess, egress: egress,
-			expiresAt: g.cfg.Now().Add(lifetime),
+			expiresAt: g.cfg.Now().Add(lifetime), lifecycle: life,
 		})
 		if err != nil {
 			return nil, errorf(errdefs.ErrInvalidArgument, "%v", err)
@@ -516,14 +526,20 @@ func (g *Gateway) serveConnect(w http.ResponseWriter, r *http.Request, key Key, 
 	if req.Timeout != nil {
 		d, err = g.seconds("timeout", *req.Timeout)
 	}
+	id := r.PathValue("sandboxID")
 	var pod *corev1.Pod
 	if err == nil {
-		pod, err = g.setExpiry(r.Context(), key, r.PathValue("sandboxID"), g.atLeast(d))
+		pod, err = g.sandboxPod(r.Context(), key, id)
 	}
 	status := http.StatusOK
-	if err == nil && paused(pod) {
-		// A paused sandbox resumes (E2B: 201).
-		err, status = g.resume(r.Context(), key, pod, req.Memory), http.StatusCreated
+	switch {
+	case err != nil:
+	case paused(pod):
+		// A paused sandbox resumes (E2B: 201), and runs for the timeout
+		// from now: the time it was kept paused was not its to run.
+		err, status = g.resume(r.Context(), key, pod, req.Memory, g.cfg.Now().Add(d)), http.StatusCreated
+	default:
+		pod, err = g.setExpiry(r.Context(), key, id, g.atLeast(d))
 	}
 	if err != nil {
 		writeError(w, err)

@@ -623,6 +623,7 @@ func TestUnsupported(t *testing.T) {
 		{http.MethodGet, "/volumes", nil},
 		{http.MethodGet, "/secrets", nil},
 		{http.MethodPost, "/v2/sandboxes", map[string]any{"templateID": "base", "autoPause": true}},
+		{http.MethodPost, "/v2/sandboxes", map[string]any{"templateID": "base", "autoPause": true, "autoPauseMemory": false}},
 		{http.MethodPost, "/v2/sandboxes", map[string]any{"templateID": "base", "volumeMounts": []map[string]string{{"name": "v", "path": "/v"}}}},
 		{http.MethodPost, "/v2/sandboxes", map[string]any{"templateID": "base", "network": map[string]any{"rules": map[string]any{"api.example.com": []any{map[string]any{}}}}}},
 		{http.MethodPost, "/v2/sandboxes", map[string]any{"templateID": "base", "network": map[string]any{"egressProxy": map[string]any{"address": "p:1080"}}}},

@@ -92,6 +92,7 @@ func newEnv(t testing.TB, tweak ...func(*Config)) *env {
 		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: systemNS, Name: tmplName}, Data: map[string]string{
 			"base":  `{"image":"` + baseImage + `","cpu":"2","memory":"1Gi"}`,
 			"small": `{"image":"registry.example.com/e2b/small:1"}`,
+			"gv":    `{"image":"` + baseImage + `","runtimeClassName":"gvisor"}`,
 		}},
 	)
 	e.daemon = httptest.NewUnstartedServer(http.NotFoundHandler())

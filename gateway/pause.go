@@ -36,14 +36,21 @@ func paused(pod *corev1.Pod) bool {
 }
 
 // resumeIdle resumes a sandbox its virtual node paused after it sat idle
-// (sandman-vk --auto-pause-after) when traffic for it arrives, and returns
-// it running; other pods are returned as they are.
+// (sandman-vk --auto-pause-after) or at its timeout with autoResume
+// (podcontract.AnnotationResumeOnCall) when traffic for it arrives, and
+// returns it running; other pods are returned as they are.
 func (g *Gateway) resumeIdle(ctx context.Context, pod *corev1.Pod) *corev1.Pod {
 	if pod.Annotations[podcontract.AnnotationPause] != podcontract.PauseIdle {
 		return pod
 	}
 	key := Key{Namespace: pod.Namespace}
-	if err := g.resume(ctx, key, pod, nil); err != nil {
+	var end time.Time
+	if d := podcontract.ResumeOnCall(pod.Annotations); d > 0 && pod.Annotations[podcontract.AnnotationPausedAtExpiry] != "" {
+		// Paused at its timeout (E2B's autoResume): it runs for its
+		// timeout again from now.
+		end = g.cfg.Now().Add(d)
+	}
+	if err := g.resume(ctx, key, pod, nil, end); err != nil {
 		g.log.Warn("resume of an idle-paused sandbox for its traffic", "sandbox", pod.Name, "err", err)
 		return pod
 	}
@@ -74,13 +81,13 @@ func (g *Gateway) servePause(w http.ResponseWriter, r *http.Request, key Key) {
 		err = errorf(errdefs.ErrNotImplemented, "sandbox %s cannot be paused: it runs under runc, whose sandboxes cannot keep their memory and processes (that would take CRIU, which sandman's workers do not have); sandboxes of a template with runtimeClassName gvisor can be paused", id)
 	}
 	if err == nil {
-		err = g.setPause(ctx, key, pod, true)
+		err = g.setPause(ctx, key, pod, true, time.Time{})
 	}
 	if err == nil {
 		err = g.awaitPause(ctx, key, id, true)
 		if err != nil {
 			// The sandbox runs on: it is not paused to E2B either.
-			_ = g.setPause(context.WithoutCancel(ctx), key, pod, false)
+			_ = g.setPause(context.WithoutCancel(ctx), key, pod, false, time.Time{})
 		}
 	}
 	if err != nil {
@@ -112,22 +119,28 @@ func (g *Gateway) serveResume(w http.ResponseWriter, r *http.Request, key Key) {
 }
 
 // resume resumes a paused sandbox (connect's and resume's part) and
-// returns it running. memory false (E2B's onResume "reboot") is refused.
-func (g *Gateway) resume(ctx context.Context, key Key, pod *corev1.Pod, memory *bool) error {
+// returns it running; its expiry becomes end, unless that is zero. memory
+// false (E2B's onResume "reboot") is refused.
+func (g *Gateway) resume(ctx context.Context, key Key, pod *corev1.Pod, memory *bool, end time.Time) error {
 	if memory != nil && !*memory {
 		return errorf(errdefs.ErrNotImplemented, "resuming sandbox %s without its memory (onResume: reboot) is not supported: it resumes where it was paused", pod.Name)
 	}
-	if err := g.setPause(ctx, key, pod, false); err != nil {
+	if err := g.setPause(ctx, key, pod, false, end); err != nil {
 		return err
 	}
 	return g.awaitPause(ctx, key, pod.Name, false)
 }
 
 // setPause sets (or removes) the pod's AnnotationPause. A pause also keeps
-// the sandbox for MaxTimeout from now.
-func (g *Gateway) setPause(ctx context.Context, key Key, pod *corev1.Pod, pause bool) error {
-	annotations := map[string]any{podcontract.AnnotationPause: nil}
+// the sandbox for MaxTimeout from now; a resume forgets a pause at its
+// expiry and moves its expiry to end (unless zero).
+func (g *Gateway) setPause(ctx context.Context, key Key, pod *corev1.Pod, pause bool, end time.Time) error {
+	annotations := map[string]any{podcontract.AnnotationPause: nil, podcontract.AnnotationPausedAtExpiry: nil}
+	if !pause && !end.IsZero() {
+		annotations[podcontract.AnnotationExpiresAt] = end.UTC().Truncate(time.Second).Format(time.RFC3339)
+	}
 	if pause {
+		delete(annotations, podcontract.AnnotationPausedAtExpiry)
 		annotations[podcontract.AnnotationPause] = "true"
 		if end := g.cfg.Now().Add(g.cfg.MaxTimeout).UTC().Truncate(time.Second); end.After(expiresAt(pod)) {
 			annotations[podcontract.AnnotationExpiresAt] = end.Format(time.RFC3339)

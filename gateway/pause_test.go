@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -115,6 +116,13 @@ func TestPauseResume(t *testing.T) {
 	if r.decode(t, &sb); sb.EnvdAccessToken != gv.EnvdAccessToken {
 		t.Errorf("connect after the resume gave another token")
 	}
+	// It runs for the connect's timeout from the resume, not until the
+	// end it was kept paused for.
+	if p, err := pods.Get(ctx, gv.SandboxID, metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	} else if want := e.gw.cfg.Now().Add(time.Minute).UTC().Truncate(time.Second); !expiresAt(p).Equal(want) {
+		t.Errorf("after a connect with timeout 60 the sandbox ends at %s, want %s", expiresAt(p), want)
+	}
 	if r := e.call(http.MethodPost, "/v2/sandboxes/"+gv.SandboxID+"/connect", rawKeyA, nil); r.status != http.StatusOK {
 		t.Errorf("connect of a running sandbox: %d %s", r.status, r.body)
 	}
@@ -130,5 +138,74 @@ func TestTemplateRuntimeClass(t *testing.T) {
 	}
 	if _, ok := got["bad"]; ok || len(errs) != 1 || !strings.Contains(errs[0].Error(), "runtimeClassName") {
 		t.Errorf("a bad runtimeClassName: %v %v", got["bad"], errs)
+	}
+}
+
+// TestLifecycle: E2B's lifecycle onTimeout "pause" and autoResume become
+// the pod's sandman.io/on-expiry and resume-on-call (the timeout), and
+// getInfo reads them back; traffic for a sandbox its virtual node paused
+// at its timeout resumes it for its timeout again. A runc template, a
+// pause without memory and autoResume alone are refused, leaving no pod.
+func TestLifecycle(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	sb, pod := e.createReady(rawKeyA, nsA, map[string]any{"templateID": "gv", "timeout": 30, "autoPause": true, "autoResume": map[string]any{"enabled": true}})
+	if a := pod.Annotations; a[podcontract.AnnotationOnExpiry] != podcontract.OnExpiryPause || a[podcontract.AnnotationResumeOnCall] != "30s" {
+		t.Errorf("annotations %v", a)
+	}
+	var info sandboxDetail
+	if r := e.call(http.MethodGet, "/sandboxes/"+sb.SandboxID, rawKeyA, nil); r.status != http.StatusOK {
+		t.Fatalf("get: %d", r.status)
+	} else if r.decode(t, &info); info.Lifecycle != (lifecycle{AutoResume: true, OnTimeout: "pause"}) {
+		t.Errorf("lifecycle %+v", info.Lifecycle)
+	}
+
+	// The virtual node paused it at its timeout (simulated).
+	pods := e.client.CoreV1().Pods(nsA)
+	cur, err := pods.Get(ctx, sb.SandboxID, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur.Annotations[podcontract.AnnotationPause] = podcontract.PauseIdle
+	cur.Annotations[podcontract.AnnotationPausedAtExpiry] = time.Now().UTC().Format(time.RFC3339)
+	cur.Annotations[podcontract.AnnotationExpiresAt] = time.Now().Add(24 * time.Hour).UTC().Format(time.RFC3339)
+	if cur, err = pods.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	resumed := make(chan *corev1.Pod, 1)
+	go func() { resumed <- e.gw.resumeIdle(ctx, cur) }()
+	poll(t, "the pause annotation removed", func() bool {
+		p, err := pods.Get(ctx, sb.SandboxID, metav1.GetOptions{})
+		return err == nil && p.Annotations[podcontract.AnnotationPause] == ""
+	})
+	e.setStatus(nsA, sb.SandboxID, func(s *corev1.PodStatus) {
+		s.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue},
+			{Type: podcontract.ConditionPaused, Status: corev1.ConditionFalse, Reason: podcontract.ReasonResumed}}
+	})
+	got := <-resumed
+	if v := got.Annotations[podcontract.AnnotationPausedAtExpiry]; v != "" {
+		t.Errorf("%s left after the resume: %q", podcontract.AnnotationPausedAtExpiry, v)
+	}
+	if want := e.gw.cfg.Now().Add(30 * time.Second).UTC().Truncate(time.Second); !expiresAt(got).Equal(want) {
+		t.Errorf("resumed on traffic, the sandbox ends at %s, want its timeout (30 s) from now, %s", expiresAt(got), want)
+	}
+
+	before := len(e.sandboxPods(nsA))
+	for _, tc := range []struct {
+		body   map[string]any
+		status int
+		says   string
+	}{
+		{map[string]any{"templateID": "base", "autoPause": true}, http.StatusNotImplemented, "CRIU"},
+		{map[string]any{"templateID": "gv", "autoPause": true, "autoPauseMemory": false}, http.StatusNotImplemented, "keepMemory"},
+		{map[string]any{"templateID": "gv", "autoResume": map[string]any{"enabled": true}}, http.StatusBadRequest, "autoPause"},
+	} {
+		r := e.call(http.MethodPost, "/v2/sandboxes", rawKeyA, tc.body)
+		if r.status != tc.status || !strings.Contains(r.apiError(t).Message, tc.says) {
+			t.Errorf("create %v: %d %s, want %d saying %q", tc.body, r.status, r.body, tc.status, tc.says)
+		}
+	}
+	if n := len(e.sandboxPods(nsA)); n != before {
+		t.Errorf("refused creates left %d pods", n-before)
 	}
 }

@@ -67,6 +67,15 @@ type podSpec struct {
 	// egress are the node's egress annotations (egressAnnotations).
 	egress    map[string]string
 	expiresAt time.Time
+	lifecycle lifecyclePolicy
+}
+
+// lifecyclePolicy is E2B's lifecycle: pause (onTimeout "pause") pauses the
+// sandbox at its timeout instead of killing it; resumeFor (autoResume)
+// resumes it on activity, for that long again (its timeout).
+type lifecyclePolicy struct {
+	pause     bool
+	resumeFor time.Duration
 }
 
 func buildPod(s podSpec) (*corev1.Pod, error) {
@@ -101,6 +110,12 @@ func buildPod(s podSpec) (*corev1.Pod, error) {
 	}
 	for k, v := range s.egress {
 		annotations[k] = v
+	}
+	if s.lifecycle.pause {
+		annotations[podcontract.AnnotationOnExpiry] = podcontract.OnExpiryPause
+		if s.lifecycle.resumeFor > 0 {
+			annotations[podcontract.AnnotationResumeOnCall] = s.lifecycle.resumeFor.String()
+		}
 	}
 	no := false
 	pod := &corev1.Pod{
@@ -295,6 +310,9 @@ func podMetadata(pod *corev1.Pod) map[string]string {
 
 func detail(pod *corev1.Pod) sandboxDetail {
 	d := sandboxDetail{listedSandbox: view(pod), Lifecycle: lifecycle{AutoResume: false, OnTimeout: "kill"}}
+	if pod.Annotations[podcontract.AnnotationOnExpiry] == podcontract.OnExpiryPause {
+		d.Lifecycle = lifecycle{AutoResume: podcontract.ResumeOnCall(pod.Annotations) > 0, OnTimeout: "pause"}
+	}
 	if v, err := strconv.ParseBool(pod.Annotations[podcontract.AnnotationE2BInternet]); err == nil {
 		d.AllowInternetAccess = &v
 	}

@@ -107,14 +107,14 @@ type networkInfo struct {
 	HTTPSPorts         []int    `json:"httpsPorts,omitempty"`
 }
 
-// lifecycle is SandboxLifecycle: sandman sandboxes are killed at their
-// timeout and never resume.
+// lifecycle is SandboxLifecycle: what happens at the sandbox's timeout
+// ("kill" or "pause") and whether a paused one resumes on activity.
 type lifecycle struct {
 	AutoResume bool   `json:"autoResume"`
 	OnTimeout  string `json:"onTimeout"`
 }
 
-// Sandbox states (SandboxState). A sandman sandbox is never paused.
+// Sandbox states (SandboxState).
 const (
 	stateRunning = "running"
 	statePaused  = "paused"

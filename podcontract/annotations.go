@@ -66,6 +66,40 @@ const AnnotationPause = "sandman.io/pause"
 // "true", set by a person or a trainer, is resumed only by removing it.
 const PauseIdle = "idle"
 
+// AnnotationOnExpiry says what happens to a sandbox at its
+// AnnotationExpiresAt: "delete" (the default) reclaims it; "pause" pauses
+// it instead, as AnnotationPause does, and keeps it paused for the virtual
+// node's keep time (sandman-vk --keep-paused): the virtual node sets
+// AnnotationPause ("true", or PauseIdle with AnnotationResumeOnCall),
+// AnnotationPausedAtExpiry, and a new AnnotationExpiresAt, at which the
+// sandbox, still paused, is deleted. A sandbox that runs again (resumed)
+// is paused again at its next expiry. Only a pod that can be paused (a
+// gVisor sandbox of one container) may ask for "pause"; another is
+// refused when it is created. A pause that fails at the expiry deletes the
+// sandbox, as "delete" would have. sandman-gateway sets it for E2B's
+// lifecycle onTimeout "pause".
+const AnnotationOnExpiry = "sandman.io/on-expiry"
+
+// What AnnotationOnExpiry may say.
+const (
+	OnExpiryDelete = "delete"
+	OnExpiryPause  = "pause"
+)
+
+// AnnotationResumeOnCall, with AnnotationOnExpiry "pause", resumes a
+// sandbox paused at its expiry when the next call for it arrives (kubectl
+// exec, attach or port-forward through the virtual node, an SDK call or
+// port traffic through sandman-gateway), and gives it that much time
+// again (a Go duration, e.g. 5m): its AnnotationExpiresAt becomes the
+// resume's time plus it. sandman-gateway sets it to the sandbox's timeout
+// for E2B's lifecycle autoResume.
+const AnnotationResumeOnCall = "sandman.io/resume-on-call"
+
+// AnnotationPausedAtExpiry is written by the virtual node: the expiry (RFC
+// 3339) at which it paused the sandbox (AnnotationOnExpiry "pause"). It
+// goes once the sandbox runs again.
+const AnnotationPausedAtExpiry = "sandman.io/paused-at-expiry"
+
 // AnnotationForkOf makes a pod a live fork of a running sandbox: the name
 // of a pod in the same namespace on the same virtual node, a gVisor
 // sandbox of one container. The fork starts from that sandbox's processes,

@@ -97,7 +97,9 @@ func (p *Provider) armExpiryLocked(uid string, sb *sandbox) {
 	sb.expiry = p.afterFuncLocked(max(0, sb.expiresAt.Sub(p.cfg.Now())), func() { p.reclaimExpired(context.Background(), uid) })
 }
 
-// reclaimExpired deletes the pod of a sandbox past its expiry and says why.
+// reclaimExpired deletes the pod of a sandbox past its expiry and says
+// why, or pauses it instead when the pod asks for that
+// (podcontract.AnnotationOnExpiry; expiry.go).
 func (p *Provider) reclaimExpired(ctx context.Context, uid string) {
 	p.mu.Lock()
 	sb := p.byUID[uid]
@@ -106,9 +108,29 @@ func (p *Provider) reclaimExpired(ctx context.Context, uid string) {
 		return
 	}
 	pod, at := sb.pod, sb.expiresAt
+	action := p.expiryActionLocked(sb)
+	if action == expiryPause {
+		sb.pausingAtExpiry = at
+	}
 	p.mu.Unlock()
+	switch action {
+	case expiryWait:
+		return
+	case expiryPause:
+		p.pauseAtExpiry(ctx, uid, pod, at)
+		return
+	}
 	msg := fmt.Sprintf("the sandbox expired at %s (annotation %s): it was reclaimed", at.UTC().Format(time.RFC3339), podcontract.AnnotationExpiresAt)
-	p.log.Info("expired", "pod", podKey(pod.Namespace, pod.Name), "at", at)
+	if v := pod.Annotations[podcontract.AnnotationPausedAtExpiry]; v != "" && wantPaused(pod) {
+		msg = fmt.Sprintf("the sandbox, paused at its expiry (%s), was kept paused until %s (annotation %s): it was reclaimed", v, at.UTC().Format(time.RFC3339), podcontract.AnnotationExpiresAt)
+	}
+	p.deleteReclaimed(ctx, pod, msg)
+}
+
+// deleteReclaimed deletes the pod of a sandbox past its expiry, with an
+// event that says why.
+func (p *Provider) deleteReclaimed(ctx context.Context, pod *corev1.Pod, msg string) {
+	p.log.Info("expired", "pod", podKey(pod.Namespace, pod.Name), "why", msg)
 	p.cfg.Recorder.Event(pod, corev1.EventTypeNormal, podcontract.ReasonExpired, msg)
 	metricReclaims.WithLabelValues(podcontract.ReasonExpired, p.nodeOf(pod.UID)).Inc()
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)

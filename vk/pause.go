@@ -74,9 +74,13 @@ func (p *Provider) resumeForCall(ctx context.Context, namespace, name string) er
 		return vkerrdefs.InvalidInputf("pod %s/%s is paused (%s=%s): resume it first (sandmanctl resume, or remove the annotation)",
 			namespace, name, podcontract.AnnotationPause, pod.Annotations[podcontract.AnnotationPause])
 	}
-	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
-		"uid": pod.UID, "annotations": map[string]any{podcontract.AnnotationPause: nil},
-	}})
+	annotations := map[string]any{podcontract.AnnotationPause: nil}
+	if d := podcontract.ResumeOnCall(pod.Annotations); d > 0 && pod.Annotations[podcontract.AnnotationPausedAtExpiry] != "" {
+		// Paused at its expiry: it runs for its resume time again.
+		annotations[podcontract.AnnotationPausedAtExpiry] = nil
+		annotations[podcontract.AnnotationExpiresAt] = p.cfg.Now().Add(d).UTC().Truncate(time.Second).Format(time.RFC3339)
+	}
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"uid": pod.UID, "annotations": annotations}})
 	if _, err := p.cfg.Client.CoreV1().Pods(namespace).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		return fmt.Errorf("resume pod %s/%s, paused after it sat idle: %w", namespace, name, err)
 	}
@@ -217,6 +221,9 @@ func (p *Provider) runPause(uid, op string) {
 		event()
 	}
 	p.push(uid)
+	if !retry {
+		p.afterExpiryPauseOp(pod, op, err)
+	}
 }
 
 // pauseCondition is the pod's ConditionPaused, or false when its sandbox

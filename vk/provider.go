@@ -72,6 +72,10 @@ type Config struct {
 	// of leaving it to hold its slot's memory: its pod's AnnotationPause
 	// becomes PauseIdle, and the next kubectl exec resumes it. 0: off.
 	AutoPauseAfter time.Duration
+	// KeepPaused is how long a sandbox paused at its expiry
+	// (podcontract.AnnotationOnExpiry "pause") is kept before it is
+	// deleted (default 24 h).
+	KeepPaused time.Duration
 	// ReconcileInterval is how often slots and pods are compared (default
 	// 10 s); OrphanGrace how long a slot whose pod is gone is kept before
 	// it is released (default 30 s).
@@ -228,6 +232,9 @@ func New(cfg Config) (*Provider, error) {
 	}
 	if cfg.ReconcileInterval <= 0 {
 		cfg.ReconcileInterval = 10 * time.Second
+	}
+	if cfg.KeepPaused <= 0 {
+		cfg.KeepPaused = DefaultKeepPaused
 	}
 	if cfg.OrphanGrace <= 0 {
 		cfg.OrphanGrace = 30 * time.Second
@@ -464,6 +471,9 @@ func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	}
 	if err == nil {
 		sb.expiresAt, err = expiresAt(pod)
+	}
+	if err == nil {
+		err = checkExpiryPolicy(pod, req)
 	}
 	if err == nil {
 		req.Fork, err = p.forkSourceLocked(pod)

@@ -40,6 +40,9 @@ type sandbox struct {
 	pauseSince   time.Time
 	pauseRefused bool
 	pauses       int
+	// pausingAtExpiry is the expiry at which the provider asked for the
+	// sandbox to be paused (AnnotationOnExpiry), until the pod says so.
+	pausingAtExpiry time.Time
 	// Waiting: reason and message for the containers (and the pod when
 	// failed).
 	reason, message string

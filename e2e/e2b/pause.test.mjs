@@ -1,6 +1,8 @@
 // Pause and resume through the official E2B SDK: a sandbox of a gVisor
 // template keeps a process's memory across pause and connect (which
-// resumes it); a runc sandbox's pause is refused, saying why. Run by
+// resumes it); a runc sandbox's pause is refused, saying why; E2B's
+// lifecycle (onTimeout 'pause', autoResume) pauses at the timeout and
+// resumes on a call or connect. Run by
 // e2e/e2b_e2e_test.go with the other *.test.mjs files; see sdk.test.mjs for
 // the environment.
 import { test, after } from 'node:test'
@@ -82,4 +84,44 @@ test('pausing a runc sandbox is refused with the reason, and it runs on', async 
   assert.equal((await sbx.getInfo()).state, 'running')
   const r = await sbx.commands.run('echo alive')
   assert.equal(r.stdout, 'alive\n')
+})
+
+// The lifecycle's timeouts are shortened with setTimeout once the sandbox
+// is set up, so that no call is under way when the timeout comes.
+const pausedAtTimeout = async (sbx) => {
+  await sbx.setTimeout(2_000)
+  await until('the sandbox paused at its timeout', 60_000, async () => (await sbx.getInfo()).state === 'paused')
+}
+
+test('lifecycle onTimeout pause pauses at the timeout; autoResume resumes on the next call for the timeout again', async (t) => {
+  const sbx = await Sandbox.create(gvisor, { timeoutMs: 120_000, lifecycle: { onTimeout: 'pause', autoResume: true } })
+  made.push(sbx)
+  assert.deepEqual((await sbx.getInfo()).lifecycle, { onTimeout: 'pause', autoResume: true })
+  await sbx.files.write('/tmp/keeper.py', keeper)
+  await sbx.commands.run('python3 /tmp/keeper.py', { background: true })
+  const [digest, pid, n] = await ask(sbx)
+  assert.equal(n, '1')
+  await pausedAtTimeout(sbx)
+
+  const begin = Date.now()
+  const [digest2, pid2, n2] = await ask(sbx)
+  t.diagnostic(`the first call after the pause resumed it and was answered in ${Date.now() - begin} ms`)
+  assert.deepEqual([digest2, pid2, n2], [digest, pid, '2'], 'the memory and process after the resume')
+  const info = await sbx.getInfo()
+  assert.equal(info.state, 'running')
+  const left = info.endAt.getTime() - Date.now()
+  assert.ok(left > 60_000 && left <= 121_000, `after the resume it ends in ${left} ms, want its timeout (120 s) again`)
+})
+
+test('lifecycle onTimeout pause without autoResume stays paused until connect', async () => {
+  const sbx = await Sandbox.create(gvisor, { timeoutMs: 120_000, lifecycle: { onTimeout: 'pause' } })
+  made.push(sbx)
+  assert.deepEqual((await sbx.getInfo()).lifecycle, { onTimeout: 'pause', autoResume: false })
+  const pid = (await sbx.commands.run('sleep 1000 >/dev/null 2>&1 & echo $!')).stdout.trim()
+  await pausedAtTimeout(sbx)
+  const back = await Sandbox.connect(sbx.sandboxId, { timeoutMs: 60_000 })
+  assert.equal((await back.getInfo()).state, 'running')
+  const r = await back.commands.run(`kill -0 ${pid} && echo alive`)
+  assert.equal(r.stdout, 'alive\n', 'the process started before the pause')
+  await assert.rejects(Sandbox.create(runc, { lifecycle: { onTimeout: 'pause' } }), /runc/)
 })
