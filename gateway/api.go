@@ -38,7 +38,6 @@ const refreshDefault = 15 * time.Second
 // answer 501 with what is missing, never hang or fail otherwise.
 var unsupported = []struct{ pattern, what string }{
 	{"/sandboxes/{sandboxID}/snapshots", "sandbox snapshots other than create (POST)"},
-	{"/sandboxes/{sandboxID}/fork", "forking a sandbox with its memory and processes (create a snapshot, which keeps the files, and create sandboxes with its snapshotId as the template)"},
 	{"/sandboxes/{sandboxID}/network", "changing a sandbox's network configuration"},
 	{"/templates", "this templates call"},
 	{"/templates/", "this templates call"},
@@ -66,6 +65,7 @@ func (g *Gateway) ControlHandler() http.Handler {
 	mux.Handle("POST /sandboxes/{sandboxID}/snapshots", g.auth(g.serveSnapshot))
 	mux.Handle("POST /sandboxes/{sandboxID}/pause", g.auth(g.servePause))
 	mux.Handle("POST /sandboxes/{sandboxID}/resume", g.auth(g.serveResume))
+	mux.Handle("POST /sandboxes/{sandboxID}/fork", g.auth(g.serveFork))
 	mux.Handle("POST /v2/sandboxes/{sandboxID}/connect", g.auth(func(w http.ResponseWriter, r *http.Request, k Key) { g.serveConnect(w, r, k, g.cfg.DefaultTimeout) }))
 	mux.Handle("POST /sandboxes/{sandboxID}/connect", g.auth(func(w http.ResponseWriter, r *http.Request, k Key) { g.serveConnect(w, r, k, g.cfg.DefaultTimeout) }))
 	g.buildRoutes(mux)

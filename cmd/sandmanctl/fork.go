@@ -83,9 +83,7 @@ func forkPod(src *corev1.Pod, id, prefix string) *corev1.Pod {
 		pod.Labels[podcontract.LabelJob] = job
 	}
 	// The sandbox's lease and limits are its source's.
-	for _, k := range []string{podcontract.AnnotationIdleTimeout, podcontract.AnnotationEgress, podcontract.AnnotationEgressDeny,
-		podcontract.AnnotationEgressDomains, podcontract.AnnotationControlPorts,
-		podcontract.AnnotationIngressBandwidth, podcontract.AnnotationEgressBandwidth} {
+	for _, k := range podcontract.ForkInherited() {
 		if v, ok := src.Annotations[k]; ok {
 			pod.Annotations[k] = v
 		}

@@ -77,10 +77,38 @@ test('pause keeps a gVisor sandbox running state; connect resumes it where it wa
   assert.equal(r.stdout, 'resumed\n')
 })
 
+test('Sandbox.fork: forks go on from the running sandbox memory and processes, then diverge; the source runs on', async (t) => {
+  const sbx = await Sandbox.create(gvisor, { timeoutMs: 300_000 })
+  made.push(sbx)
+  await sbx.files.write('/tmp/keeper.py', keeper)
+  await sbx.commands.run('python3 /tmp/keeper.py', { background: true })
+  const [digest, pid, n] = await ask(sbx)
+  assert.equal(n, '1')
+
+  const begin = Date.now()
+  const forks = await Sandbox.fork(sbx.sandboxId, { count: 2, timeoutMs: 120_000 })
+  t.diagnostic(`2 forks running in ${Date.now() - begin} ms`)
+  assert.equal(forks.length, 2)
+  for (const f of forks) {
+    assert.ok(f instanceof Sandbox, `a fork failed: ${f}`)
+    made.push(f)
+  }
+  assert.equal(new Set([sbx.sandboxId, ...forks.map((f) => f.sandboxId)]).size, 3, 'each fork has its own ID')
+  for (const f of forks) {
+    assert.deepEqual(await ask(f), [digest, pid, '2'], `fork ${f.sandboxId}: the memory and process it started from`)
+  }
+  await forks[0].files.write('/tmp/mine', 'fork 0')
+  assert.equal(await forks[1].files.exists('/tmp/mine'), false, 'a fork sees another fork file')
+  assert.equal(await sbx.files.exists('/tmp/mine'), false, 'the source sees a fork file')
+  assert.deepEqual(await ask(sbx), [digest, pid, '2'], 'the source after the forks')
+  assert.equal((await forks[1].getInfo()).templateId, (await sbx.getInfo()).templateId)
+})
+
 test('pausing a runc sandbox is refused with the reason, and it runs on', async () => {
   const sbx = await Sandbox.create(runc, { timeoutMs: 120_000 })
   made.push(sbx)
   await assert.rejects(sbx.pause(), /CRIU/)
+  await assert.rejects(Sandbox.fork(sbx.sandboxId), /CRIU/)
   assert.equal((await sbx.getInfo()).state, 'running')
   const r = await sbx.commands.run('echo alive')
   assert.equal(r.stdout, 'alive\n')
