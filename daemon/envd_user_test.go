@@ -15,6 +15,8 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/sandman-dev/sandman/daemon"
+	"github.com/sandman-dev/sandman/daemon/api"
 	"github.com/sandman-dev/sandman/daemon/envd/spec/filesystem"
 )
 
@@ -316,5 +318,40 @@ func TestEnvdFilesAsUserConcurrent(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Error(err)
+	}
+}
+
+// TestEnvdDefaultUser: with api.EnvEnvdUser in the sandbox's environment,
+// envd calls that name no user act as that user (E2B's default user: a
+// root daemon runs them as it), for commands and files alike; a call that
+// names root is root's.
+func TestEnvdDefaultUser(t *testing.T) {
+	uid, gid := rootAndNobody(t)
+	withDefault := func(c *daemon.Config) { c.Env = append(c.Env, api.EnvEnvdUser+"=nobody") }
+
+	h := newEnvdHarness(t, withDefault)
+	s := start(t, t.Context(), h.json(), shellReq(`echo "$(id -u):$(id -g) $USER"`))
+	if end := s.wait(t); end.GetExitCode() != 0 || strings.TrimSpace(s.stdout.String()) != fmt.Sprintf("%d:%d nobody", uid, gid) {
+		t.Errorf("a command naming no user ran as %q (exit %d), want nobody (%d:%d)", s.stdout.String(), end.GetExitCode(), uid, gid)
+	}
+	s = start(t, t.Context(), h.json(), asUser(shellReq(`id -u`), "root"))
+	if s.wait(t); strings.TrimSpace(s.stdout.String()) != "0" {
+		t.Errorf("a command naming root ran as uid %q", s.stdout.String())
+	}
+
+	e := newFSEnv(t, withDefault)
+	openTo(t, e.dir, 0o777)
+	secret := filepath.Join(e.dir, "secret")
+	writeMode(t, secret, "root only", 0o600)
+	resp, b := e.do(t, restCall{method: "GET", path: "/files", query: url.Values{"path": {secret}}})
+	wantStatus(t, "the default user reads root's 0600 file", resp, b, 403, "permission denied")
+	resp, b = e.do(t, restCall{method: "GET", path: "/files", query: url.Values{"path": {secret}, "username": {"root"}}})
+	wantStatus(t, "root reads root's 0600 file", resp, b, 200, "")
+	p := filepath.Join(e.dir, "new.txt")
+	resp, b = e.do(t, restCall{method: "POST", path: "/files", query: url.Values{"path": {p}},
+		header: hdr("X-Access-Token", testToken, "Content-Type", "application/octet-stream"), body: strings.NewReader("x")})
+	wantStatus(t, "an upload naming no user", resp, b, 200, "")
+	if got := ownerOf(t, p); got != [2]int{uid, gid} {
+		t.Errorf("an upload naming no user made a file of %d:%d, want nobody's %d:%d", got[0], got[1], uid, gid)
 	}
 }

@@ -8,6 +8,14 @@ import "time"
 // Port is the TCP port the daemon listens on inside every sandbox.
 const Port = 49983
 
+// EnvEnvdUser, in the sandbox's environment, names the user envd calls
+// (E2B's protocol) that name none act as, in place of the daemon's own:
+// E2B's default user. A daemon running as root (the pod's runAsUser 0)
+// with EnvEnvdUser=user acts as E2B's envd does: commands and file calls
+// run as user unless they name another, root included. It narrows nothing
+// a call may ask for; the v1 API and the main command are not affected.
+const EnvEnvdUser = "SANDMAN_ENVD_USER"
+
 // Error is the body of every non-2xx answer: {"error":{"code":..,"message":..}}.
 type Error struct {
 	Code    string `json:"code"`
