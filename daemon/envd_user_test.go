@@ -329,10 +329,14 @@ func TestEnvdDefaultUser(t *testing.T) {
 	uid, gid := rootAndNobody(t)
 	withDefault := func(c *daemon.Config) { c.Env = append(c.Env, api.EnvEnvdUser+"=nobody") }
 
-	h := newEnvdHarness(t, withDefault)
-	s := start(t, t.Context(), h.json(), shellReq(`echo "$(id -u):$(id -g) $USER"`))
-	if end := s.wait(t); end.GetExitCode() != 0 || strings.TrimSpace(s.stdout.String()) != fmt.Sprintf("%d:%d nobody", uid, gid) {
-		t.Errorf("a command naming no user ran as %q (exit %d), want nobody (%d:%d)", s.stdout.String(), end.GetExitCode(), uid, gid)
+	// The sandbox's directory is where the default user's commands start
+	// (a template's workdir), not its home.
+	work := t.TempDir()
+	openTo(t, work, 0o755)
+	h := newEnvdHarness(t, withDefault, func(c *daemon.Config) { c.Dir = work })
+	s := start(t, t.Context(), h.json(), shellReq(`echo "$(id -u):$(id -g) $USER $(pwd)"`))
+	if end := s.wait(t); end.GetExitCode() != 0 || strings.TrimSpace(s.stdout.String()) != fmt.Sprintf("%d:%d nobody %s", uid, gid, work) {
+		t.Errorf("a command naming no user ran as %q (exit %d), want nobody (%d:%d) in %s", s.stdout.String(), end.GetExitCode(), uid, gid, work)
 	}
 	s = start(t, t.Context(), h.json(), asUser(shellReq(`id -u`), "root"))
 	if s.wait(t); strings.TrimSpace(s.stdout.String()) != "0" {

@@ -184,7 +184,7 @@ func startGateway(t *testing.T, s *framework.Stack, p *vpool) *gateway {
 		t.Fatal(err)
 	}
 	tmplJSON, _ := json.Marshal(map[string]string{"image": s.DebianImage, "cpu": "250m", "memory": "256Mi"})
-	baseJSON, _ := json.Marshal(map[string]any{"image": s.E2BBaseImage, "cpu": "250m", "memory": "256Mi", "allowPrivilegeEscalation": true})
+	baseJSON, _ := json.Marshal(map[string]any{"image": s.E2BBaseImage, "cpu": "250m", "memory": "256Mi", "allowPrivilegeEscalation": true, "user": "user"})
 	gvisorJSON, _ := json.Marshal(map[string]string{"image": s.DebianImage, "cpu": "250m", "memory": "256Mi", "runtimeClassName": "gvisor"})
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "e2b-templates", Namespace: p.ns},
 		Data: map[string]string{"debian": string(tmplJSON), "base": string(baseJSON), "gvisor": string(gvisorJSON)}}

@@ -22,6 +22,7 @@ import (
 
 	procpb "github.com/sandman-dev/sandman/daemon/envd/spec/process"
 	"github.com/sandman-dev/sandman/daemon/envd/spec/process/processconnect"
+	daemonapi "github.com/sandman-dev/sandman/daemon/api"
 	"github.com/sandman-dev/sandman/podcontract"
 	"github.com/sandman-dev/sandman/runtime"
 	vkapi "github.com/sandman-dev/sandman/vk/api"
@@ -353,7 +354,9 @@ func TestTemplateBuildFromCode(t *testing.T) {
 	}
 	if c.Image != "reg.local/e2b/"+nsA+"/template-py-app:"+res.BuildID+"@"+fakeDigest || c.WorkingDir != "/srv/app" ||
 		envs["APP_MODE"] != "prod" || envs["PYTHONPATH"] != "/srv/app" || envs["HOME"] != "/home/user" ||
-		c.SecurityContext == nil || *c.SecurityContext.RunAsUser != 1000 || *c.SecurityContext.RunAsGroup != 1000 {
+		c.SecurityContext == nil || *c.SecurityContext.RunAsUser != 0 || *c.SecurityContext.RunAsGroup != 0 || envs[daemonapi.EnvEnvdUser] != "user" {
+		// The template's user is E2B's default user: the daemon runs as
+		// root, as E2B's envd does, and calls naming none act as user.
 		t.Errorf("sandbox container %+v", c)
 	}
 	var started, readyTries int

@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	daemonapi "github.com/sandman-dev/sandman/daemon/api"
 	"github.com/sandman-dev/sandman/podcontract"
 )
 
@@ -156,6 +157,17 @@ func buildPod(s podSpec) (*corev1.Pod, error) {
 	}
 	if s.template.Built != nil {
 		applyBuilt(&pod.Spec.Containers[0], s.template.Built, s.env)
+	}
+	if u := s.template.defaultUser(); u != "" && u != "root" {
+		// As E2B's envd: the daemon runs as root, and calls naming no
+		// user act as u (a root pod is one any key may ask for).
+		c := &pod.Spec.Containers[0]
+		c.Env = append(c.Env, corev1.EnvVar{Name: daemonapi.EnvEnvdUser, Value: u})
+		if c.SecurityContext == nil {
+			c.SecurityContext = &corev1.SecurityContext{}
+		}
+		var root int64
+		c.SecurityContext.RunAsUser, c.SecurityContext.RunAsGroup = &root, &root
 	}
 	return pod, nil
 }

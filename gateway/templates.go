@@ -37,6 +37,13 @@ type Template struct {
 	// default, runc). "gvisor" runs them under gVisor, whose sandboxes can
 	// be paused with their memory (E2B's pause, resume, connect).
 	RuntimeClass string
+	// User is E2B's default user of its sandboxes, the image's own user
+	// (E2B's base template: "user"): set, and not root, its sandboxes run
+	// their daemon as root, as E2B's envd runs, and envd calls that name
+	// no user act as User (daemon/api.EnvEnvdUser), so that user: 'root'
+	// works as in E2B. Empty: the daemon runs as the image's user, and a
+	// call can act as no other.
+	User string
 	// Built is set for a template built from code (see build.go): the
 	// environment, working directory, user and start command its
 	// sandboxes start with.
@@ -50,13 +57,15 @@ type templateEntry struct {
 	Memory                   string `json:"memory"`
 	AllowPrivilegeEscalation bool   `json:"allowPrivilegeEscalation"`
 	RuntimeClassName         string `json:"runtimeClassName"`
+	User                     string `json:"user"`
 }
 
 // ParseTemplates reads template entries: entry name = template ID, value =
-// JSON {"image":"…","cpu":"500m","memory":"512Mi","allowPrivilegeEscalation":true,"runtimeClassName":"gvisor"}
+// JSON {"image":"…","cpu":"500m","memory":"512Mi","allowPrivilegeEscalation":true,"runtimeClassName":"gvisor","user":"user"}
 // (cpu and memory optional: DefaultCPU, DefaultMemory; allowPrivilegeEscalation,
 // for images whose users sudo, optional: false; runtimeClassName optional:
-// the pool's default). Entries that cannot be used are
+// the pool's default; user, the image's USER when it is not root, optional:
+// see Template.User). Entries that cannot be used are
 // left out, each with an error saying why.
 func ParseTemplates(data map[string]string) (map[string]Template, []error) {
 	out := map[string]Template{}
@@ -86,7 +95,10 @@ func parseTemplate(name, raw string) (Template, error) {
 		return Template{}, fmt.Errorf("no image")
 	}
 	t := Template{Name: name, Image: e.Image, CPU: DefaultCPU, Memory: DefaultMemory, AllowPrivilegeEscalation: e.AllowPrivilegeEscalation,
-		RuntimeClass: e.RuntimeClassName}
+		RuntimeClass: e.RuntimeClassName, User: e.User}
+	if e.User != "" && !userNameRE.MatchString(e.User) {
+		return Template{}, fmt.Errorf("user %q: want a user name of the image's /etc/passwd, such as user", e.User)
+	}
 	if msgs := validation.IsDNS1123Subdomain(e.RuntimeClassName); e.RuntimeClassName != "" && len(msgs) > 0 {
 		return Template{}, fmt.Errorf("runtimeClassName %q: %s", e.RuntimeClassName, strings.Join(msgs, "; "))
 	}
@@ -102,6 +114,16 @@ func parseTemplate(name, raw string) (Template, error) {
 		}
 	}
 	return t, nil
+}
+
+// defaultUser is the E2B default user of t's sandboxes: a built
+// template's (setUser), else the ConfigMap's; "" when the image's own
+// user is.
+func (t Template) defaultUser() string {
+	if t.Built != nil && t.Built.State.User != "" {
+		return t.Built.State.User
+	}
+	return t.User
 }
 
 // templateStore holds the current templates; a watch replaces them as the

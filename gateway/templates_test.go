@@ -1,8 +1,11 @@
 package gateway
 
 import (
+	"strings"
 	"testing"
 	"time"
+
+	daemonapi "github.com/sandman-dev/sandman/daemon/api"
 )
 
 // TestTemplatePrivilegeEscalation: a template entry's
@@ -47,5 +50,41 @@ func TestTemplatePrivilegeEscalation(t *testing.T) {
 				t.Fatalf("the built template's user is lost: securityContext %+v", sc)
 			}
 		})
+	}
+}
+
+// TestTemplateUser: a template's "user" (E2B's default user) runs its
+// sandboxes' daemon as root with that user as envd's default; root, or no
+// user, leaves the pod's user alone; a user that is no name is refused.
+func TestTemplateUser(t *testing.T) {
+	got, errs := ParseTemplates(map[string]string{
+		"base":  `{"image":"registry.example.com/base:1","user":"user"}`,
+		"root":  `{"image":"registry.example.com/base:1","user":"root"}`,
+		"plain": `{"image":"registry.example.com/plain:1"}`,
+		"bad":   `{"image":"registry.example.com/plain:1","user":"x;rm -rf"}`,
+	})
+	if _, ok := got["bad"]; ok || len(errs) != 1 || !strings.Contains(errs[0].Error(), "user") {
+		t.Fatalf("a bad user: %v %v", got["bad"], errs)
+	}
+	for _, tc := range []struct {
+		name, envdUser string
+	}{{"base", "user"}, {"root", ""}, {"plain", ""}} {
+		pod, err := buildPod(podSpec{id: "sbx", tokenHash: "h", key: Key{Name: "k", Namespace: "ns", Pool: "p"},
+			template: got[tc.name], templateID: tc.name, expiresAt: time.Now().Add(time.Hour)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := pod.Spec.Containers[0]
+		var envdUser string
+		for _, e := range c.Env {
+			if e.Name == daemonapi.EnvEnvdUser {
+				envdUser = e.Value
+			}
+		}
+		root := c.SecurityContext != nil && c.SecurityContext.RunAsUser != nil && *c.SecurityContext.RunAsUser == 0 &&
+			c.SecurityContext.RunAsGroup != nil && *c.SecurityContext.RunAsGroup == 0
+		if envdUser != tc.envdUser || root != (tc.envdUser != "") {
+			t.Errorf("%s: envd's default user %q, root pod %v; want %q", tc.name, envdUser, root, tc.envdUser)
+		}
 	}
 }

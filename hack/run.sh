@@ -110,7 +110,7 @@ kubectl -n "$E2B_NS" create secret generic sandman-gateway-keys --dry-run=client
 	--from-literal=local="{\"sha256\":\"$(printf %s "$E2B_API_KEY" | sha256sum | cut -d' ' -f1)\",\"namespace\":\"$E2B_NS\",\"pool\":\"$POOL\"}" |
 	kubectl apply -f - >/dev/null
 kubectl -n "$E2B_NS" create configmap sandman-gateway-templates --dry-run=client -o yaml \
-	--from-literal=base="{\"image\":\"$E2B_BASE_IMAGE\",\"cpu\":\"500m\",\"memory\":\"512Mi\",\"allowPrivilegeEscalation\":true}" \
+	--from-literal=base="{\"image\":\"$E2B_BASE_IMAGE\",\"cpu\":\"500m\",\"memory\":\"512Mi\",\"allowPrivilegeEscalation\":true,\"user\":\"user\"}" \
 	--from-literal=debian="{\"image\":\"$DEBIAN_IMAGE\",\"cpu\":\"500m\",\"memory\":\"512Mi\"}" |
 	kubectl apply -f - >/dev/null
 E2B_URL=http://127.0.0.1:3000

@@ -2,6 +2,7 @@ package envd
 
 import (
 	"context"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/sandman-dev/sandman/daemon/api"
 	"github.com/sandman-dev/sandman/daemon/envd/spec/filesystem"
 	"github.com/sandman-dev/sandman/daemon/envd/spec/filesystem/filesystemconnect"
 	"github.com/sandman-dev/sandman/daemon/internal/sandboxuser"
@@ -54,10 +56,20 @@ type filesystemService struct {
 
 var _ filesystemconnect.FilesystemHandler = (*filesystemService)(nil)
 
-// userFor is the user an envd call names ("" for the default), with
-// the sandbox's environment and directory.
+// userFor is the user an envd call names, with the sandbox's environment
+// and directory. "" is the default user: the sandbox's api.EnvEnvdUser
+// (E2B's default user) if set, whose relative paths start at the
+// sandbox's directory as the daemon's own do, else the daemon's own.
 func (s *Service) userFor(name string) (*sandboxuser.User, error) {
 	env, dir := s.sandbox.Environment()
+	if def := sandboxuser.Env(env, api.EnvEnvdUser); name == "" && def != "" {
+		u, err := sandboxuser.Lookup(def)
+		if err != nil {
+			return nil, fmt.Errorf("the sandbox's default user (%s): %w", api.EnvEnvdUser, err)
+		}
+		u.Base = dir
+		return u, nil
+	}
 	return sandboxuser.For(name, env, dir)
 }
 

@@ -70,16 +70,17 @@ func (s *Service) buildCommand(user string, cfg *procpb.ProcessConfig) (*exec.Cm
 		return nil, nil, connect.NewError(connect.CodeInvalidArgument, errors.New(
 			"process.cmd is required: the program to run, e.g. /bin/bash with args [-l, -c, <command>]"))
 	}
-	sbEnv, sbDir := s.sandbox.Environment()
-	u, err := sandboxuser.For(user, sbEnv, sbDir)
+	u, err := s.userFor(user)
 	if errors.Is(err, sandboxuser.ErrUnknown) {
 		return nil, nil, connect.NewError(connect.CodeInvalidArgument, err)
 	} else if err != nil {
 		return nil, nil, asConnectError(err)
 	}
 	env := map[string]string{}
-	if user != "" {
+	if u.Name != "" {
 		env["HOME"], env["USER"], env["LOGNAME"] = u.Home, u.Name, u.Name
+	}
+	if user != "" {
 		if fi, err := os.Stat(u.Home); err != nil || !fi.IsDir() {
 			// Accounts such as nobody have no home; the daemon's directory
 			// may be closed to them.
@@ -97,7 +98,7 @@ func (s *Service) buildCommand(user string, cfg *procpb.ProcessConfig) (*exec.Cm
 	if err != nil {
 		return nil, nil, err
 	}
-	if user != "" {
+	if u.Name != "" {
 		cred, err := u.Credential()
 		if err != nil {
 			return nil, nil, asConnectError(err)

@@ -158,9 +158,6 @@ func (x *restService) restUser(w http.ResponseWriter, r *http.Request) (*sandbox
 	if q := r.URL.Query(); q.Has("username") {
 		name = q.Get("username")
 	}
-	if name == "" {
-		name = x.s.defaultUser()
-	}
 	u, err := x.s.userFor(name)
 	if err != nil {
 		writeRESTError(w, http.StatusUnauthorized, "%v", err)

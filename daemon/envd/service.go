@@ -19,12 +19,9 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/sandman-dev/sandman/daemon/api"
-
 	"github.com/sandman-dev/sandman/daemon/envd/spec/filesystem/filesystemconnect"
 	"github.com/sandman-dev/sandman/daemon/envd/spec/process/processconnect"
 	"github.com/sandman-dev/sandman/daemon/internal/process"
-	"github.com/sandman-dev/sandman/daemon/internal/sandboxuser"
 )
 
 // Version is the envd version the daemon reports. The SDKs turn features
@@ -126,19 +123,9 @@ func (s *Service) authenticated(h http.Handler) http.Handler {
 		if u, _, ok := basicUser(r); ok {
 			user = u
 		}
-		if user == "" {
-			user = s.defaultUser()
-		}
 		defer s.sandbox.Call()()
 		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), userKey{}, user)))
 	})
-}
-
-// defaultUser is the user of a call that names none: the sandbox's
-// api.EnvEnvdUser, else "" (the daemon's own).
-func (s *Service) defaultUser() string {
-	env, _ := s.sandbox.Environment()
-	return sandboxuser.Env(env, api.EnvEnvdUser)
 }
 
 func (s *Service) authorized(r *http.Request) bool {

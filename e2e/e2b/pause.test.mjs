@@ -17,6 +17,9 @@ const made = []
 after(async () => {
   for (const s of made) await s.kill().catch(() => {})
 })
+// done kills a test's sandboxes once it passed (after() kills those of a
+// test that failed): the pool is small, and paused sandboxes hold slots.
+const done = (...sandboxes) => Promise.all(sandboxes.map((s) => s.kill().catch(() => {})))
 
 // keeper holds 16 MiB of random bytes: each time /tmp/ask appears it
 // writes their digest, its pid and how many times it was asked to
@@ -75,6 +78,7 @@ test('pause keeps a gVisor sandbox running state; connect resumes it where it wa
   assert.equal(n2, '2', 'the count went on')
   const r = await back.commands.run('echo resumed')
   assert.equal(r.stdout, 'resumed\n')
+  await done(sbx)
 })
 
 test('Sandbox.fork: forks go on from the running sandbox memory and processes, then diverge; the source runs on', async (t) => {
@@ -102,6 +106,7 @@ test('Sandbox.fork: forks go on from the running sandbox memory and processes, t
   assert.equal(await sbx.files.exists('/tmp/mine'), false, 'the source sees a fork file')
   assert.deepEqual(await ask(sbx), [digest, pid, '2'], 'the source after the forks')
   assert.equal((await forks[1].getInfo()).templateId, (await sbx.getInfo()).templateId)
+  await done(sbx, ...forks)
 })
 
 test('pausing a runc sandbox is refused with the reason, and it runs on', async () => {
@@ -112,6 +117,7 @@ test('pausing a runc sandbox is refused with the reason, and it runs on', async 
   assert.equal((await sbx.getInfo()).state, 'running')
   const r = await sbx.commands.run('echo alive')
   assert.equal(r.stdout, 'alive\n')
+  await done(sbx)
 })
 
 // The lifecycle's timeouts are shortened with setTimeout once the sandbox
@@ -139,6 +145,7 @@ test('lifecycle onTimeout pause pauses at the timeout; autoResume resumes on the
   assert.equal(info.state, 'running')
   const left = info.endAt.getTime() - Date.now()
   assert.ok(left > 60_000 && left <= 121_000, `after the resume it ends in ${left} ms, want its timeout (120 s) again`)
+  await done(sbx)
 })
 
 test('lifecycle onTimeout pause without autoResume stays paused until connect', async () => {
@@ -151,5 +158,6 @@ test('lifecycle onTimeout pause without autoResume stays paused until connect', 
   assert.equal((await back.getInfo()).state, 'running')
   const r = await back.commands.run(`kill -0 ${pid} && echo alive`)
   assert.equal(r.stdout, 'alive\n', 'the process started before the pause')
+  await done(sbx)
   await assert.rejects(Sandbox.create(runc, { lifecycle: { onTimeout: 'pause' } }), /runc/)
 })

@@ -178,6 +178,13 @@ test('the base template is E2B\'s: user `user` in its home, sudo, curl, git', as
     assert.equal(r.stdout, 'user\n/home/user\n/home/user\n0\n/usr/bin/curl\n/usr/bin/git\n')
     await base.files.write('hello.txt', 'hi')
     assert.equal((await base.commands.run('stat -c %U:%G /home/user/hello.txt')).stdout, 'user:user\n')
+    // As in E2B, envd is root's: a call may name root, and without it
+    // acts as the template's user.
+    const root = await base.commands.run('id -un; pwd; echo $HOME', { user: 'root' })
+    assert.equal(root.stdout, 'root\n/root\n/root\n')
+    await base.files.write('/opt/by-root.txt', 'r', { user: 'root' })
+    assert.equal((await base.commands.run('stat -c %U /opt/by-root.txt')).stdout, 'root\n')
+    await assert.rejects(base.files.write('/opt/by-user.txt', 'u'), /permission denied|Permission denied|403/)
   } finally {
     await base.kill()
   }
