@@ -191,6 +191,8 @@ type buildPlan struct {
 	startCmd, readyCmd string
 	// hashes are the COPY steps' files.
 	hashes []string
+	// pullAuth is baseImage's registry credentials (fromImageRegistry).
+	pullAuth *registryAuth
 }
 
 // stepArgs are the argument counts of the step types sandman runs:
@@ -216,7 +218,13 @@ func (g *Gateway) plan(ctx context.Context, key Key, rec *buildRecord, req *temp
 		p.mem = DefaultMemory
 	}
 	if len(req.FromImageRegistry) > 0 {
-		return nil, errorf(errdefs.ErrNotImplemented, "fromImageRegistry: registry credentials for a template's base image are not supported by sandman's E2B gateway (the pool's nodes pull with their own credentials)")
+		if req.FromImage == "" {
+			return nil, errorf(errdefs.ErrInvalidArgument, "fromImageRegistry goes with fromImage: the credentials are the base image's registry's")
+		}
+		var err error
+		if p.pullAuth, err = registryCredentials(req.FromImageRegistry); err != nil {
+			return nil, err
+		}
 	}
 	switch {
 	case req.FromTemplate != "" && req.FromImage != "":

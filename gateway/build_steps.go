@@ -184,6 +184,16 @@ func (g *Gateway) buildSandbox(ctx context.Context, p *buildPlan, image string) 
 	// even through sudo).
 	var root int64
 	pod.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{RunAsUser: &root, RunAsGroup: &root}
+	if p.pullAuth != nil && image == p.baseImage {
+		name, err := g.createPullSecret(ctx, p, image, p.pullAuth)
+		if err != nil {
+			return nil, nil, err
+		}
+		// Needed only until the image is pulled: the sandbox started (or
+		// could not), it goes.
+		defer g.deletePullSecret(context.WithoutCancel(ctx), p.key.Namespace, name)
+		pod.Spec.ImagePullSecrets = []corev1.LocalObjectReference{{Name: name}}
+	}
 	created, err := g.cfg.Client.CoreV1().Pods(p.key.Namespace).Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {
 		return nil, nil, kubeError("create the build's sandbox", err)

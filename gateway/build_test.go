@@ -6,6 +6,7 @@ import (
 	"compress/gzip"
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/url"
@@ -590,5 +591,71 @@ func TestTemplateBuildCheckpoints(t *testing.T) {
 		if c.shell == "python3 -c 'import app' # changed" && (c.user != "user" || c.cwd != "/srv/app" || c.env["APP_MODE"] != "test") {
 			t.Errorf("the changed step ran without the checkpoint's state: %+v", c)
 		}
+	}
+}
+
+// TestTemplateBuildPrivateBase: fromImageRegistry's credentials reach the
+// build sandbox's pull as a dockerconfigjson Secret of the key's namespace
+// for the image's registry, named in the pod's imagePullSecrets, and the
+// Secret is gone once the sandbox started. AWS's (a token from AWS's API)
+// is 501; credentials that are not whole, or without fromImage, 400.
+func TestTemplateBuildPrivateBase(t *testing.T) {
+	b := newBuildEnv(t)
+	ctx := context.Background()
+	res := b.requestBuild(rawKeyA, "private")
+	start := func(body map[string]any) response {
+		return b.call(http.MethodPost, "/v2/templates/"+res.TemplateID+"/builds/"+res.BuildID, rawKeyA, body)
+	}
+	for _, tc := range []struct {
+		body   map[string]any
+		status int
+		says   string
+	}{
+		{map[string]any{"fromImage": "reg.example.com:5000/x:1", "fromImageRegistry": map[string]any{"type": "aws", "awsAccessKeyId": "a", "awsSecretAccessKey": "s", "awsRegion": "r"}}, http.StatusNotImplemented, "get-login-password"},
+		{map[string]any{"fromImage": "reg.example.com:5000/x:1", "fromImageRegistry": map[string]any{"type": "registry", "username": "u"}}, http.StatusBadRequest, "username and password"},
+		{map[string]any{"fromImage": "reg.example.com:5000/x:1", "fromImageRegistry": map[string]any{"type": "gcp", "serviceAccountJson": "{not json"}}, http.StatusBadRequest, "JSON key"},
+		{map[string]any{"fromTemplate": "base", "fromImageRegistry": map[string]any{"type": "registry", "username": "u", "password": "p"}}, http.StatusBadRequest, "fromImage"},
+	} {
+		tc.body["steps"] = []templateStep{{Type: "RUN", Args: []string{"true"}}}
+		if r := start(tc.body); r.status != tc.status || !strings.Contains(r.apiError(t).Message, tc.says) {
+			t.Errorf("start %v: %d %s, want %d saying %q", tc.body["fromImageRegistry"], r.status, r.body, tc.status, tc.says)
+		}
+	}
+
+	r := start(map[string]any{"fromImage": "reg.example.com:5000/private/x:1", "steps": []templateStep{{Type: "RUN", Args: []string{"true"}}},
+		"fromImageRegistry": map[string]any{"type": "registry", "username": "trainer", "password": "s3cret"}})
+	if r.status != http.StatusAccepted {
+		t.Fatalf("start: %d %s", r.status, r.body)
+	}
+	var pod corev1.Pod
+	poll(t, "a build sandbox", func() bool {
+		for _, p := range b.sandboxPods(nsA) {
+			if p.Labels[podcontract.LabelE2BBuild] != "" {
+				pod = p
+				return true
+			}
+		}
+		return false
+	})
+	if len(pod.Spec.ImagePullSecrets) != 1 {
+		t.Fatalf("the build pod's imagePullSecrets: %v", pod.Spec.ImagePullSecrets)
+	}
+	sec, err := b.client.CoreV1().Secrets(nsA).Get(ctx, pod.Spec.ImagePullSecrets[0].Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the pull secret: %v", err)
+	}
+	var cfg struct {
+		Auths map[string]struct{ Auth string } `json:"auths"`
+	}
+	if err := json.Unmarshal(sec.Data[corev1.DockerConfigJsonKey], &cfg); err != nil || sec.Type != corev1.SecretTypeDockerConfigJson ||
+		cfg.Auths["reg.example.com:5000"].Auth != base64.StdEncoding.EncodeToString([]byte("trainer:s3cret")) {
+		t.Fatalf("the pull secret: type %s, %s (%v)", sec.Type, sec.Data[corev1.DockerConfigJsonKey], err)
+	}
+	b.setStatus(nsA, pod.Name, ready(daemonAddr))
+	if info, _ := b.waitBuild(rawKeyA, res); info.Status != buildReady {
+		t.Fatalf("build: %s %+v", info.Status, info.Reason)
+	}
+	if _, err := b.client.CoreV1().Secrets(nsA).Get(ctx, sec.Name, metav1.GetOptions{}); err == nil {
+		t.Errorf("the pull secret %s outlived the build", sec.Name)
 	}
 }

@@ -296,3 +296,36 @@ func (p *Provider) nodeOf(uid types.UID) string {
 func (p *Provider) autoPauses(sb *sandbox) bool {
 	return p.cfg.AutoPauseAfter > 0 && sb.req.GVisor() && len(sb.req.Containers) == 1 && !sb.paused && sb.pauseOp == "" && !sb.pauseRefused
 }
+
+// pullSecretWait bounds how long a new pod waits for its image pull
+// Secrets to reach the provider's informer.
+const pullSecretWait = 5 * time.Second
+
+// awaitPullSecrets waits until the informer holds the pod's image pull
+// Secrets that exist: one made just before the pod (sandman-gateway's for
+// a build from a private image) may not have reached it yet, and a pull
+// without it would be refused. A Secret the API does not have either is
+// not waited for (bindRequest goes on without it, as a kubelet would).
+func (p *Provider) awaitPullSecrets(ctx context.Context, pod *corev1.Pod) {
+	if p.cfg.Secrets == nil {
+		return
+	}
+	for _, ref := range pod.Spec.ImagePullSecrets {
+		if _, err := p.cfg.Secrets.Secrets(pod.Namespace).Get(ref.Name); !apierrors.IsNotFound(err) {
+			continue
+		}
+		gctx, cancel := context.WithTimeout(ctx, pullSecretWait)
+		_, err := p.cfg.Client.CoreV1().Secrets(pod.Namespace).Get(gctx, ref.Name, metav1.GetOptions{})
+		for err == nil {
+			if _, lerr := p.cfg.Secrets.Secrets(pod.Namespace).Get(ref.Name); lerr == nil {
+				break
+			}
+			select {
+			case <-gctx.Done():
+				err = gctx.Err()
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		cancel()
+	}
+}

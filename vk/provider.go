@@ -427,6 +427,7 @@ func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	if denied != nil && !errors.As(denied, &notAllowed) {
 		return denied // virtual-kubelet retries the create
 	}
+	p.awaitPullSecrets(ctx, pod)
 	p.mu.Lock()
 	if sb, ok := p.byUID[uid]; ok {
 		sb.pod = pod

@@ -642,3 +642,39 @@ func TestWaitingStatusesArePacedAndDroppedOnceStale(t *testing.T) {
 		t.Fatalf("b was told it waits for a slot after the lane's burst was spent: %v", h.reasons[b.UID])
 	}
 }
+
+// TestAwaitPullSecrets: a pod's pull Secret that the API has but the
+// informer has not yet is waited for until the informer has it; one the
+// API does not have either is not waited for.
+func TestAwaitPullSecrets(t *testing.T) {
+	informed := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	h := newHarness(t, 1, func(c *Config) { c.Secrets = corev1listers.NewSecretLister(informed) })
+	ctx := t.Context()
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "pull"}}
+	if _, err := h.client.CoreV1().Secrets("ns").Create(ctx, sec, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := testPod("private", "img")
+	pod.Spec.ImagePullSecrets = []corev1.LocalObjectReference{{Name: "pull"}}
+	const lag = 300 * time.Millisecond
+	go func() {
+		time.Sleep(lag) // the informer's lag, simulated
+		_ = informed.Add(sec)
+	}()
+	begin := time.Now()
+	h.p.awaitPullSecrets(ctx, pod)
+	if took := time.Since(begin); took < lag || took >= pullSecretWait {
+		t.Errorf("waited %v for a Secret the informer had after %v", took, lag)
+	}
+	if _, err := corev1listers.NewSecretLister(informed).Secrets("ns").Get("pull"); err != nil {
+		t.Errorf("returned before the informer had it: %v", err)
+	}
+
+	missing := testPod("missing", "img")
+	missing.Spec.ImagePullSecrets = []corev1.LocalObjectReference{{Name: "none"}}
+	begin = time.Now()
+	h.p.awaitPullSecrets(ctx, missing)
+	if took := time.Since(begin); took > time.Second {
+		t.Errorf("waited %v for a Secret that does not exist", took)
+	}
+}
