@@ -98,6 +98,10 @@ func TestE2BSDK(t *testing.T) {
 	needRunsc(t, s)
 	ensureRuntimeClass(t, s, "gvisor", runtime.RuntimeHandlerRunsc)
 	g := startGateway(t, s, p)
+	// A private base image for fromImageRegistry: the stack's busybox in a
+	// registry that wants credentials.
+	privHost := startAuthRegistry(t, s, "trainer", "s3cret")
+	privImage := copyImage(t, s.BusyboxImage, privHost+"/private/busybox:1", "trainer", "s3cret")
 
 	files, err := filepath.Glob(filepath.Join(sdk, "*.test.mjs"))
 	if err != nil || len(files) == 0 {
@@ -116,7 +120,8 @@ func TestE2BSDK(t *testing.T) {
 	cmd.Env = append(os.Environ(),
 		"E2B_API_URL="+g.url, "E2B_SANDBOX_URL="+g.url, "E2B_API_KEY="+g.key,
 		"SANDMAN_TEMPLATE=debian", "SANDMAN_BASE_TEMPLATE=base", "SANDMAN_GVISOR_TEMPLATE=gvisor", "SANDMAN_IMAGE="+s.DebianImage,
-		"SANDMAN_SNAPSHOT_REGISTRY="+snapRepo, "SANDMAN_STATE_FILE="+state)
+		"SANDMAN_SNAPSHOT_REGISTRY="+snapRepo, "SANDMAN_STATE_FILE="+state,
+		"SANDMAN_PRIVATE_IMAGE="+privImage, "SANDMAN_PRIVATE_USER=trainer", "SANDMAN_PRIVATE_PASSWORD=s3cret")
 	out, err := cmd.CombinedOutput()
 	t.Logf("the SDK's run:\n%s", out)
 	if err != nil {

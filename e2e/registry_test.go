@@ -31,6 +31,8 @@ import (
 
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/crane"
 	"github.com/sandman-dev/sandman/e2e/framework"
 	"github.com/sandman-dev/sandman/runtime"
 )
@@ -295,4 +297,14 @@ func statusOf(all []runtime.ImageStatus, image string) runtime.ImageStatus {
 		}
 	}
 	return runtime.ImageStatus{}
+}
+
+// copyImage copies the image src (the stack's registry, no credentials)
+// to dst in a registry that wants user/pass, and returns dst.
+func copyImage(t testing.TB, src, dst, user, pass string) string {
+	t.Helper()
+	if err := crane.Copy(src, dst, crane.Insecure, crane.WithAuth(&authn.Basic{Username: user, Password: pass})); err != nil {
+		t.Fatalf("copy %s to %s: %v", src, dst, err)
+	}
+	return dst
 }

@@ -145,3 +145,21 @@ test('a failing step fails the build with its output; nothing is left behind', a
   assert.deepEqual(left.map((s) => s.sandboxId), [])
   await assert.rejects(Sandbox.create(`broken-${run}`, { timeoutMs: 60_000 }), /no finished build/)
 })
+
+test('a template from a private image: fromImage with credentials; wrong ones fail the build, saying so', async () => {
+  const image = env('SANDMAN_PRIVATE_IMAGE')
+  const user = env('SANDMAN_PRIVATE_USER')
+  const priv = `private-${run}`
+  const built = Template().fromImage(image, { username: user, password: env('SANDMAN_PRIVATE_PASSWORD') })
+    .runCmd('echo built-from-private > /etc/private-marker')
+  await Template.build(built, priv, { cpuCount: 1, memoryMB: 256 })
+  const sbx = await Sandbox.create(priv, { timeoutMs: 60_000 })
+  killed.push(sbx)
+  // busybox has no bash, which commands.run uses: read the file.
+  assert.equal(await sbx.files.read('/etc/private-marker'), 'built-from-private\n')
+  await sbx.kill()
+
+  const wrong = Template().fromImage(image, { username: user, password: 'wrong' }).runCmd('echo again > /etc/again')
+  await assert.rejects(Template.build(wrong, `${priv}-wrong`, { cpuCount: 1, memoryMB: 256 }),
+    (e) => e instanceof BuildError && /unauthorized|credentials/i.test(e.message))
+})
