@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net/netip"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -96,23 +95,13 @@ func (r BindRequest) Validate() error {
 			return fmt.Errorf("bind %s: bandwidth %d bit/s: want 1k to 32G bit/s: %w", r.Pod.UID, b, errdefs.ErrInvalidArgument)
 		}
 	}
-	for _, e := range r.Egress {
-		if p, err := netip.ParsePrefix(e); err != nil || !p.Addr().Is4() {
-			return fmt.Errorf("bind %s: egress %q: want an IPv4 CIDR such as 203.0.113.0/24: %w", r.Pod.UID, e, errdefs.ErrInvalidArgument)
-		}
-	}
-	for _, e := range r.EgressDeny {
-		if p, err := netip.ParsePrefix(e); err != nil || !p.Addr().Is4() {
-			return fmt.Errorf("bind %s: egress deny %q: want an IPv4 CIDR such as 203.0.113.0/24: %w", r.Pod.UID, e, errdefs.ErrInvalidArgument)
-		}
+	if err := r.EgressOf().Validate(); err != nil {
+		return fmt.Errorf("bind %s: %w", r.Pod.UID, err)
 	}
 	for _, c := range r.ControlPorts {
 		if !validPortRange(c) {
 			return fmt.Errorf("bind %s: control port %q: want a port (1-65535) or a range such as 1024-65535: %w", r.Pod.UID, c, errdefs.ErrInvalidArgument)
 		}
-	}
-	if err := CheckEgressDomains(r.EgressDomains); err != nil {
-		return fmt.Errorf("bind %s: egress domains: %v: %w", r.Pod.UID, err, errdefs.ErrInvalidArgument)
 	}
 	if len(r.TokenHashes) == 0 && !r.AllowUnauthenticated {
 		return fmt.Errorf("bind %s: no token hash for the daemon and unauthenticated sandboxes are not allowed: %w", r.Pod.UID, errdefs.ErrInvalidArgument)

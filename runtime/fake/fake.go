@@ -83,6 +83,8 @@ type Runtime struct {
 	// gvisor are the bound pods that run under gVisor (they can be
 	// paused), by pod UID.
 	gvisor map[string]bool
+	// egress is what SetEgress set, by pod UID.
+	egress map[string]runtime.Egress
 }
 
 // New returns a fake node with all its slots warm.
@@ -578,4 +580,36 @@ func (r *Runtime) Resume(ctx context.Context, uid string) error {
 	r.setLocked(s, runtime.StateBound)
 	r.goLocked(func() { r.ready(uid, s) })
 	return nil
+}
+
+var _ runtime.EgressSetter = (*Runtime)(nil)
+
+// SetEgress implements runtime.EgressSetter: a bound or paused pod's
+// egress is recorded (Egress reads it). Errors are the real runtime's.
+func (r *Runtime) SetEgress(ctx context.Context, uid string, e runtime.Egress) error {
+	if err := e.Validate(); err != nil {
+		return fmt.Errorf("egress of %s: %w", uid, err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s, ok := r.byPod[uid]
+	switch {
+	case !ok:
+		return fmt.Errorf("egress of %s: pod not on node %s: %w", uid, r.cfg.Node, errdefs.ErrNotFound)
+	case s.State != runtime.StateBound && s.State != runtime.StatePaused:
+		return fmt.Errorf("egress of %s: the pod is %s: %w", uid, s.State, errdefs.ErrFailedPrecondition)
+	}
+	if r.egress == nil {
+		r.egress = map[string]runtime.Egress{}
+	}
+	r.egress[uid] = e
+	return nil
+}
+
+// Egress is the egress SetEgress last set for a pod, and whether it set any.
+func (r *Runtime) Egress(uid string) (runtime.Egress, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.egress[uid]
+	return e, ok
 }

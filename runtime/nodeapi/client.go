@@ -24,6 +24,7 @@ var (
 	_ runtime.Runtime      = (*Client)(nil)
 	_ runtime.Snapshotter  = (*Client)(nil)
 	_ runtime.Checkpointer = (*Client)(nil)
+	_ runtime.EgressSetter = (*Client)(nil)
 )
 
 // Client is a runtime.Runtime served by a node agent.
@@ -181,6 +182,11 @@ func (c *Client) Pause(ctx context.Context, uid string) (runtime.PauseResult, er
 // Resume implements runtime.Checkpointer: POST /v1/resume.
 func (c *Client) Resume(ctx context.Context, uid string) error {
 	return c.do(ctx, http.MethodPost, "/v1/resume", podRequest{UID: uid}, nil)
+}
+
+// SetEgress implements runtime.EgressSetter: POST /v1/egress.
+func (c *Client) SetEgress(ctx context.Context, uid string, e runtime.Egress) error {
+	return c.do(ctx, http.MethodPost, "/v1/egress", egressRequest{UID: uid, Egress: e}, nil)
 }
 
 // Drain asks the agent to empty its node (runtime.Drainer), saying why;

@@ -14,10 +14,11 @@
 //	POST /v1/snapshot             runtime.SnapshotRequest → NDJSON: {"progress":…} per step, then {"result":…} or {"error":…}
 //	POST /v1/pause                {"uid":…} → runtime.PauseResult (runtime.Checkpointer)
 //	POST /v1/resume               {"uid":…}
+//	POST /v1/egress               {"uid":…, "egress":[…], "egress_deny":[…], "egress_domains":[…]} (runtime.EgressSetter)
 //
 // Fencing: an elected sandman-vk sends its leader epoch (HeaderLeaderEpoch)
 // with every call. Every POST (bind, release, drain, undrain, image pins,
-// leader, snapshot, pause, resume) is refused with 409 stale_leader ("stale leader: epoch N < M")
+// leader, snapshot, pause, resume, egress) is refused with 409 stale_leader ("stale leader: epoch N < M")
 // when its epoch is lower than the highest the agent has seen, or carries
 // none once the agent has seen one; otherwise its epoch becomes the highest.
 // The highest is kept in memory only: a restarted agent takes the first
@@ -25,5 +26,6 @@
 //
 // Errors are {"error":{"code":…,"message":…}} with the errdefs class as code
 // (a snapshot's, once its stream has begun, are its last line). Client is
-// also a runtime.Snapshotter and a runtime.Checkpointer.
+// also a runtime.Snapshotter, a runtime.Checkpointer and a
+// runtime.EgressSetter.
 package nodeapi

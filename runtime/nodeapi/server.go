@@ -132,6 +132,7 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("POST /v1/snapshot", s.auth(s.fenced(s.snapshot)))
 	mux.Handle("POST /v1/pause", s.auth(s.fenced(s.pause)))
 	mux.Handle("POST /v1/resume", s.auth(s.fenced(s.resume)))
+	mux.Handle("POST /v1/egress", s.auth(s.fenced(s.egress)))
 	return mux
 }
 
@@ -403,6 +404,36 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, map[string]string{"uid": uid})
+}
+
+// egressRequest is a pod's new egress (runtime.EgressSetter).
+type egressRequest struct {
+	UID string `json:"uid"`
+	runtime.Egress
+}
+
+// egress replaces a bound pod's egress (runtime.EgressSetter); it finishes
+// even when the caller goes away.
+func (s *Server) egress(w http.ResponseWriter, r *http.Request) {
+	es, ok := s.rt.(runtime.EgressSetter)
+	if !ok {
+		writeError(w, errors.New("this node agent's runtime cannot change a sandbox's egress"), http.StatusNotImplemented, "not_implemented")
+		return
+	}
+	var req egressRequest
+	err := decode(w, r, 1<<20, &req)
+	if err == nil && req.UID == "" {
+		err = errors.New("uid is required")
+	}
+	if err != nil {
+		writeError(w, err, http.StatusBadRequest, "invalid_argument")
+		return
+	}
+	if err := es.SetEgress(context.WithoutCancel(r.Context()), req.UID, req.Egress); err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, map[string]string{"uid": req.UID})
 }
 
 // drainRequest says why a node is drained.

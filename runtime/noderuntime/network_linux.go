@@ -1,6 +1,7 @@
 package noderuntime
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -291,5 +292,62 @@ func (r *Runtime) shape(s *slot, req *runtime.BindRequest) error {
 	s.shaped = b != (sandboxnet.Bandwidth{})
 	r.mu.Unlock()
 	r.metrics.observePhase("bandwidth", t)
+	return nil
+}
+
+// SetEgress implements runtime.EgressSetter: the bound (or paused) pod's
+// firewall is rewritten whole with e in place of its egress, and its names
+// registered anew. A paused sandbox gets the new rules too: its network
+// namespace stays, and it finds them when it is resumed.
+func (r *Runtime) SetEgress(ctx context.Context, uid string, e runtime.Egress) error {
+	if err := e.Validate(); err != nil {
+		return fmt.Errorf("egress of %s: %w", uid, err)
+	}
+	r.mu.Lock()
+	s, ok := r.byPod[uid]
+	var req runtime.BindRequest
+	switch {
+	case !ok:
+		r.mu.Unlock()
+		return fmt.Errorf("egress of %s: pod not on node %s: %w", uid, r.cfg.Node, errdefs.ErrNotFound)
+	case s.fwReq == nil || s.State != runtime.StateBound && s.State != runtime.StatePaused || s.egressing:
+		state := s.State
+		if s.egressing {
+			state = "having its egress changed"
+		}
+		r.mu.Unlock()
+		return fmt.Errorf("egress of %s: the pod is %s: %w", uid, state, errdefs.ErrFailedPrecondition)
+	default:
+		req = *s.fwReq
+		s.egressing = true
+	}
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		s.egressing = false
+		r.mu.Unlock()
+	}()
+	old := req
+	req.Egress, req.EgressDeny, req.EgressDomains = e.Egress, e.EgressDeny, e.EgressDomains
+	// The policy is checked before anything changes: a pool without
+	// internet egress refuses one that asks for it.
+	if _, err := r.policy(&req, s.IP); err != nil {
+		return fmt.Errorf("egress of %s: %w", uid, err)
+	}
+	if _, err := r.firewall(s.netns.GetPath(), s.IP, &req, false); err != nil {
+		return fmt.Errorf("egress of %s: %w", uid, err)
+	}
+	r.forgetNames(s)
+	if err := r.resolveNames(s, &req); err != nil {
+		// Back to what it had: its names and firewall.
+		if _, ferr := r.firewall(s.netns.GetPath(), s.IP, &old, false); ferr == nil {
+			_ = r.resolveNames(s, &old)
+		}
+		return fmt.Errorf("egress of %s: %w", uid, err)
+	}
+	r.mu.Lock()
+	s.fwReq = firewallRequest(req)
+	r.mu.Unlock()
+	r.log.Info("egress changed", "pod", uid, "slot", s.ID, "egress", e.Egress, "deny", e.EgressDeny, "domains", e.EgressDomains)
 	return nil
 }

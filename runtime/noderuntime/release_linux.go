@@ -29,8 +29,9 @@ func (r *Runtime) Release(ctx context.Context, uid string, grace time.Duration) 
 		}
 		// A bind (or a resume) finishes or fails first; a snapshot that
 		// reads the sandbox's filesystem (frozen) finishes that part
-		// first, and a pause its checkpoint.
-		if s.State != runtime.StateBinding && s.snapshots == 0 && s.forking == 0 && !s.pausing {
+		// first, a pause its checkpoint, and an egress change its
+		// firewall (the next bind adds to a clean one).
+		if s.State != runtime.StateBinding && s.snapshots == 0 && s.forking == 0 && !s.pausing && !s.egressing {
 			if s.stopReady != nil {
 				s.stopReady()
 			}

@@ -12,4 +12,5 @@ var (
 	_ runtime.ImageCache   = (*Runtime)(nil)
 	_ runtime.Snapshotter  = (*Runtime)(nil)
 	_ runtime.Checkpointer = (*Runtime)(nil)
+	_ runtime.EgressSetter = (*Runtime)(nil)
 )

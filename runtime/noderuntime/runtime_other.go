@@ -104,3 +104,8 @@ func (r *Runtime) Pause(ctx context.Context, uid string) (runtime.PauseResult, e
 
 // Resume returns errUnsupported off Linux.
 func (r *Runtime) Resume(ctx context.Context, uid string) error { return errUnsupported }
+
+// SetEgress fails: see Run.
+func (r *Runtime) SetEgress(ctx context.Context, uid string, e runtime.Egress) error {
+	return errUnsupported
+}

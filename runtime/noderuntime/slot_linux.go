@@ -64,6 +64,8 @@ type slot struct {
 	// fwReq is what the bound pod's firewall is made from (its ref, ports
 	// and egress), kept to write it again when policies change.
 	fwReq *runtime.BindRequest
+	// egressing: a SetEgress is rewriting its firewall.
+	egressing bool
 	// stopReady ends the readiness poll of the bound pod.
 	stopReady context.CancelFunc
 	// snapshots counts the snapshots reading the bound pod's filesystem
