@@ -27,6 +27,11 @@ const (
 	// ReasonNodeLost fails a started pod whose node agent stopped
 	// answering.
 	ReasonNodeLost = "NodeLost"
+	// ReasonEgressChanged and ReasonEgressFailed are the events of a
+	// change of a running sandbox's egress annotations: applied, or
+	// refused by its node (the previous egress stays).
+	ReasonEgressChanged = "EgressChanged"
+	ReasonEgressFailed  = "EgressFailed"
 	// ReasonReleased terminates the container of a sandbox released
 	// because its pod was deleted.
 	ReasonReleased = "Released"

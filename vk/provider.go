@@ -487,6 +487,7 @@ func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 		return nil
 	}
 	sb.req = req
+	sb.egressApplied = appliedEgress(pod)
 	p.armDeadlineLocked(uid, sb)
 	p.armExpiryLocked(uid, sb)
 	p.mu.Unlock()
@@ -546,6 +547,7 @@ func (p *Provider) UpdatePod(ctx context.Context, pod *corev1.Pod) error {
 	if ok {
 		sb.pod = pod // a copy of its own, as in CreatePod
 		p.reconcilePauseLocked(string(pod.UID), sb)
+		p.reconcileEgressLocked(string(pod.UID), sb)
 		// The expiry may move while the pod runs (an E2B timeout set
 		// again); an unreadable one keeps the last.
 		if at, err := expiresAt(pod); err != nil {
@@ -913,36 +915,11 @@ func (p *Provider) bindRequest(pod *corev1.Pod) (runtime.BindRequest, error) {
 	if err := p.poolBandwidth(pod, &req); err != nil {
 		return req, err
 	}
-	if v, ok := pod.Annotations[podcontract.AnnotationEgress]; ok {
-		if strings.EqualFold(strings.TrimSpace(v), podcontract.EgressNone) {
-			// Everything denied by the pod itself, which wins over the
-			// pool's exceptions; it narrows, so any pool takes it.
-			req.EgressDeny = append(req.EgressDeny, "0.0.0.0/0")
-		} else {
-			prefixes, err := sandboxnet.ParsePrefixes(v)
-			if err == nil && len(prefixes) == 0 {
-				err = errors.New("it lists nothing")
-			}
-			if err != nil {
-				return req, fmt.Errorf("annotation %s: %v: give the IPv4 CIDRs the sandbox may reach, or %s alone for no egress at all", podcontract.AnnotationEgress, err, podcontract.EgressNone)
-			}
-			for _, p := range prefixes {
-				req.Egress = append(req.Egress, p.String())
-			}
-		}
+	e, err := egressOf(pod)
+	if err != nil {
+		return req, err
 	}
-	if v, ok := pod.Annotations[podcontract.AnnotationEgressDeny]; ok {
-		prefixes, err := sandboxnet.ParsePrefixes(v)
-		if err == nil && len(prefixes) == 0 {
-			err = errors.New("it lists nothing")
-		}
-		if err != nil {
-			return req, fmt.Errorf("annotation %s: %v: give the IPv4 CIDRs the sandbox may never reach, or remove it", podcontract.AnnotationEgressDeny, err)
-		}
-		for _, p := range prefixes {
-			req.EgressDeny = append(req.EgressDeny, p.String())
-		}
-	}
+	req.Egress, req.EgressDeny, req.EgressDomains = e.Egress, e.EgressDeny, e.EgressDomains
 	if v, ok := pod.Annotations[podcontract.AnnotationControlPorts]; ok {
 		ports, err := sandboxnet.ParsePorts(v)
 		if err == nil && len(ports) == 0 {
@@ -957,20 +934,6 @@ func (p *Provider) bindRequest(pod *corev1.Pod) (runtime.BindRequest, error) {
 				r = fmt.Sprintf("%d-%d", p.Port, p.EndPort)
 			}
 			req.ControlPorts = append(req.ControlPorts, r)
-		}
-	}
-	if v, ok := pod.Annotations[podcontract.AnnotationEgressDomains]; ok {
-		for name := range strings.SplitSeq(v, ",") {
-			if name = strings.TrimSuffix(strings.ToLower(strings.TrimSpace(name)), "."); name != "" {
-				req.EgressDomains = append(req.EgressDomains, name)
-			}
-		}
-		err := runtime.CheckEgressDomains(req.EgressDomains)
-		if err == nil && len(req.EgressDomains) == 0 {
-			err = errors.New("it lists nothing")
-		}
-		if err != nil {
-			return req, fmt.Errorf("annotation %s: %v: give the DNS names the sandbox may reach, such as api.example.com,*.pypi.org", podcontract.AnnotationEgressDomains, err)
 		}
 	}
 	if len(req.TokenHashes) == 0 {
@@ -1031,4 +994,55 @@ func trimPod(obj any) (any, error) {
 		pod.ManagedFields = nil
 	}
 	return obj, nil
+}
+
+// egressOf is what the pod's egress annotations (AnnotationEgress,
+// AnnotationEgressDeny, AnnotationEgressDomains) let its sandbox reach.
+func egressOf(pod *corev1.Pod) (runtime.Egress, error) {
+	var req runtime.Egress
+	if v, ok := pod.Annotations[podcontract.AnnotationEgress]; ok {
+		if strings.EqualFold(strings.TrimSpace(v), podcontract.EgressNone) {
+			// Everything denied by the pod itself, which wins over the
+			// pool's exceptions; it narrows, so any pool takes it.
+			req.EgressDeny = append(req.EgressDeny, "0.0.0.0/0")
+		} else {
+			prefixes, err := sandboxnet.ParsePrefixes(v)
+			if err == nil && len(prefixes) == 0 {
+				err = errors.New("it lists nothing")
+			}
+			if err != nil {
+				return req, fmt.Errorf("annotation %s: %v: give the IPv4 CIDRs the sandbox may reach, or %s alone for no egress at all", podcontract.AnnotationEgress, err, podcontract.EgressNone)
+			}
+			for _, p := range prefixes {
+				req.Egress = append(req.Egress, p.String())
+			}
+		}
+	}
+	if v, ok := pod.Annotations[podcontract.AnnotationEgressDeny]; ok {
+		prefixes, err := sandboxnet.ParsePrefixes(v)
+		if err == nil && len(prefixes) == 0 {
+			err = errors.New("it lists nothing")
+		}
+		if err != nil {
+			return req, fmt.Errorf("annotation %s: %v: give the IPv4 CIDRs the sandbox may never reach, or remove it", podcontract.AnnotationEgressDeny, err)
+		}
+		for _, p := range prefixes {
+			req.EgressDeny = append(req.EgressDeny, p.String())
+		}
+	}
+	if v, ok := pod.Annotations[podcontract.AnnotationEgressDomains]; ok {
+		for name := range strings.SplitSeq(v, ",") {
+			if name = strings.TrimSuffix(strings.ToLower(strings.TrimSpace(name)), "."); name != "" {
+				req.EgressDomains = append(req.EgressDomains, name)
+			}
+		}
+		err := runtime.CheckEgressDomains(req.EgressDomains)
+		if err == nil && len(req.EgressDomains) == 0 {
+			err = errors.New("it lists nothing")
+		}
+		if err != nil {
+			return req, fmt.Errorf("annotation %s: %v: give the DNS names the sandbox may reach, such as api.example.com,*.pypi.org", podcontract.AnnotationEgressDomains, err)
+		}
+	}
+	return req, nil
 }

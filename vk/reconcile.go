@@ -75,6 +75,10 @@ func (p *Provider) adoptLocked(sb *sandbox, b pool.BoundSlot) {
 	sb.controlKey = nil
 	sb.idleTimeout, _ = idleTimeout(pod)
 	sb.expiresAt, _ = expiresAt(pod)
+	// What its firewall has: what the virtual node last wrote it had; a
+	// change made while no provider ran is applied now.
+	sb.egressApplied = appliedEgress(pod)
+	defer p.reconcileEgressLocked(string(pod.UID), sb)
 	started := b.Slot.Since
 	for _, cs := range pod.Status.ContainerStatuses {
 		if cs.State.Running != nil {

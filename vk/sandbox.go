@@ -40,6 +40,11 @@ type sandbox struct {
 	pauseSince   time.Time
 	pauseRefused bool
 	pauses       int
+	// egressApplied is the digest (podcontract.EgressDigest) of the egress
+	// its sandbox has; egressRefused that of annotations not to try again;
+	// egressOp: a change is under way.
+	egressApplied, egressRefused string
+	egressOp                     bool
 	// pausingAtExpiry is the expiry at which the provider asked for the
 	// sandbox to be paused (AnnotationOnExpiry), until the pod says so.
 	pausingAtExpiry time.Time
