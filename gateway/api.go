@@ -38,7 +38,6 @@ const refreshDefault = 15 * time.Second
 // answer 501 with what is missing, never hang or fail otherwise.
 var unsupported = []struct{ pattern, what string }{
 	{"/sandboxes/{sandboxID}/snapshots", "sandbox snapshots other than create (POST)"},
-	{"/sandboxes/{sandboxID}/network", "changing a sandbox's network configuration"},
 	{"/templates", "this templates call"},
 	{"/templates/", "this templates call"},
 	{"/v2/templates", "template builds from a Dockerfile through the older API (use Template.build, or Template().fromDockerfile)"},
@@ -66,6 +65,7 @@ func (g *Gateway) ControlHandler() http.Handler {
 	mux.Handle("POST /sandboxes/{sandboxID}/pause", g.auth(g.servePause))
 	mux.Handle("POST /sandboxes/{sandboxID}/resume", g.auth(g.serveResume))
 	mux.Handle("POST /sandboxes/{sandboxID}/fork", g.auth(g.serveFork))
+	mux.Handle("PUT /sandboxes/{sandboxID}/network", g.auth(g.serveNetworkUpdate))
 	mux.Handle("POST /v2/sandboxes/{sandboxID}/connect", g.auth(func(w http.ResponseWriter, r *http.Request, k Key) { g.serveConnect(w, r, k, g.cfg.DefaultTimeout) }))
 	mux.Handle("POST /sandboxes/{sandboxID}/connect", g.auth(func(w http.ResponseWriter, r *http.Request, k Key) { g.serveConnect(w, r, k, g.cfg.DefaultTimeout) }))
 	g.buildRoutes(mux)

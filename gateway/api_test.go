@@ -614,7 +614,6 @@ func TestUnsupported(t *testing.T) {
 		body         any
 	}{
 		{http.MethodGet, "/sandboxes/x/snapshots", nil},
-		{http.MethodPut, "/sandboxes/x/network", map[string]any{}},
 		{http.MethodPost, "/templates", nil},
 		{http.MethodPost, "/v2/templates", map[string]any{}},
 		{http.MethodGet, "/templates/t/builds", nil},
@@ -639,15 +638,15 @@ func TestUnsupported(t *testing.T) {
 	if n := len(e.sandboxPods(nsA)); n != 0 {
 		t.Fatalf("%d pods made by refused creates", n)
 	}
-	if n := testutil.ToFloat64(metricRequests.WithLabelValues("/sandboxes/{sandboxID}/network", "501")); n < 1 {
-		t.Errorf("requests metric for network: %v", n)
+	if n := testutil.ToFloat64(metricRequests.WithLabelValues("/volumes", "501")); n < 1 {
+		t.Errorf("requests metric for volumes: %v", n)
 	}
 	if n := testutil.ToFloat64(metricCreates.WithLabelValues(resultUnsupported)); n < 3 {
 		t.Errorf("creates metric for refused creates: %v", n)
 	}
 	// Unsupported calls still need a key.
-	if r := e.call(http.MethodPut, "/sandboxes/x/network", "", nil); r.status != http.StatusUnauthorized {
-		t.Fatalf("network without a key: %d", r.status)
+	if r := e.call(http.MethodGet, "/volumes", "", nil); r.status != http.StatusUnauthorized {
+		t.Fatalf("volumes without a key: %d", r.status)
 	}
 	if r := e.call(http.MethodGet, "/no/such/thing", rawKeyA, nil); r.status != http.StatusNotFound || r.apiError(t).Code != 404 {
 		t.Fatalf("unknown path: %d %s", r.status, r.body)

@@ -24,3 +24,13 @@ func EgressDigest(annotations map[string]string) string {
 	}
 	return hex.EncodeToString(h.Sum(nil))[:32]
 }
+
+// AppliedEgress is the digest of the egress a pod's sandbox has, from its
+// annotations: AnnotationEgressApplied once the virtual node changed it,
+// else (never changed) that of the egress annotations it started with.
+func AppliedEgress(annotations map[string]string) string {
+	if v := annotations[AnnotationEgressApplied]; v != "" {
+		return v
+	}
+	return EgressDigest(annotations)
+}

@@ -33,15 +33,6 @@ const (
 	egressRetry   = time.Second
 )
 
-// appliedEgress is the digest of the egress a new pod's sandbox binds
-// with: its annotations' (or what the virtual node last wrote it had).
-func appliedEgress(pod *corev1.Pod) string {
-	if v := pod.Annotations[podcontract.AnnotationEgressApplied]; v != "" {
-		return v
-	}
-	return podcontract.EgressDigest(pod.Annotations)
-}
-
 // reconcileEgressLocked starts an egress change when the pod's annotations
 // say other than what its sandbox has. The caller holds mu.
 func (p *Provider) reconcileEgressLocked(uid string, sb *sandbox) {

@@ -487,7 +487,7 @@ func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 		return nil
 	}
 	sb.req = req
-	sb.egressApplied = appliedEgress(pod)
+	sb.egressApplied = podcontract.AppliedEgress(pod.Annotations)
 	p.armDeadlineLocked(uid, sb)
 	p.armExpiryLocked(uid, sb)
 	p.mu.Unlock()

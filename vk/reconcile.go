@@ -77,7 +77,7 @@ func (p *Provider) adoptLocked(sb *sandbox, b pool.BoundSlot) {
 	sb.expiresAt, _ = expiresAt(pod)
 	// What its firewall has: what the virtual node last wrote it had; a
 	// change made while no provider ran is applied now.
-	sb.egressApplied = appliedEgress(pod)
+	sb.egressApplied = podcontract.AppliedEgress(pod.Annotations)
 	defer p.reconcileEgressLocked(string(pod.UID), sb)
 	started := b.Slot.Since
 	for _, cs := range pod.Status.ContainerStatuses {
