@@ -25,7 +25,9 @@ func TestNetworkUpdate(t *testing.T) {
 	path := "/sandboxes/" + sb.SandboxID + "/network"
 
 	done := make(chan response, 1)
-	go func() { done <- e.call(http.MethodPut, path, rawKeyA, map[string]any{"denyOut": []string{"0.0.0.0/0"}, "allowOut": []string{"203.0.113.7", "api.example.com"}}) }()
+	go func() {
+		done <- e.call(http.MethodPut, path, rawKeyA, map[string]any{"denyOut": []string{"0.0.0.0/0"}, "allowOut": []string{"203.0.113.7", "api.example.com"}})
+	}()
 	var want string
 	poll(t, "the new annotations", func() bool {
 		p, err := pods.Get(ctx, sb.SandboxID, metav1.GetOptions{})
