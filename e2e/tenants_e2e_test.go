@@ -273,6 +273,29 @@ func TestTenants(t *testing.T) {
 				}
 			})
 		}
+		// E2B's updateNetwork: the running sandbox's firewall follows.
+		t.Run("update", func(t *testing.T) {
+			sb := g.create(t, a.key, s.DebianImage, nil)
+			defer g.call(t, a.key, http.MethodDelete, "/sandboxes/"+sb.SandboxID, nil, nil)
+			path := "/sandboxes/" + sb.SandboxID + "/network"
+			for _, step := range []struct {
+				name  string
+				body  map[string]any
+				reach bool
+			}{
+				{"deny the target", map[string]any{"denyOut": []string{public + "/32"}}, false},
+				{"everything cleared", map[string]any{}, true},
+				{"no internet", map[string]any{"allow_internet_access": false}, false},
+				{"deny all but the target", map[string]any{"denyOut": []string{"0.0.0.0/0"}, "allowOut": []string{public}}, true},
+			} {
+				if code, body := g.call(t, a.key, http.MethodPut, path, step.body, nil); code != http.StatusNoContent {
+					t.Fatalf("%s: update: %d %s", step.name, code, body)
+				}
+				if got := reach(t, sb); (got == "ok") != step.reach {
+					t.Errorf("%s: connect to %s: %q, want reachable %v", step.name, target, got, step.reach)
+				}
+			}
+		})
 		code, body := g.call(t, a.key, http.MethodPost, "/sandboxes", map[string]any{"templateID": s.DebianImage, "network": map[string]any{"allowOut": []string{"not an address"}}}, nil)
 		if code != http.StatusBadRequest {
 			t.Errorf("a malformed allowOut: %d %s, want 400", code, body)
