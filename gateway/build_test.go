@@ -640,6 +640,11 @@ func TestTemplateBuildPrivateBase(t *testing.T) {
 	if len(pod.Spec.ImagePullSecrets) != 1 {
 		t.Fatalf("the build pod's imagePullSecrets: %v", pod.Spec.ImagePullSecrets)
 	}
+	// A build's sandbox is not the caller's to list, as in E2B.
+	b.cached(nsA, pod.Name, func(*corev1.Pod) bool { return true })
+	if r := b.call(http.MethodGet, "/v2/sandboxes", rawKeyA, nil); strings.Contains(string(r.body), pod.Name) {
+		t.Errorf("the build's sandbox is listed: %s", r.body)
+	}
 	sec, err := b.client.CoreV1().Secrets(nsA).Get(ctx, pod.Spec.ImagePullSecrets[0].Name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("the pull secret: %v", err)

@@ -12,6 +12,8 @@ import (
 
 	"github.com/containerd/errdefs"
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/sandman-dev/sandman/podcontract"
 )
 
 // Paging of GET /v2/sandboxes.
@@ -155,7 +157,9 @@ func (g *Gateway) matching(namespace string, lq listQuery) []listedSandbox {
 	out := []listedSandbox{}
 	for _, obj := range objs {
 		pod, ok := obj.(*corev1.Pod)
-		if !ok || !isSandboxPod(pod, pod.Name) || !alive(pod) {
+		if !ok || !isSandboxPod(pod, pod.Name) || !alive(pod) || pod.Labels[podcontract.LabelE2BBuild] != "" {
+			// A template build's sandbox is the gateway's, not the
+			// caller's (as in E2B, builds are not listed).
 			continue
 		}
 		s := view(pod)
