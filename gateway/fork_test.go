@@ -36,7 +36,6 @@ func TestFork(t *testing.T) {
 	}
 	e.cached(nsA, src.SandboxID, func(p *corev1.Pod) bool { return p.Spec.NodeName == "vn-1" })
 
-	before := e.sandboxPods(nsA)
 	call := e.startCreate("/sandboxes/"+src.SandboxID+"/fork", rawKeyA, map[string]any{"count": 3, "timeout": 120})
 	var forks []corev1.Pod
 	poll(t, "three fork pods", func() bool {
@@ -106,7 +105,7 @@ func TestFork(t *testing.T) {
 	})
 
 	runc, _ := e.createReady(rawKeyA, nsA, map[string]any{"templateID": "base"})
-	before = e.sandboxPods(nsA)
+	before := e.sandboxPods(nsA)
 	for _, tc := range []struct {
 		id, key string
 		body    any
