@@ -316,6 +316,7 @@ func (p *Pool) resync(n *node, inv runtime.Inventory) {
 		}
 		if s, ok := held[uid]; ok {
 			pl.markSeenLocked()
+			p.setPausedLocked(pl, s.State == runtime.StatePaused)
 			if s.Ready {
 				updates = append(updates, Update{Kind: Ready, UID: uid, Node: n.name, Slot: s.Clone(), Time: now})
 			}
@@ -347,6 +348,7 @@ func (p *Pool) apply(n *node, ev runtime.Event) {
 				switch s.State {
 				case runtime.StateBinding, runtime.StateBound, runtime.StatePaused:
 					pl.markSeenLocked()
+					p.setPausedLocked(pl, s.State == runtime.StatePaused)
 				}
 			}
 		}

@@ -116,7 +116,8 @@ type Pool struct {
 	queue  admission
 	placed map[string]*placement // pod UID → where it went
 	// held counts placements per job and heldNS per namespace: the
-	// admission queue's fair shares.
+	// admission queue's fair shares. A paused pod's placement does not
+	// count (placement.paused).
 	held   map[jobKey]int
 	heldNS map[string]int
 	// queuedAt is when each queued pod was submitted (admission wait).
@@ -145,6 +146,9 @@ type placement struct {
 	// holds there.
 	on  *node
 	res runtime.Resources
+	// paused: its node reports its sandbox paused; it does not count in
+	// its job's or namespace's share.
+	paused bool
 }
 
 // placeOnLocked records a placement (forgetting an earlier one of uid); until the node's inventory shows it,
@@ -179,13 +183,34 @@ func (p *Pool) unplaceLocked(uid string) {
 	if pl, ok := p.placed[uid]; ok {
 		pl.markSeenLocked()
 		delete(p.placed, uid)
-		key := keyOf(pl.req)
-		if p.held[key]--; p.held[key] <= 0 {
-			delete(p.held, key)
+		if !pl.paused {
+			p.shareLocked(keyOf(pl.req), -1)
 		}
-		if p.heldNS[key.ns]--; p.heldNS[key.ns] <= 0 {
-			delete(p.heldNS, key.ns)
-		}
+	}
+}
+
+// shareLocked adds d to a job's (and its namespace's) held placements.
+func (p *Pool) shareLocked(key jobKey, d int) {
+	if p.held[key] += d; p.held[key] <= 0 {
+		delete(p.held, key)
+	}
+	if p.heldNS[key.ns] += d; p.heldNS[key.ns] <= 0 {
+		delete(p.heldNS, key.ns)
+	}
+}
+
+// setPausedLocked records whether a placement's sandbox is paused, as its
+// node reports it: a paused one leaves its job's fair share (the slot it
+// keeps still counts against its node), and counts again once resumed.
+func (p *Pool) setPausedLocked(pl *placement, paused bool) {
+	if pl.paused == paused {
+		return
+	}
+	pl.paused = paused
+	if paused {
+		p.shareLocked(keyOf(pl.req), -1)
+	} else {
+		p.shareLocked(keyOf(pl.req), 1)
 	}
 }
 
