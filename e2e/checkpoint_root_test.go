@@ -282,7 +282,8 @@ func TestRootGVisorPauseDiskFull(t *testing.T) {
 // source's count; the file is there. Then they diverge: a file written in
 // one fork is in no other sandbox, and each answers its own count. Each
 // fork takes its own token and refuses the source's; the source runs on.
-// A fork of a runc sandbox is refused naming CRIU, one of another image
+// A fork of a runc sandbox is refused naming CRIU, one whose memory limit
+// is below its source's use as InvalidArgument, one of another image
 // as invalid; releasing the source removes the fork's checkpoint.
 func TestRootGVisorFork(t *testing.T) {
 	s := framework.Get(t)
@@ -408,6 +409,11 @@ func TestRootGVisorFork(t *testing.T) {
 	bad.Containers[0].Image = s.BusyboxImage
 	if _, err := rt.Bind(ctx, bad); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("a fork of another image: %v, want InvalidArgument", err)
+	}
+	small := forkReq("fk-small", "x", "fk-source", "batch2")
+	small.Containers[0].Limits.MemoryBytes = 64 << 20 // the source holds 200 MiB
+	if _, err := rt.Bind(ctx, small); !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "below") {
+		t.Errorf("a fork with a memory limit below its source's use: %v, want InvalidArgument", err)
 	}
 	runcReq := runtimetest.Request("fk-runc", s.DebianImage, "sleep", "100000")
 	if _, err := rt.Bind(ctx, runcReq); err != nil {

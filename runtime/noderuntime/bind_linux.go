@@ -287,6 +287,9 @@ func (r *Runtime) start(ctx context.Context, s *slot, req runtime.BindRequest) e
 	var fork *forkImage
 	if req.Fork != nil {
 		t = time.Now()
+		if err := r.checkForkMemory(ctx, req); err != nil {
+			return fmt.Errorf("bind %s: %w", req.Pod.UID, err)
+		}
 		var err error
 		if fork, err = r.acquireFork(ctx, req); err != nil {
 			return fmt.Errorf("bind %s: %w", req.Pod.UID, err)

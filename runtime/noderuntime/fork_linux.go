@@ -291,3 +291,20 @@ func copyTree(ctx context.Context, src, dst string) ([]byte, error) {
 	}
 	return exec.CommandContext(ctx, "cp", "-a", "--reflink=auto", src+"/.", dst+"/").CombinedOutput()
 }
+
+// checkForkMemory refuses a fork whose memory limit is below what its
+// source uses now: restored, its processes would hold that much at once,
+// and the kernel would kill them. A source whose use cannot be read is
+// left to the checkpoint's own checks.
+func (r *Runtime) checkForkMemory(ctx context.Context, req runtime.BindRequest) error {
+	limit := req.Containers[0].Limits.MemoryBytes
+	if limit <= 0 {
+		return nil
+	}
+	st, err := r.Stats(ctx, req.Fork.PodUID)
+	if err != nil || st.MemoryBytes <= uint64(limit) {
+		return nil
+	}
+	return fmt.Errorf("fork of %s: its memory limit, %d MiB, is below the %d MiB its source uses: restored, it would run out at once; give the fork its source's limit: %w",
+		req.Fork.PodUID, limit>>20, st.MemoryBytes>>20, errdefs.ErrInvalidArgument)
+}
