@@ -339,8 +339,14 @@ func (r *Runtime) start(ctx context.Context, s *slot, req runtime.BindRequest) e
 			}
 		}
 		if err != nil {
-			// The snapshot is made before the spec: a spec that fails leaves
-			// it, and the slot's next bind would meet it.
+			// Cut short, containerd may have made the container all the
+			// same: it goes. The snapshot is made before the spec: a spec
+			// that fails leaves it, and the slot's next bind would meet it.
+			if !errdefs.IsAlreadyExists(err) {
+				if rerr := r.removeContainer(context.WithoutCancel(ctx), id, 0); rerr != nil {
+					err = errors.Join(err, fmt.Errorf("remove the container: %w", rerr))
+				}
+			}
 			if rerr := r.client.SnapshotService(r.cfg.Snapshotter).Remove(context.WithoutCancel(ctx), id); rerr != nil && !errdefs.IsNotFound(rerr) {
 				err = errors.Join(err, fmt.Errorf("remove its snapshot: %w", rerr))
 			}

@@ -193,6 +193,11 @@ func (r *Runtime) startHotWork(ctx context.Context, s *slot, image string) error
 		LabelNode: r.cfg.Node, LabelSlot: s.ID, LabelContainer: "task", LabelIndex: "0", LabelImage: image, LabelHot: "true",
 	})...)
 	if err != nil {
+		// Cut short (the agent stopping), containerd may have made the
+		// container all the same: it goes, or it would outlive the agent.
+		if rerr := r.removeContainer(context.WithoutCancel(ctx), id, 0); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("remove the container: %w", rerr))
+		}
 		if rerr := r.client.SnapshotService(r.cfg.Snapshotter).Remove(context.WithoutCancel(ctx), id); rerr != nil && !errdefs.IsNotFound(rerr) {
 			err = errors.Join(err, fmt.Errorf("remove its snapshot: %w", rerr))
 		}
