@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"time"
@@ -280,32 +281,19 @@ func (g *Gateway) create(ctx context.Context, key Key, req *newSandbox, defTimeo
 	if err := g.waitSynced(ctx, key.Namespace); err != nil {
 		return nil, err
 	}
-	pods := g.cfg.Client.CoreV1().Pods(key.Namespace)
-	var created *corev1.Pod
-	var id, token string
-	for attempt := 0; ; attempt++ {
-		id = newSandboxID()
-		token = g.cfg.Tokens.New(key.Namespace, id)
+	created, id, token, err := g.createSandboxPod(ctx, key, "create sandbox pod", func(id, tokenHash string) (*corev1.Pod, error) {
 		pod, err := buildPod(podSpec{
-			id: id, tokenHash: TokenHash(token), key: key, template: tmpl, templateID: req.TemplateID,
+			id: id, tokenHash: tokenHash, key: key, template: tmpl, templateID: req.TemplateID,
 			metadata: req.Metadata, env: req.EnvVars, internet: req.AllowInternetAccess, egress: egress,
 			expiresAt: g.cfg.Now().Add(lifetime), lifecycle: life,
 		})
 		if err != nil {
 			return nil, errorf(errdefs.ErrInvalidArgument, "%v", err)
 		}
-		created, err = pods.Create(ctx, pod, metav1.CreateOptions{})
-		if apierrors.IsAlreadyExists(err) && attempt < 3 {
-			continue // an ID drawn twice: draw again
-		}
-		if apierrors.IsNotFound(err) {
-			// Not the caller's fault, and not a missing sandbox: 500.
-			return nil, fmt.Errorf("API key %s: its namespace %s does not exist: %v", key.Name, key.Namespace, apiMessage(err))
-		}
-		if err != nil {
-			return nil, kubeError("create sandbox pod", err)
-		}
-		break
+		return pod, nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	log := g.log.With("pod", key.Namespace+"/"+id, "key", key.Name, "image", tmpl.Image)
 	defer func() {
@@ -313,11 +301,7 @@ func (g *Gateway) create(ctx context.Context, key Key, req *newSandbox, defTimeo
 			return
 		}
 		// No sandbox for the caller: none is left behind either.
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
-		if err := g.deletePod(dctx, created); err != nil && !apierrors.IsNotFound(err) {
-			log.Warn("delete the pod of a failed create", "err", err)
-		}
+		g.deleteFailed(ctx, created, log, "create")
 		log.Info("create failed", "err", retErr)
 	}()
 	ready, err := g.waitReady(ctx, created)
@@ -350,6 +334,42 @@ func (g *Gateway) waitSynced(ctx context.Context, namespace string) error {
 		return errorf(errdefs.ErrUnavailable, "the gateway cannot list sandbox pods in namespace %s (does it have its role there? see docs/e2b.md): retry later", namespace)
 	}
 	return err
+}
+
+// createSandboxPod creates the pod build makes for a new sandbox ID and
+// the hash of its derived token, drawing another ID if one is taken, and
+// returns it with its ID and token. what names the call in errors.
+func (g *Gateway) createSandboxPod(ctx context.Context, key Key, what string, build func(id, tokenHash string) (*corev1.Pod, error)) (*corev1.Pod, string, string, error) {
+	pods := g.cfg.Client.CoreV1().Pods(key.Namespace)
+	for attempt := 0; ; attempt++ {
+		id := newSandboxID()
+		token := g.cfg.Tokens.New(key.Namespace, id)
+		pod, err := build(id, TokenHash(token))
+		if err != nil {
+			return nil, "", "", err
+		}
+		created, err := pods.Create(ctx, pod, metav1.CreateOptions{})
+		switch {
+		case apierrors.IsAlreadyExists(err) && attempt < 3:
+			continue // an ID drawn twice: draw again
+		case apierrors.IsNotFound(err):
+			// Not the caller's fault, and not a missing sandbox: 500.
+			return nil, "", "", fmt.Errorf("API key %s: its namespace %s does not exist: %v", key.Name, key.Namespace, apiMessage(err))
+		case err != nil:
+			return nil, "", "", kubeError(what, err)
+		}
+		return created, id, token, nil
+	}
+}
+
+// deleteFailed deletes the pod of a sandbox that did not start (what: the
+// call that made it), so that nothing is left behind.
+func (g *Gateway) deleteFailed(ctx context.Context, pod *corev1.Pod, log *slog.Logger, what string) {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if err := g.deletePod(dctx, pod); err != nil && !apierrors.IsNotFound(err) {
+		log.Warn("delete the pod of a failed "+what, "err", err)
+	}
 }
 
 func (g *Gateway) deletePod(ctx context.Context, pod *corev1.Pod) error {

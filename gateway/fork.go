@@ -9,7 +9,6 @@ import (
 
 	"github.com/containerd/errdefs"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sandman-dev/sandman/podcontract"
@@ -108,31 +107,17 @@ func (g *Gateway) serveFork(w http.ResponseWriter, r *http.Request, key Key) {
 // forkOne makes one fork of src and waits until it is Ready; a fork that
 // does not start is deleted.
 func (g *Gateway) forkOne(ctx context.Context, key Key, src *corev1.Pod, forkID string, end time.Time) (_ *sandboxJSON, retErr error) {
-	pods := g.cfg.Client.CoreV1().Pods(key.Namespace)
-	var created *corev1.Pod
-	var id, token string
-	for attempt := 0; ; attempt++ {
-		id = newSandboxID()
-		token = g.cfg.Tokens.New(key.Namespace, id)
-		var err error
-		created, err = pods.Create(ctx, forkPod(src, key, id, TokenHash(token), forkID, end), metav1.CreateOptions{})
-		if apierrors.IsAlreadyExists(err) && attempt < 3 {
-			continue // an ID drawn twice: draw again
-		}
-		if err != nil {
-			return nil, kubeError("create the pod of a fork of sandbox "+src.Name, err)
-		}
-		break
+	created, id, token, err := g.createSandboxPod(ctx, key, "create the pod of a fork of sandbox "+src.Name, func(id, tokenHash string) (*corev1.Pod, error) {
+		return forkPod(src, key, id, tokenHash, forkID, end), nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	defer func() {
 		if retErr == nil {
 			return
 		}
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
-		if err := g.deletePod(dctx, created); err != nil && !apierrors.IsNotFound(err) {
-			g.log.Warn("delete the pod of a failed fork", "pod", key.Namespace+"/"+id, "err", err)
-		}
+		g.deleteFailed(ctx, created, g.log.With("pod", key.Namespace+"/"+id), "fork")
 	}()
 	if _, err := g.waitReady(ctx, created); err != nil {
 		return nil, fmt.Errorf("fork %s of sandbox %s: %w", id, src.Name, err)
