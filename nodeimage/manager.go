@@ -479,6 +479,16 @@ func (m *Manager) Resolver(ctx context.Context, secrets [][]byte, tracker docker
 }
 
 func (m *Manager) newResolver(ctx context.Context, creds map[string][2]string, used *atomic.Bool, tracker docker.StatusTracker) remotes.Resolver {
+	return docker.NewResolver(docker.ResolverOptions{Hosts: m.newHostsUsed(ctx, creds, used), Tracker: tracker})
+}
+
+// newHosts gives the registry hosts of a registry name: the node's
+// settings (HostsDir) with creds.
+func (m *Manager) newHosts(ctx context.Context, creds map[string][2]string) docker.RegistryHosts {
+	return m.newHostsUsed(ctx, creds, nil)
+}
+
+func (m *Manager) newHostsUsed(ctx context.Context, creds map[string][2]string, used *atomic.Bool) docker.RegistryHosts {
 	opts := config.HostOptions{
 		Credentials: func(host string) (string, string, error) {
 			c := creds[host]
@@ -491,7 +501,7 @@ func (m *Manager) newResolver(ctx context.Context, creds map[string][2]string, u
 	if m.cfg.HostsDir != "" {
 		opts.HostDir = config.HostDirFromRoot(m.cfg.HostsDir)
 	}
-	return docker.NewResolver(docker.ResolverOptions{Hosts: config.ConfigureHosts(ctx, opts), Tracker: tracker})
+	return config.ConfigureHosts(ctx, opts)
 }
 
 // Adopt makes ref, an image the node made itself (a snapshot of a

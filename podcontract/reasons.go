@@ -67,6 +67,15 @@ const (
 	// from a checkpoint of its source (Normal event, naming the source).
 	// A fork that cannot start fails with StartError saying why.
 	ReasonForking = "Forking"
+	// ReasonMoving: a drain of its worker checkpointed the sandbox and it
+	// is being restored on another worker (Normal event, naming the
+	// checkpoint; the pod's status reason meanwhile). Its address changes;
+	// connections open before the move are reset.
+	ReasonMoving = "Moving"
+	// ReasonMoved: the sandbox runs on another worker from where it
+	// stopped, or, paused when it moved, waits off any worker until it is
+	// resumed (Normal event).
+	ReasonMoved = "Moved"
 )
 
 // A virtual node's own condition types and their reasons, beside the

@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/containerd/errdefs"
@@ -59,4 +60,30 @@ func (p *Pool) checkpointer(uid string) (*node, string, runtime.Checkpointer, er
 			ref, n.name, errdefs.ErrNotImplemented)
 	}
 	return n, ref, cp, nil
+}
+
+// DeleteCheckpoint deletes a moved sandbox's artifact (a pod deleted
+// before it was restored) through the first healthy node agent that can
+// (runtime.CheckpointStore): they share the pool's checkpoint repository.
+func (p *Pool) DeleteCheckpoint(ctx context.Context, ref string) error {
+	p.mu.Lock()
+	var stores []runtime.CheckpointStore
+	for _, n := range p.sortedNodesLocked() {
+		if cs, ok := n.rt.(runtime.CheckpointStore); ok && n.healthy {
+			stores = append(stores, cs)
+		}
+	}
+	p.mu.Unlock()
+	if len(stores) == 0 {
+		return fmt.Errorf("delete checkpoint %s: no node agent of pool %s can reach the checkpoint repository now: %w", ref, p.cfg.Name, errdefs.ErrUnavailable)
+	}
+	var errs []error
+	for _, cs := range stores {
+		err := cs.DeleteCheckpoint(ctx, ref)
+		if err == nil || errdefs.IsInvalidArgument(err) {
+			return err
+		}
+		errs = append(errs, err)
+	}
+	return fmt.Errorf("delete checkpoint %s: %w", ref, errors.Join(errs...))
 }

@@ -384,6 +384,12 @@ func (p *Pool) apply(n *node, ev runtime.Event) {
 			if pl, ok := p.placed[s.Pod.UID]; ok && pl.node == n.name {
 				u = &Update{Kind: Exited, UID: s.Pod.UID, Node: n.name, Slot: s.Clone(), Time: ev.Time,
 					Container: ev.Container, ExitCode: ev.ExitCode, Reason: ev.Reason, Message: ev.Message}
+				if ev.Reason == runtime.ReasonMoved && ev.Moved != nil {
+					// The node lets the slot go next: the pod is placed
+					// nowhere until it is submitted again.
+					u.Kind, u.Moved = Moved, ev.Moved
+					p.unplaceLocked(s.Pod.UID)
+				}
 			}
 		}
 	}

@@ -85,6 +85,11 @@ const (
 	// Lost: the slot of a bound pod vanished (its node agent restarted
 	// without it, or stayed unreachable longer than LostAfter).
 	Lost UpdateKind = "lost"
+	// Moved: the node moved the pod's sandbox away (a drain; Moved says
+	// where its running state went) and holds it no more: the pod is no
+	// longer placed. Submitted again with Bind.Restore, it goes on where
+	// it stopped, on another node.
+	Moved UpdateKind = "moved"
 )
 
 // Update is one change of a pod's placement.
@@ -101,6 +106,8 @@ type Update struct {
 	Reason    string
 	Message   string
 	Permanent bool
+	// Moved: the checkpoint a Moved update left.
+	Moved *runtime.MovedCheckpoint
 }
 
 // Pool places pods onto the slots of a set of node agents.
@@ -537,6 +544,9 @@ func retryElsewhere(err error) bool {
 // failureReason maps a bind error to a Kubernetes-style reason.
 func failureReason(err error) (reason string, permanent bool) {
 	switch {
+	case errdefs.IsDataLoss(err):
+		// A moved sandbox's state is gone or cannot be restored.
+		return podcontract.ReasonResumeFailed, true
 	case errors.Is(err, runtime.ErrImagePull):
 		return runtime.ReasonErrImagePull, false
 	case errdefs.IsInvalidArgument(err):

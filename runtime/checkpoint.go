@@ -72,3 +72,34 @@ type ForkSource struct {
 // ForkKeep is how long a node keeps a fork's checkpoint for further forks
 // of the same ID.
 const ForkKeep = 10 * time.Minute
+
+// MovedCheckpoint is a sandbox's running state pushed to the pool's
+// checkpoint repository by a node that moved it away (a drain of a node
+// with a checkpoint repository): its checkpoint, its writable layer and
+// its daemon's assign token, as an OCI artifact (MediaTypeCheckpoint). A
+// bind that names it (BindRequest.Restore) restores the sandbox on its
+// node — the same processes, memory and files, a new address — and
+// deletes the artifact once it runs. The artifact holds the sandbox's
+// memory: the repository must be as private as the sandboxes are.
+type MovedCheckpoint struct {
+	// Ref is the artifact, by digest (repository@sha256:…).
+	Ref string `json:"ref"`
+	// Paused: the sandbox was paused when it moved; it stays paused (held
+	// by no node) until it is asked to resume.
+	Paused bool `json:"paused,omitempty"`
+	// From is the node it left; Bytes the artifact's size.
+	From  string `json:"from,omitempty"`
+	Bytes int64  `json:"bytes,omitempty"`
+}
+
+// MediaTypeCheckpoint is the config media type of a moved sandbox's
+// artifact; its layers are uncompressed tars of the checkpoint image and
+// of the writable layer.
+const MediaTypeCheckpoint = "application/vnd.sandman.checkpoint.config.v1+json"
+
+// CheckpointStore is implemented by runtimes that can delete a moved
+// sandbox's artifact (a pod deleted before it was restored): runtime/noderuntime,
+// runtime/fake, the node API client.
+type CheckpointStore interface {
+	DeleteCheckpoint(ctx context.Context, ref string) error
+}

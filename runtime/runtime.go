@@ -224,6 +224,10 @@ type BindRequest struct {
 	// Fork, when set, starts the sandbox from a running one's state
 	// instead of the image's start (see ForkSource).
 	Fork *ForkSource `json:"fork,omitempty"`
+	// Restore, when set, starts the sandbox from a checkpoint a node
+	// pushed when it moved it away (see MovedCheckpoint): the pod goes on
+	// where it stopped, on this node.
+	Restore *MovedCheckpoint `json:"restore,omitempty"`
 }
 
 // The runtime handlers a sandbox runs under (a RuntimeClass's handler).
@@ -370,6 +374,9 @@ type Event struct {
 	BytesTotal int64  `json:"bytes_total,omitempty"`
 	// Images ready on the node (EventImages).
 	Images []string `json:"images,omitempty"`
+	// Moved is where an exit of reason ReasonMoved left the sandbox's
+	// running state.
+	Moved *MovedCheckpoint `json:"moved,omitempty"`
 }
 
 // Drainer is implemented by runtimes that can empty their node: Drain
@@ -451,6 +458,11 @@ const (
 	ReasonImageNotFound = "ImageNotFound"
 	ReasonInvalidSpec   = "InvalidSpec"
 	ReasonStartFailed   = "StartError"
-	// ReasonEvicted: the sandbox was stopped for using more disk than its limit.
+	// ReasonEvicted: the sandbox was stopped for using more disk than its
+	// limit, or by a drain.
 	ReasonEvicted = "Evicted"
+	// ReasonMoved: a drain checkpointed the sandbox and pushed its state
+	// away (Event.Moved) instead of stopping it: a bind that restores it
+	// elsewhere (BindRequest.Restore) goes on from there.
+	ReasonMoved = "Moved"
 )

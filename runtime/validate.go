@@ -40,6 +40,16 @@ func (r BindRequest) Validate() error {
 			return fmt.Errorf("bind %s: fork ID %q: want 1 to 63 letters, digits, '-' or '.': %w", r.Pod.UID, f.ID, errdefs.ErrInvalidArgument)
 		}
 	}
+	if m := r.Restore; m != nil {
+		switch {
+		case !r.GVisor() || len(r.Containers) != 1:
+			return fmt.Errorf("bind %s: a moved sandbox is restored under gVisor, in one container, as it ran: %w", r.Pod.UID, errdefs.ErrInvalidArgument)
+		case r.Fork != nil:
+			return fmt.Errorf("bind %s: a bind restores a moved sandbox or forks one, not both: %w", r.Pod.UID, errdefs.ErrInvalidArgument)
+		case m.Ref == "" || !strings.Contains(m.Ref, "@sha256:"):
+			return fmt.Errorf("bind %s: a moved sandbox's checkpoint %q is named by digest (repository@sha256:…): %w", r.Pod.UID, m.Ref, errdefs.ErrInvalidArgument)
+		}
+	}
 	seen := map[string]bool{}
 	var sum Resources
 	for i, c := range r.Containers {

@@ -122,7 +122,7 @@ func (p *Provider) waitRunning(ctx context.Context, namespace, name string) erro
 // what its sandbox is not. A pause waits for the sandbox to be Ready (it
 // is tried again then). The caller holds mu.
 func (p *Provider) reconcilePauseLocked(uid string, sb *sandbox) {
-	if sb.pauseOp != "" || sb.terminal() || sb.deleting || sb.awaiting || sb.slot.ID == "" {
+	if sb.pauseOp != "" || sb.terminal() || sb.deleting || sb.awaiting || sb.slot.ID == "" && !sb.offNode {
 		return
 	}
 	want := wantPaused(sb.pod)
@@ -155,6 +155,10 @@ func (p *Provider) runPause(uid, op string) {
 			err = perr
 		}
 		msg = fmt.Sprintf("the sandbox is paused: its running state (%.1f MiB) is checkpointed on node %s", float64(bytes)/(1<<20), p.nodeOf(types.UID(uid)))
+	} else if p.isOffNode(uid) {
+		var node string
+		node, err = p.resumeMoved(ctx, uid)
+		msg = fmt.Sprintf("the sandbox runs again on node %s, restored from its checkpoint where it was paused", node)
 	} else {
 		err = p.cfg.Pool.Resume(ctx, uid)
 		msg = "the sandbox runs again where it was paused"
@@ -224,6 +228,14 @@ func (p *Provider) runPause(uid, op string) {
 	if !retry {
 		p.afterExpiryPauseOp(pod, op, err)
 	}
+}
+
+// isOffNode: the pod's sandbox moved while paused and no node holds it.
+func (p *Provider) isOffNode(uid string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	sb := p.byUID[uid]
+	return sb != nil && sb.offNode
 }
 
 // pauseCondition is the pod's ConditionPaused, or false when its sandbox

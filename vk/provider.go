@@ -671,6 +671,7 @@ func (p *Provider) release(key, uid string, grace time.Duration, deleted bool) {
 		}
 		backoff *= 2
 	}
+	p.dropMoved(uid)
 	metricReleases.WithLabelValues(map[bool]string{true: "deleted", false: "ended"}[deleted]).Inc()
 	if deleted {
 		metricReleaseSeconds.Observe(p.cfg.Now().Sub(start).Seconds())
@@ -790,18 +791,40 @@ func (p *Provider) OnUpdate(u pool.Update) {
 		sb.trace.placed = u.Time
 		p.mu.Unlock()
 		return // nothing a status shows yet
+	case pool.Moved:
+		p.movedLocked(sb, u)
+		if !sb.offNode {
+			resubmitAfter = time.Millisecond
+		}
+		pod, m := sb.pod, *u.Moved
+		event = func() {
+			reason := podcontract.ReasonMoving
+			if m.Paused {
+				reason = podcontract.ReasonMoved
+			}
+			p.cfg.Recorder.Event(pod, corev1.EventTypeNormal, reason, u.Message)
+		}
 	case pool.Bound:
+		// A moved sandbox's checkpoint is used up once it runs again.
+		sb.req.Restore = nil
 		sb.bound(u.Node, u.Slot, u.Time)
 		sb.trace.bound = u.Time
 		if !sb.isReady {
 			pushAfter = boundPushDelay
 		}
-		metricCreateToBound.Observe(u.Time.Sub(sb.created).Seconds())
+		if sb.moves == 0 {
+			metricCreateToBound.Observe(u.Time.Sub(sb.created).Seconds())
+		}
 	case pool.Ready:
 		if sb.trace.readyOnNode.IsZero() {
 			sb.trace.readyOnNode, sb.trace.readySeen = u.Time, p.cfg.Now()
 		}
-		if sb.ready(u.Node, u.Slot, u.Time) && sb.pauses == 0 {
+		if sb.moving {
+			sb.moving, sb.message = false, ""
+			pod, msg := sb.pod, fmt.Sprintf("the sandbox runs on node %s from where it stopped (address %s)", u.Node, u.Slot.IP)
+			event = func() { p.cfg.Recorder.Event(pod, corev1.EventTypeNormal, podcontract.ReasonMoved, msg) }
+		}
+		if sb.ready(u.Node, u.Slot, u.Time) && sb.pauses == 0 && sb.moves == 0 {
 			metricCreateToReady.Observe(u.Time.Sub(sb.created).Seconds())
 			p.recentReady.add(u.Time, u.Time.Sub(sb.created))
 		}

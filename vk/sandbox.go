@@ -40,6 +40,12 @@ type sandbox struct {
 	pauseSince   time.Time
 	pauseRefused bool
 	pauses       int
+	// Moves (a drain's: pool.Moved): moving, the sandbox is being restored
+	// on another node from req.Restore; offNode, it moved while paused and
+	// no node holds it (its resume is a bind of req.Restore); moves counts
+	// them.
+	moving, offNode bool
+	moves           int
 	// egressApplied is the digest (podcontract.EgressDigest) of the egress
 	// its sandbox has; egressRefused that of annotations not to try again;
 	// egressOp: a change is under way.
@@ -266,6 +272,8 @@ func (s *sandbox) podWithStatus(nodeIP string) *corev1.Pod {
 		st.Reason, st.Message = s.reason, s.message
 	} else if s.paused && !s.terminal() {
 		st.Reason, st.Message = podcontract.ReasonPaused, s.pauseMessage
+	} else if s.moving && !s.terminal() {
+		st.Reason, st.Message = podcontract.ReasonMoving, s.message
 	}
 	scheduled := created
 	readyAt := scheduled

@@ -45,6 +45,7 @@ type options struct {
 	snapshotRegistry, snapshotPushConfig        string
 	snapshotScratchDir                          string
 	checkpointDir                               string
+	checkpointRepository                        string
 	snapshotRepositories                        []string
 	hotSlots                                    string
 	hotBudget                                   int
@@ -104,6 +105,7 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 		}
 		return nil
 	})
+	fs.StringVar(&o.checkpointRepository, "checkpoint-repository", "", "repository (host[:port]/path) where a drain pushes the gVisor sandboxes it moves to another worker, with their memory (keep it as private as the sandboxes; pushes use --snapshot-push-config); every node agent of the pool needs the same one to restore them (empty: a drain evicts them)")
 	fs.StringVar(&o.checkpointDir, "checkpoint-dir", "", "where paused gVisor sandboxes' checkpoints are kept, about their memory's size each (default <state-dir>/checkpoints)")
 	fs.StringVar(&o.snapshotScratchDir, "snapshot-scratch-dir", "", "where a snapshot's uncompressed changes are written while the sandbox is frozen, then compressed (default <state-dir>/snapshots)")
 	fs.StringVar(&o.hostsDir, "registry-hosts-dir", "", "per-registry settings in containerd's hosts.toml layout (<dir>/<host>/hosts.toml: mirrors, plain HTTP, CA, skip_verify)")

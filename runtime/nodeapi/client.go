@@ -179,6 +179,12 @@ func (c *Client) Pause(ctx context.Context, uid string) (runtime.PauseResult, er
 	return res, err
 }
 
+// DeleteCheckpoint implements runtime.CheckpointStore: POST
+// /v1/checkpoints/delete.
+func (c *Client) DeleteCheckpoint(ctx context.Context, ref string) error {
+	return c.do(ctx, http.MethodPost, "/v1/checkpoints/delete", checkpointRequest{Ref: ref}, nil)
+}
+
 // Resume implements runtime.Checkpointer: POST /v1/resume.
 func (c *Client) Resume(ctx context.Context, uid string) error {
 	return c.do(ctx, http.MethodPost, "/v1/resume", podRequest{UID: uid}, nil)

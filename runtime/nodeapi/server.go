@@ -132,6 +132,7 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("POST /v1/snapshot", s.auth(s.fenced(s.snapshot)))
 	mux.Handle("POST /v1/pause", s.auth(s.fenced(s.pause)))
 	mux.Handle("POST /v1/resume", s.auth(s.fenced(s.resume)))
+	mux.Handle("POST /v1/checkpoints/delete", s.auth(s.fenced(s.deleteCheckpoint)))
 	mux.Handle("POST /v1/egress", s.auth(s.fenced(s.egress)))
 	return mux
 }
@@ -404,6 +405,35 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, map[string]string{"uid": uid})
+}
+
+// checkpointRequest names a moved sandbox's artifact.
+type checkpointRequest struct {
+	Ref string `json:"ref"`
+}
+
+// deleteCheckpoint deletes a moved sandbox's artifact from the registry
+// (runtime.CheckpointStore): its pod was deleted before it was restored.
+func (s *Server) deleteCheckpoint(w http.ResponseWriter, r *http.Request) {
+	cs, ok := s.rt.(runtime.CheckpointStore)
+	if !ok {
+		writeError(w, errors.New("this node agent's runtime keeps no moved sandboxes"), http.StatusNotImplemented, "not_implemented")
+		return
+	}
+	var req checkpointRequest
+	err := decode(w, r, 64<<10, &req)
+	if err == nil && req.Ref == "" {
+		err = errors.New("ref is required")
+	}
+	if err != nil {
+		writeError(w, err, http.StatusBadRequest, "invalid_argument")
+		return
+	}
+	if err := cs.DeleteCheckpoint(context.WithoutCancel(r.Context()), req.Ref); err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, map[string]string{"ref": req.Ref})
 }
 
 // egressRequest is a pod's new egress (runtime.EgressSetter).

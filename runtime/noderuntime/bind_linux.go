@@ -297,6 +297,15 @@ func (r *Runtime) start(ctx context.Context, s *slot, req runtime.BindRequest) e
 		defer r.releaseFork(fork)
 		r.metrics.observePhase("fork", t)
 		a.Bearer = fork.assignKey
+	} else if req.Restore != nil {
+		t = time.Now()
+		var err error
+		if fork, err = r.fetchMoved(ctx, s, req); err != nil {
+			return fmt.Errorf("bind %s: restore the moved sandbox: %w", req.Pod.UID, err)
+		}
+		defer r.releaseFork(fork)
+		r.metrics.observePhase("restore", t)
+		a.Bearer = fork.assignKey
 	}
 	// The daemon's command line names the hash of its assign token; a
 	// fork's names its source's, as runsc's restore wants the same.
@@ -361,12 +370,26 @@ func (r *Runtime) start(ctx context.Context, s *slot, req runtime.BindRequest) e
 		if fork != nil {
 			done, err := r.startFork(ctx, fork, id)
 			if err != nil {
-				return fmt.Errorf("bind %s: fork of %s: %w", req.Pod.UID, req.Fork.PodUID, err)
+				return fmt.Errorf("bind %s: start from %s's state: %w", req.Pod.UID, fork.source, err)
 			}
 			defer done()
 		}
 		if err := r.startTask(ctx, s, container, c.Name); err != nil {
+			if req.Restore != nil {
+				return fmt.Errorf("bind %s: restore the moved sandbox: runsc restore: %v: %w", req.Pod.UID, err, errdefs.ErrDataLoss)
+			}
 			return fmt.Errorf("bind %s: start container %s: %w", req.Pod.UID, c.Name, err)
+		}
+		if req.Restore != nil {
+			// It runs: its state is no longer needed in the registry.
+			ref := req.Restore.Ref
+			r.owned.Go(func() {
+				dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+				defer cancel()
+				if err := r.DeleteCheckpoint(dctx, ref); err != nil {
+					r.log.Warn("delete a restored sandbox's checkpoint from the registry", "ref", ref, "err", err)
+				}
+			})
 		}
 		r.metrics.observePhase("start", t)
 	}

@@ -102,6 +102,11 @@ type Config struct {
 	// slot (default <StateDir>/checkpoints): each about as large as its
 	// sandbox's memory, for as long as it is paused.
 	CheckpointDir string
+	// CheckpointRepository (host[:port]/path) is where a drain pushes the
+	// gVisor sandboxes it moves to another node (runtime.MovedCheckpoint),
+	// and the only place a bind restores one from; pushes and pulls use
+	// SnapshotPushConfig's credentials. Empty: a drain evicts them.
+	CheckpointRepository string
 	// ImageCacheBytes is the disk budget for images; least recently used
 	// images no slot uses are removed above it (0: no budget).
 	ImageCacheBytes int64
@@ -264,6 +269,11 @@ func (c *Config) setDefaults() error {
 	if c.SnapshotRegistry != "" {
 		if err := checkSnapshotRegistry(c.SnapshotRegistry); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	if c.CheckpointRepository != "" {
+		if err := checkSnapshotRegistry(c.CheckpointRepository); err != nil {
+			errs = append(errs, fmt.Errorf("checkpoint repository: %w", err))
 		}
 	}
 	if _, err := nodeimage.ParseSnapshotRepositories(c.SnapshotRepositories); err != nil {

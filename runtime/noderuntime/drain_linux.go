@@ -16,8 +16,9 @@ import (
 
 // Drain empties the node for good or for a while (the worker cordoned,
 // sandman uninstalled): binds are refused with why, every bound sandbox is
-// stopped and released with an Evicted exit that says why, and the warm
-// and hot slots are torn down. The API keeps serving, so the virtual node
+// moved away (a gVisor one, when the node has a checkpoint repository:
+// moveOut, a Moved exit) or stopped and released with an Evicted exit that
+// says why, and the warm and hot slots are torn down. The API keeps serving, so the virtual node
 // sees the evictions and an empty node. Undrain takes binds again.
 func (r *Runtime) Drain(ctx context.Context, why string) error {
 	msg := fmt.Sprintf("node agent %s is draining: %s", r.cfg.Node, why)
@@ -30,7 +31,7 @@ func (r *Runtime) Drain(ctx context.Context, why string) error {
 	for _, s := range r.slots {
 		switch {
 		case (s.State == runtime.StateBound || s.State == runtime.StatePaused) && s.Pod != nil:
-			if s.evicted == "" {
+			if s.evicted == "" && r.cfg.CheckpointRepository == "" {
 				s.evicted = msg
 			}
 			bound = append(bound, s)
@@ -47,14 +48,35 @@ func (r *Runtime) Drain(ctx context.Context, why string) error {
 			r.mu.Unlock()
 			continue
 		}
-		uid, ids := s.Pod.UID, slices.Clone(s.containers)
+		uid := s.Pod.UID
+		evictMsg := msg
+		if r.cfg.CheckpointRepository != "" {
+			r.mu.Unlock()
+			_, err := r.moveOut(ctx, s, why)
+			if err == nil {
+				if err := r.Release(ctx, uid, 0); err != nil {
+					errs = append(errs, err)
+				}
+				continue
+			}
+			evictMsg = fmt.Sprintf("%s (it could not be moved: %v)", msg, err)
+			r.mu.Lock()
+			if s.State != runtime.StateBound && s.State != runtime.StatePaused || s.Pod == nil || s.Pod.UID != uid {
+				r.mu.Unlock()
+				continue
+			}
+		}
+		if s.evicted == "" {
+			s.evicted = evictMsg
+		}
+		ids := slices.Clone(s.containers)
 		main := ""
 		if len(ids) > 0 {
 			main = strings.TrimPrefix(ids[0], s.ID+"-")
 		}
 		// The exit the virtual node reads, before the release hides it.
 		r.hub.Publish(runtime.Event{Type: runtime.EventExit, Time: r.cfg.Clock.Now(), Slot: s.Slot.Clone(),
-			Container: main, ExitCode: 128 + int(syscall.SIGKILL), Reason: runtime.ReasonEvicted, Message: msg})
+			Container: main, ExitCode: 128 + int(syscall.SIGKILL), Reason: runtime.ReasonEvicted, Message: evictMsg})
 		r.mu.Unlock()
 		r.metrics.failures.WithLabelValues(runtime.ReasonEvicted).Inc()
 		for _, id := range ids {

@@ -1,0 +1,346 @@
+package noderuntime
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	ctrd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/content"
+	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/errdefs"
+	"github.com/distribution/reference"
+	digest "github.com/opencontainers/go-digest"
+	specs "github.com/opencontainers/image-spec/specs-go"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/sandman-dev/sandman/runtime"
+)
+
+// Moving gVisor sandboxes between nodes (runtime.MovedCheckpoint).
+//
+// A drain of a node with a checkpoint repository moves its gVisor
+// sandboxes instead of evicting them: each running one is paused (its
+// checkpoint on the node's disk, as Pause makes it), then its checkpoint,
+// its writable layer (the snapshot's upper directory) and its daemon's
+// assign token are pushed as one OCI artifact to
+// <CheckpointRepository>/<namespace>/<pod>:moved-<uid> (two uncompressed
+// tar layers, the config MediaTypeCheckpoint), its exit is published with
+// ReasonMoved and the artifact, and the slot is released. A bind that
+// names the artifact (BindRequest.Restore) on another node fetches it into
+// <CheckpointDir>/moved-<slot> and starts as a fork's bind does: the same
+// daemon command line (its assign token's hash), the writable layer copied
+// into its snapshot, the wrapper's restore marker, and a re-assignment with
+// the token the daemon holds. The artifact is deleted from the registry
+// once the restored sandbox runs.
+
+// movedConfig is a moved sandbox's artifact config.
+type movedConfig struct {
+	PodUID    string    `json:"pod_uid"`
+	Namespace string    `json:"namespace"`
+	Name      string    `json:"name"`
+	Image     string    `json:"image"`
+	AssignKey string    `json:"assign_key"`
+	Node      string    `json:"node"`
+	Created   time.Time `json:"created"`
+}
+
+// moveTimeout bounds a move's checkpoint and push.
+const moveTimeout = 10 * time.Minute
+
+// moveOut moves slot s's sandbox away for a drain: paused if it runs,
+// pushed, its exit published as ReasonMoved. The caller releases the slot.
+// An error leaves the sandbox as it was (running, or paused here).
+func (r *Runtime) moveOut(ctx context.Context, s *slot, why string) (runtime.MovedCheckpoint, error) {
+	ctx, cancel := context.WithTimeout(ctx, moveTimeout)
+	defer cancel()
+	r.mu.Lock()
+	if s.Pod == nil || len(s.containers) != 1 {
+		r.mu.Unlock()
+		return runtime.MovedCheckpoint{}, fmt.Errorf("move: only a pod of one container moves: %w", errdefs.ErrFailedPrecondition)
+	}
+	pod, state, id := *s.Pod, s.State, s.containers[0]
+	r.mu.Unlock()
+	container, err := r.client.LoadContainer(ctx, id)
+	if err != nil {
+		return runtime.MovedCheckpoint{}, fmt.Errorf("move %s: %w", pod.UID, err)
+	}
+	if !r.isGVisor(ctx, container) {
+		return runtime.MovedCheckpoint{}, fmt.Errorf("move %s: it runs under runc, whose processes cannot be saved (CRIU): %w", pod.UID, errdefs.ErrFailedPrecondition)
+	}
+	begin := time.Now()
+	wasPaused := state == runtime.StatePaused
+	if !wasPaused {
+		if _, err := r.Pause(ctx, pod.UID); err != nil {
+			return runtime.MovedCheckpoint{}, fmt.Errorf("move %s: %w", pod.UID, err)
+		}
+	}
+	ref, size, err := r.pushMoved(ctx, s, pod, id)
+	if err != nil {
+		if !wasPaused {
+			// Paused here for the move: it runs on if it can, and the
+			// drain evicts it as it would have.
+			r.log.Warn("move failed: the sandbox stays paused here", "pod", pod.UID, "err", err)
+		}
+		r.metrics.checkpoints.WithLabelValues("move", runtime.SnapshotOutcome(err)).Inc()
+		return runtime.MovedCheckpoint{}, fmt.Errorf("move %s: %w", pod.UID, err)
+	}
+	r.metrics.checkpoints.WithLabelValues("move", "ok").Inc()
+	r.metrics.checkpointSeconds.WithLabelValues("move").Observe(time.Since(begin).Seconds())
+	moved := runtime.MovedCheckpoint{Ref: ref, Paused: wasPaused, From: r.cfg.Node, Bytes: size}
+	r.mu.Lock()
+	r.hub.Publish(runtime.Event{Type: runtime.EventExit, Time: r.cfg.Clock.Now(), Slot: s.Slot.Clone(),
+		Container: strings.TrimPrefix(id, s.ID+"-"), Reason: runtime.ReasonMoved, Moved: &moved,
+		Message: fmt.Sprintf("moved off node %s (%s): its running state (%.1f MiB) waits in %s", r.cfg.Node, why, float64(size)/(1<<20), ref)})
+	r.mu.Unlock()
+	r.log.Info("moved out", "pod", pod.UID, "ref", ref, "bytes", size, "paused", wasPaused, "took", time.Since(begin))
+	return moved, nil
+}
+
+// withLease is ctx with a lease of its own over what it writes to the
+// content store; done deletes it, and containerd collects the content.
+func (r *Runtime) withLease(ctx context.Context) (context.Context, func(), error) {
+	ls := r.client.LeasesService()
+	l, err := ls.Create(ctx, leases.WithRandomID(), leases.WithExpiration(moveTimeout))
+	if err != nil {
+		return nil, nil, err
+	}
+	return leases.WithLease(ctx, l.ID), func() {
+		_ = ls.Delete(context.WithoutCancel(ctx), l, leases.SynchronousDelete)
+	}, nil
+}
+
+// pushMoved pushes paused slot s's checkpoint, writable layer and assign
+// token; it returns the artifact's name by digest and its size.
+func (r *Runtime) pushMoved(ctx context.Context, s *slot, pod runtime.PodRef, id string) (string, int64, error) {
+	key, err := os.ReadFile(filepath.Join(s.dir, assignKeyFile))
+	if err != nil {
+		return "", 0, fmt.Errorf("its daemon's assign token is not kept (%v): a sandbox started by an older agent cannot move: %w", err, errdefs.ErrFailedPrecondition)
+	}
+	upper, err := r.upperOf(ctx, id)
+	if err != nil {
+		return "", 0, err
+	}
+	auth, err := r.snapshotPushAuth()
+	if err != nil {
+		return "", 0, err
+	}
+	ctx, done, err := r.withLease(ctx)
+	if err != nil {
+		return "", 0, err
+	}
+	defer done()
+	ckpt, err := r.tarBlob(ctx, r.checkpointDir(s), "checkpoint")
+	if err != nil {
+		return "", 0, fmt.Errorf("pack its checkpoint: %w", err)
+	}
+	files, err := r.tarBlob(ctx, upper, "files")
+	if err != nil {
+		return "", 0, fmt.Errorf("pack its files: %w", err)
+	}
+	r.mu.Lock()
+	image := s.Image
+	r.mu.Unlock()
+	cfg, _ := json.Marshal(movedConfig{PodUID: pod.UID, Namespace: pod.Namespace, Name: pod.Name, Image: image,
+		AssignKey: strings.TrimSpace(string(key)), Node: r.cfg.Node, Created: time.Now().UTC()})
+	cfgDesc, err := r.writeBlob(ctx, runtime.MediaTypeCheckpoint, cfg)
+	if err != nil {
+		return "", 0, err
+	}
+	m := ocispec.Manifest{Versioned: specs.Versioned{SchemaVersion: 2}, MediaType: ocispec.MediaTypeImageManifest,
+		Config: cfgDesc, Layers: []ocispec.Descriptor{ckpt, files}}
+	b, _ := json.Marshal(m)
+	desc, err := r.writeBlob(ctx, ocispec.MediaTypeImageManifest, b)
+	if err != nil {
+		return "", 0, err
+	}
+	name := r.cfg.CheckpointRepository + "/" + pod.Namespace + "/" + pod.Name + ":moved-" + pod.UID
+	if err := r.client.Push(ctx, name, desc, ctrd.WithResolver(r.images.Resolver(ctx, auth, nil))); err != nil {
+		return "", 0, pushError(r.cfg.CheckpointRepository, name, err)
+	}
+	repo, _, _ := strings.Cut(name, ":moved-")
+	return repo + "@" + desc.Digest.String(), ckpt.Size + files.Size, nil
+}
+
+// tarBlob writes dir's contents as an uncompressed tar (owners by number,
+// modes, extended attributes, devices: overlay's whiteouts and opaque
+// marks) to the content store.
+func (r *Runtime) tarBlob(ctx context.Context, dir, title string) (ocispec.Descriptor, error) {
+	cmd := exec.CommandContext(ctx, "tar", "--xattrs", "--xattrs-include=*", "--numeric-owner", "-C", dir, "-cf", "-", ".")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	desc, err := r.writeStream(ctx, ocispec.MediaTypeImageLayer, out)
+	if werr := cmd.Wait(); werr != nil && err == nil {
+		err = fmt.Errorf("tar: %v: %s", werr, strings.TrimSpace(stderr.String()))
+	}
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	desc.Annotations = map[string]string{ocispec.AnnotationTitle: title}
+	return desc, nil
+}
+
+func (r *Runtime) writeBlob(ctx context.Context, mediaType string, b []byte) (ocispec.Descriptor, error) {
+	desc := ocispec.Descriptor{MediaType: mediaType, Digest: digest.FromBytes(b), Size: int64(len(b))}
+	if err := content.WriteBlob(ctx, r.client.ContentStore(), "sandman-moved-"+randomHex(), strings.NewReader(string(b)), desc); err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	return desc, nil
+}
+
+func (r *Runtime) writeStream(ctx context.Context, mediaType string, in io.Reader) (ocispec.Descriptor, error) {
+	cs := r.client.ContentStore()
+	cw, err := content.OpenWriter(ctx, cs, content.WithRef("sandman-moved-"+randomHex()))
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	defer cw.Close()
+	n, err := io.Copy(cw, in)
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	dgst := cw.Digest()
+	if err := cw.Commit(ctx, n, dgst); err != nil && !errdefs.IsAlreadyExists(err) {
+		return ocispec.Descriptor{}, err
+	}
+	return ocispec.Descriptor{MediaType: mediaType, Digest: dgst, Size: n}, nil
+}
+
+// checkMovedRef refuses a moved sandbox's artifact outside the node's
+// checkpoint repository for its namespace.
+func (r *Runtime) checkMovedRef(ref, namespace string) error {
+	if r.cfg.CheckpointRepository == "" {
+		return fmt.Errorf("node %s has no checkpoint repository (sandman-node --checkpoint-repository): it cannot restore moved sandboxes: %w", r.cfg.Node, errdefs.ErrFailedPrecondition)
+	}
+	named, err := reference.ParseNormalizedNamed(ref)
+	if err != nil {
+		return fmt.Errorf("moved sandbox %q: %v: %w", ref, err, errdefs.ErrInvalidArgument)
+	}
+	prefix := r.cfg.CheckpointRepository + "/"
+	if namespace != "" {
+		prefix += namespace + "/"
+	}
+	if _, ok := named.(reference.Canonical); !ok || !strings.HasPrefix(named.Name(), prefix) {
+		return fmt.Errorf("moved sandbox %q: not an artifact under %s: %w", ref, prefix, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// fetchMoved fetches a bind's moved sandbox (req.Restore) into a directory
+// laid out as a fork's image (ckpt/, upper/), which the bind removes once
+// its sandbox started (releaseFork).
+func (r *Runtime) fetchMoved(ctx context.Context, s *slot, req runtime.BindRequest) (_ *forkImage, retErr error) {
+	ref := req.Restore.Ref
+	if err := r.checkMovedRef(ref, req.Pod.Namespace); err != nil {
+		return nil, err
+	}
+	auth, err := r.snapshotPushAuth()
+	if err != nil {
+		return nil, err
+	}
+	ctx, done, err := r.withLease(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	img, err := r.client.Fetch(ctx, ref, ctrd.WithResolver(r.images.Resolver(ctx, auth, nil)))
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return nil, fmt.Errorf("its checkpoint %s is gone: %w", ref, errdefs.ErrDataLoss)
+		}
+		return nil, fmt.Errorf("fetch its checkpoint %s: %w", ref, err)
+	}
+	cs := r.client.ContentStore()
+	raw, err := content.ReadBlob(ctx, cs, img.Target)
+	if err != nil {
+		return nil, err
+	}
+	var m ocispec.Manifest
+	if err := json.Unmarshal(raw, &m); err != nil || m.Config.MediaType != runtime.MediaTypeCheckpoint || len(m.Layers) != 2 {
+		return nil, fmt.Errorf("%s is not a moved sandbox's checkpoint: %w", ref, errdefs.ErrDataLoss)
+	}
+	rawCfg, err := content.ReadBlob(ctx, cs, m.Config)
+	if err != nil {
+		return nil, err
+	}
+	var cfg movedConfig
+	if err := json.Unmarshal(rawCfg, &cfg); err != nil {
+		return nil, fmt.Errorf("%s: its config: %v: %w", ref, err, errdefs.ErrDataLoss)
+	}
+	switch {
+	case cfg.PodUID != req.Pod.UID:
+		return nil, fmt.Errorf("%s is pod %s's checkpoint, not %s's: %w", ref, cfg.PodUID, req.Pod.UID, errdefs.ErrInvalidArgument)
+	case cfg.Image != req.Containers[0].Image:
+		return nil, fmt.Errorf("%s ran image %s, not %s: %w", ref, cfg.Image, req.Containers[0].Image, errdefs.ErrInvalidArgument)
+	}
+	fi := &forkImage{key: "moved/" + req.Pod.UID, source: req.Pod.UID, assignKey: cfg.AssignKey, made: time.Now(),
+		dir: filepath.Join(r.cfg.CheckpointDir, "moved-"+s.ID), uses: 1, dropped: true, done: make(chan struct{})}
+	close(fi.done)
+	defer func() {
+		if retErr != nil {
+			r.releaseFork(fi)
+		}
+	}()
+	if err := os.MkdirAll(r.cfg.CheckpointDir, 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.RemoveAll(fi.dir); err != nil {
+		return nil, err
+	}
+	for i, dst := range []string{fi.ckpt(), fi.upper()} {
+		if err := os.MkdirAll(dst, 0o700); err != nil {
+			return nil, err
+		}
+		if err := untarBlob(ctx, cs, m.Layers[i], dst); err != nil {
+			if diskFull(err) {
+				return nil, fmt.Errorf("unpack its checkpoint: the node's disk is full: %w", errdefs.ErrResourceExhausted)
+			}
+			return nil, fmt.Errorf("unpack its checkpoint: %v: %w", err, errdefs.ErrDataLoss)
+		}
+	}
+	return fi, nil
+}
+
+// untarBlob unpacks a tar blob into dst with owners, modes and extended
+// attributes as they were.
+func untarBlob(ctx context.Context, cs content.Store, desc ocispec.Descriptor, dst string) error {
+	ra, err := cs.ReaderAt(ctx, desc)
+	if err != nil {
+		return err
+	}
+	defer ra.Close()
+	cmd := exec.CommandContext(ctx, "tar", "--xattrs", "--xattrs-include=*", "--numeric-owner", "--same-owner", "-p", "-C", dst, "-xf", "-")
+	cmd.Stdin = content.NewReader(ra)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return errors.New(runscMessage(out, err))
+	}
+	return nil
+}
+
+// DeleteCheckpoint implements runtime.CheckpointStore: a moved sandbox's
+// artifact, in the node's checkpoint repository, is deleted from the
+// registry.
+func (r *Runtime) DeleteCheckpoint(ctx context.Context, ref string) error {
+	if err := r.checkMovedRef(ref, ""); err != nil {
+		return err
+	}
+	auth, err := r.snapshotPushAuth()
+	if err != nil {
+		return err
+	}
+	return r.images.DeleteManifest(ctx, ref, auth)
+}

@@ -1,0 +1,90 @@
+package vk
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/sandman-dev/sandman/pool"
+	"github.com/sandman-dev/sandman/runtime"
+)
+
+// Moves: a drain of a worker whose node agent has a checkpoint repository
+// moves its gVisor sandboxes instead of evicting them (pool.Moved). A
+// running one is submitted again at once with its checkpoint
+// (BindRequest.Restore) and goes on on another node: the pod says Moving,
+// then Moved, and gets a new address. A paused one stays paused, held by
+// no node (offNode): it takes no slot anywhere, and its resume is that
+// bind, which waits in the pool's queue like any other. A pod deleted
+// before its checkpoint was restored has the checkpoint deleted.
+
+// movedLocked records a Moved update. The caller holds mu.
+func (p *Provider) movedLocked(sb *sandbox, u pool.Update) {
+	m := *u.Moved
+	sb.req.Restore, sb.req.Fork = &m, nil
+	sb.node, sb.slot, sb.isReady = "", runtime.Slot{}, false
+	sb.moves++
+	sb.submitted = false
+	if m.Paused {
+		sb.offNode = true
+		sb.pauseMessage = fmt.Sprintf("paused; its worker %s was drained, so its running state (%.1f MiB) waits in the pool's checkpoint repository: a resume restores it on any worker", m.From, float64(m.Bytes)/(1<<20))
+		return
+	}
+	sb.moving, sb.message = true, u.Message
+}
+
+// resumeMoved resumes a sandbox that moved while paused: its checkpoint is
+// bound like a new pod's image (the pool's queue, any node) and the call
+// waits until it is Ready, the pod ends, or ctx does.
+func (p *Provider) resumeMoved(ctx context.Context, uid string) (node string, err error) {
+	p.submit(uid)
+	for {
+		p.mu.Lock()
+		sb := p.byUID[uid]
+		switch {
+		case sb == nil || sb.deleting:
+			p.mu.Unlock()
+			return "", fmt.Errorf("the pod was deleted while it was resumed: %w", context.Canceled)
+		case sb.failed:
+			msg := sb.message
+			p.mu.Unlock()
+			return "", fmt.Errorf("%s: %w", msg, errdefs.ErrDataLoss)
+		case sb.isReady && sb.slot.ID != "":
+			sb.offNode = false
+			node := sb.node
+			p.mu.Unlock()
+			return node, nil
+		}
+		p.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("not restored yet: %w", ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// dropMoved deletes the checkpoint of a released pod that never ran
+// again from it (deleted while moving, or while paused off any node).
+func (p *Provider) dropMoved(uid string) {
+	p.mu.Lock()
+	sb := p.byUID[uid]
+	var ref string
+	if sb != nil && sb.req.Restore != nil {
+		ref = sb.req.Restore.Ref
+		sb.req.Restore = nil
+	}
+	p.mu.Unlock()
+	if ref == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(p.ctx, time.Minute)
+	defer cancel()
+	if err := p.cfg.Pool.DeleteCheckpoint(ctx, ref); err != nil {
+		p.log.Warn("delete a moved sandbox's checkpoint", "uid", uid, "ref", ref, "err", err)
+		return
+	}
+	p.log.Info("deleted a moved sandbox's checkpoint", "uid", uid, "ref", ref)
+}
