@@ -1,7 +1,11 @@
 package pool
 
 import (
+	"slices"
 	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
 
 	"github.com/sandman-dev/sandman/runtime"
 	"github.com/sandman-dev/sandman/runtime/fake"
@@ -52,4 +56,75 @@ func TestPausedLeavesTheFairShare(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "a1 back in A's share", func() bool { return held("A") == 2 })
+}
+
+// TestMovedIsUnplaced: a node's Moved exit is a Moved update with the
+// checkpoint, not an exit; the pod is placed nowhere and out of its job's
+// share, and submitted again with Bind.Restore it is placed on a node that
+// has room. DeleteCheckpoint goes to the first node agent that stores
+// checkpoints, and is unavailable when none does.
+func TestMovedIsUnplaced(t *testing.T) {
+	// Released slots stay releasing: the moved pod's cannot take it back.
+	slow := func(c *fake.Config) { c.RecycleLatency = time.Hour }
+	nodes := map[string]*fake.Runtime{"a": fakeNode(t, "a", 1, slow), "b": fakeNode(t, "b", 1, slow)}
+	p, rec := newPool(t, Config{Name: "t"}, nodes["a"], nodes["b"])
+	req := request("m", "j", "img", 0)
+	req.Bind.RuntimeHandler = runtime.RuntimeHandlerRunsc
+	if err := p.Submit(req); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "m bound", func() bool { _, ok := rec.last("m", Bound); return ok })
+	bound, _ := rec.last("m", Bound)
+	from, to := bound.Node, map[string]string{"a": "b", "b": "a"}[bound.Node]
+	held := func() int {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.held[keyOf(req)]
+	}
+	if held() != 1 {
+		t.Fatalf("m holds %d of its job's share, want 1", held())
+	}
+
+	const ref = "reg.example/ckpt/ns/m@sha256:0123"
+	moved, err := nodes[from].MoveOut("m", ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "m moved", func() bool { _, ok := rec.last("m", Moved); return ok })
+	u, _ := rec.last("m", Moved)
+	if u.Node != from || u.Moved == nil || *u.Moved != moved || u.Reason != runtime.ReasonMoved {
+		t.Errorf("moved update %+v (checkpoint %+v), want node %s, checkpoint %+v", u, u.Moved, from, moved)
+	}
+	if _, ok := rec.last("m", Exited); ok {
+		t.Error("the move was reported as an exit too")
+	}
+	if node, ok := p.Placement("m"); ok {
+		t.Errorf("m still placed on %s", node)
+	}
+	if held() != 0 {
+		t.Errorf("m, moved, holds %d of its job's share", held())
+	}
+
+	req.Bind.Restore = u.Moved
+	if err := p.Submit(req); err != nil {
+		t.Fatalf("submit of the moved pod: %v", err)
+	}
+	eventually(t, "m bound again", func() bool { return len(rec.order(Bound)) == 2 })
+	if u, _ := rec.last("m", Bound); u.Node != to {
+		t.Errorf("m restored on %s, want %s (%s's slot is still releasing)", u.Node, to, from)
+	}
+	if got := nodes[to].Restores(); len(got) != 1 || got[0] != moved {
+		t.Errorf("node %s restored %+v, want %+v", to, got, moved)
+	}
+
+	if err := p.DeleteCheckpoint(t.Context(), ref); err != nil {
+		t.Fatal(err)
+	}
+	if a, b := nodes["a"].DeletedCheckpoints(), nodes["b"].DeletedCheckpoints(); !slices.Equal(a, []string{ref}) || len(b) != 0 {
+		t.Errorf("deleted on a %v, on b %v: want %s on a only", a, b, ref)
+	}
+	plain, _ := newSnapPool(t, Config{Name: "plain"}, "w", func(fr *fake.Runtime) runtime.Runtime { return plainNode{fr} }, 1)
+	if err := plain.DeleteCheckpoint(t.Context(), ref); !errdefs.IsUnavailable(err) {
+		t.Errorf("delete through node agents that store no checkpoints: %v, want unavailable", err)
+	}
 }

@@ -224,7 +224,9 @@ func (p *Provider) reconcile(ctx context.Context) {
 				overwritten = append(overwritten, withStatus(pod, sb.podWithStatus(p.cfg.NodeIP)))
 			}
 		}
-		if !sb.submitted && !sb.awaiting && !sb.terminal() && !sb.deleting && sb.pullFailures == 0 && sb.failures == 0 {
+		// A sandbox that moved while paused is submitted by its resume.
+		waitsResume := sb.offNode && sb.pauseOp == ""
+		if !sb.submitted && !sb.awaiting && !sb.terminal() && !sb.deleting && !waitsResume && sb.pullFailures == 0 && sb.failures == 0 {
 			resubmit = append(resubmit, uid)
 		}
 	}

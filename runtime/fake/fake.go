@@ -85,6 +85,10 @@ type Runtime struct {
 	gvisor map[string]bool
 	// egress is what SetEgress set, by pod UID.
 	egress map[string]runtime.Egress
+	// restores are the moved sandboxes binds restored, in order; deleted
+	// the checkpoints DeleteCheckpoint deleted.
+	restores []runtime.MovedCheckpoint
+	deleted  []string
 }
 
 // New returns a fake node with all its slots warm.
@@ -143,7 +147,9 @@ func (r *Runtime) setLocked(s *runtime.Slot, state runtime.SlotState) {
 	r.changed = make(chan struct{})
 }
 
-// Bind implements runtime.Runtime.
+// Bind implements runtime.Runtime. A bind that restores a moved sandbox
+// (Restore: of a gVisor pod of one container, as Validate wants) starts as
+// any other and is recorded (Restores).
 func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Slot, error) {
 	if err := req.Validate(); err != nil {
 		// No slot was touched; watchers still learn why the pod failed.
@@ -219,6 +225,9 @@ func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Sl
 		return runtime.Slot{}, err
 	}
 	r.setLocked(slot, runtime.StateBound)
+	if req.Restore != nil {
+		r.restores = append(r.restores, *req.Restore)
+	}
 	out := slot.Clone()
 	r.goLocked(func() { r.ready(pod.UID, slot) })
 	return out, nil
@@ -612,4 +621,77 @@ func (r *Runtime) Egress(uid string) (runtime.Egress, bool) {
 	defer r.mu.Unlock()
 	e, ok := r.egress[uid]
 	return e, ok
+}
+
+var _ runtime.CheckpointStore = (*Runtime)(nil)
+
+// MoveOut moves a bound or paused gVisor pod off the node, as a drain of a
+// node agent with a checkpoint repository does: a running sandbox is
+// paused first, its exit is published with ReasonMoved and its checkpoint
+// (ref, which names it by digest; Paused whether it was paused; From this
+// node; Bytes its memory request, as Pause says), then its slot is
+// released as Release does. Errors: NotFound for a
+// pod not here, FailedPrecondition for one not bound or paused, of several
+// containers or under runc, InvalidArgument for a ref without a digest.
+func (r *Runtime) MoveOut(uid, ref string) (runtime.MovedCheckpoint, error) {
+	if !strings.Contains(ref, "@sha256:") {
+		return runtime.MovedCheckpoint{}, fmt.Errorf("move %s: checkpoint %q is not named by digest: %w", uid, ref, errdefs.ErrInvalidArgument)
+	}
+	r.mu.Lock()
+	s, ok := r.byPod[uid]
+	switch {
+	case !ok:
+		r.mu.Unlock()
+		return runtime.MovedCheckpoint{}, fmt.Errorf("move %s: pod not on node %s: %w", uid, r.cfg.Node, errdefs.ErrNotFound)
+	case s.State != runtime.StateBound && s.State != runtime.StatePaused:
+		r.mu.Unlock()
+		return runtime.MovedCheckpoint{}, fmt.Errorf("move %s: the pod is %s: %w", uid, s.State, errdefs.ErrFailedPrecondition)
+	case len(r.containers[uid]) != 1:
+		r.mu.Unlock()
+		return runtime.MovedCheckpoint{}, fmt.Errorf("move %s: only a pod of one container moves: %w", uid, errdefs.ErrFailedPrecondition)
+	case !r.gvisor[uid]:
+		r.mu.Unlock()
+		return runtime.MovedCheckpoint{}, fmt.Errorf("move %s: it runs under runc, whose processes cannot be saved (CRIU): %w", uid, errdefs.ErrFailedPrecondition)
+	}
+	moved := runtime.MovedCheckpoint{Ref: ref, Paused: s.State == runtime.StatePaused, From: r.cfg.Node, Bytes: s.Resources.MemoryBytes}
+	if !moved.Paused {
+		s.Ready = false
+		r.setLocked(s, runtime.StatePaused)
+	}
+	m := moved
+	r.hub.Publish(runtime.Event{Type: runtime.EventExit, Time: r.cfg.Clock.Now(), Slot: s.Clone(), Container: r.containers[uid][0],
+		Reason: runtime.ReasonMoved, Moved: &m,
+		Message: fmt.Sprintf("moved off node %s: its running state (%.1f MiB) waits in %s", r.cfg.Node, float64(moved.Bytes)/(1<<20), ref)})
+	r.mu.Unlock()
+	if err := r.Release(r.ctx, uid, 0); err != nil {
+		return moved, fmt.Errorf("move %s: release its slot: %w", uid, err)
+	}
+	return moved, nil
+}
+
+// Restores returns the moved sandboxes binds restored (BindRequest.Restore
+// of the binds that succeeded), in order.
+func (r *Runtime) Restores() []runtime.MovedCheckpoint {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.restores)
+}
+
+// DeleteCheckpoint implements runtime.CheckpointStore: the ref is recorded
+// (DeletedCheckpoints). A ref without a digest is InvalidArgument.
+func (r *Runtime) DeleteCheckpoint(ctx context.Context, ref string) error {
+	if !strings.Contains(ref, "@sha256:") {
+		return fmt.Errorf("delete checkpoint %q: not named by digest: %w", ref, errdefs.ErrInvalidArgument)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.deleted = append(r.deleted, ref)
+	return nil
+}
+
+// DeletedCheckpoints returns the refs DeleteCheckpoint deleted, in order.
+func (r *Runtime) DeletedCheckpoints() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.deleted)
 }

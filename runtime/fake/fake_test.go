@@ -1,9 +1,11 @@
 package fake_test
 
 import (
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/containerd/errdefs"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/sandman-dev/sandman/runtime"
@@ -74,5 +76,94 @@ func TestLatenciesRunOnTheClock(t *testing.T) {
 	}
 	if err := rt.PrePull(t.Context(), []string{"img2"}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestMoveOut: a running gVisor pod moved out publishes a Moved exit with
+// its checkpoint, after its slot paused, and its slot is released; a
+// paused one says it was paused; a runc one does not move. A bind restores
+// a moved sandbox only under gVisor, and is recorded; DeleteCheckpoint
+// records what it deletes.
+func TestMoveOut(t *testing.T) {
+	rt, err := fake.New(fake.Config{Node: "n", Slots: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	_, events, err := rt.Watch(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	gvisor := func(uid string) runtime.BindRequest {
+		req := runtimetest.Request(uid, "img")
+		req.RuntimeHandler = runtime.RuntimeHandlerRunsc
+		return req
+	}
+	for _, req := range []runtime.BindRequest{gvisor("run"), gvisor("paused"), runtimetest.Request("runc", "img")} {
+		if _, err := rt.Bind(t.Context(), req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := rt.Pause(t.Context(), "paused"); err != nil {
+		t.Fatal(err)
+	}
+	const ref = "reg.example/ckpt/suite/pod-run@sha256:0123"
+	for _, tc := range []struct {
+		uid    string
+		paused bool
+	}{{"run", false}, {"paused", true}} {
+		moved, err := rt.MoveOut(tc.uid, ref)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := (runtime.MovedCheckpoint{Ref: ref, Paused: tc.paused, From: "n"}); moved != want {
+			t.Errorf("%s moved: %+v, want %+v", tc.uid, moved, want)
+		}
+		var sawPaused bool
+		ev := runtimetest.WaitEvent(t, events, 5*time.Second, tc.uid+"'s exit", func(ev runtime.Event) bool {
+			if ev.Slot.Pod != nil && ev.Slot.Pod.UID == tc.uid && ev.Type == runtime.EventSlot && ev.Slot.State == runtime.StatePaused {
+				sawPaused = true
+			}
+			return ev.Type == runtime.EventExit && ev.Slot.Pod != nil && ev.Slot.Pod.UID == tc.uid
+		})
+		if ev.Reason != runtime.ReasonMoved || ev.Moved == nil || *ev.Moved != moved || ev.Container != "task" {
+			t.Errorf("%s's exit: %+v, want reason Moved with %+v", tc.uid, ev, moved)
+		}
+		if !tc.paused && !sawPaused {
+			t.Errorf("%s moved without its slot paused first", tc.uid)
+		}
+		runtimetest.WaitEvent(t, events, 5*time.Second, tc.uid+"'s slot warm again", func(ev runtime.Event) bool {
+			return ev.Type == runtime.EventSlot && ev.Slot.State == runtime.StateWarm
+		})
+		if _, err := rt.MoveOut(tc.uid, ref); !errdefs.IsNotFound(err) {
+			t.Errorf("%s moved twice: %v", tc.uid, err)
+		}
+	}
+	if _, err := rt.MoveOut("runc", ref); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("a runc pod moved: %v", err)
+	}
+
+	restore := gvisor("back")
+	restore.Restore = &runtime.MovedCheckpoint{Ref: ref, From: "n"}
+	if _, err := rt.Bind(t.Context(), restore); err != nil {
+		t.Fatal(err)
+	}
+	runc := runtimetest.Request("runc-back", "img")
+	runc.Restore = restore.Restore
+	if _, err := rt.Bind(t.Context(), runc); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("a runc pod restored: %v", err)
+	}
+	if got := rt.Restores(); len(got) != 1 || got[0] != *restore.Restore {
+		t.Errorf("restores %+v, want %+v", got, *restore.Restore)
+	}
+
+	if err := rt.DeleteCheckpoint(t.Context(), ref); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.DeleteCheckpoint(t.Context(), "reg.example/ckpt:latest"); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("a checkpoint not named by digest deleted: %v", err)
+	}
+	if got := rt.DeletedCheckpoints(); !slices.Equal(got, []string{ref}) {
+		t.Errorf("deleted %v, want [%s]", got, ref)
 	}
 }

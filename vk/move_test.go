@@ -1,0 +1,207 @@
+package vk
+
+import (
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	nodev1listers "k8s.io/client-go/listers/node/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/sandman-dev/sandman/podcontract"
+	"github.com/sandman-dev/sandman/runtime"
+	"github.com/sandman-dev/sandman/runtime/fake"
+)
+
+// TestMove: a running gVisor sandbox moved off its node says Moving until
+// a bind restores it from its checkpoint on another node, then runs there
+// Ready (events Moving, then Moved). A paused one moved off stays paused,
+// held by no node, even through a reconcile; removing its pause annotation
+// restores it on a node (event Resumed). A pod deleted while paused off any
+// node has its checkpoint deleted.
+func TestMove(t *testing.T) {
+	idx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	if err := idx.Add(&nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "gvisor"}, Handler: "runsc"}); err != nil {
+		t.Fatal(err)
+	}
+	rec := record.NewFakeRecorder(100)
+	h := newHarness(t, 3, func(c *Config) {
+		c.RuntimeClasses, c.Recorder = nodev1listers.NewRuntimeClassLister(idx), rec
+	})
+	ctx := t.Context()
+	rc := "gvisor"
+	pods := map[string]*corev1.Pod{}
+	for _, name := range []string{"run", "pz", "gone"} {
+		pod := testPod(name, "img")
+		pod.Spec.RuntimeClassName = &rc
+		pods[name] = pod
+		if err := h.p.CreatePod(ctx, pod); err != nil {
+			t.Fatal(err)
+		}
+		h.wait(t, pod.UID, name+" ready", isReady)
+	}
+	ask := func(pod *corev1.Pod, paused bool) {
+		t.Helper()
+		pod = pod.DeepCopy()
+		if paused {
+			pod.Annotations[podcontract.AnnotationPause] = "true"
+		} else {
+			delete(pod.Annotations, podcontract.AnnotationPause)
+		}
+		if err := h.p.UpdatePod(ctx, pod); err != nil {
+			t.Fatal(err)
+		}
+	}
+	isPaused := func(p *corev1.Pod) bool {
+		c, ok := pausedCondition(p)
+		return ok && c.Status == corev1.ConditionTrue && c.Reason == podcontract.ReasonPaused
+	}
+	for _, name := range []string{"pz", "gone"} {
+		ask(pods[name], true)
+		h.wait(t, pods[name].UID, name+" paused", isPaused)
+	}
+
+	// w2 joins empty once the pods run on w1, so the restores go there;
+	// its restoring binds wait for the gate.
+	gate := make(chan struct{})
+	var once sync.Once
+	openGate := func() { once.Do(func() { close(gate) }) }
+	w2, err := fake.New(fake.Config{Node: "w2", Slots: 4, Images: []string{"img"}, IPBase: "10.9.1",
+		FailBind: func(req runtime.BindRequest) error {
+			if req.Restore != nil {
+				<-gate
+			}
+			return nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w2.Close)
+	t.Cleanup(openGate)
+	h.pool.AddNode(ctx, "w2", w2)
+	if err := h.pool.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var events []string
+	sawEvent := func(prefix string) int {
+		i := -1
+		poll(t, "event "+prefix, func() bool {
+			select {
+			case e := <-rec.Events:
+				events = append(events, e)
+			default:
+			}
+			i = slices.IndexFunc(events, func(e string) bool { return strings.HasPrefix(e, prefix) })
+			return i >= 0
+		})
+		return i
+	}
+	offNode := func(uid types.UID) bool {
+		h.p.mu.Lock()
+		defer h.p.mu.Unlock()
+		sb := h.p.byUID[string(uid)]
+		return sb != nil && sb.offNode
+	}
+	onANode := func(uid types.UID) bool {
+		for _, n := range []*fake.Runtime{h.node, w2} {
+			inv, _ := n.Inventory(ctx)
+			for _, s := range inv.Slots {
+				if s.Pod != nil && s.Pod.UID == string(uid) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+
+	// A running sandbox.
+	run := pods["run"]
+	const refRun = "reg.example/ckpt/ns/run@sha256:01"
+	moved, err := h.node.MoveOut(string(run.UID), refRun)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := h.wait(t, run.UID, "run moving", func(p *corev1.Pod) bool { return p.Status.Reason == podcontract.ReasonMoving })
+	if isReady(got) || got.Status.Phase != corev1.PodRunning {
+		t.Errorf("moving pod: ready %v, phase %s", isReady(got), got.Status.Phase)
+	}
+	openGate()
+	got = h.wait(t, run.UID, "run ready on w2", func(p *corev1.Pod) bool {
+		return isReady(p) && strings.HasPrefix(p.Status.PodIP, "10.9.1.")
+	})
+	if got.Status.Reason != "" {
+		t.Errorf("moved pod's status reason %q", got.Status.Reason)
+	}
+	if r := w2.Restores(); len(r) != 1 || r[0] != moved || moved.Paused || moved.From != "w1" {
+		t.Errorf("w2 restored %+v, want %+v, not paused, from w1", r, moved)
+	}
+	if moving, done := sawEvent("Normal Moving"), sawEvent("Normal Moved the sandbox runs on node w2"); moving > done {
+		t.Errorf("events %q: Moved before Moving", events)
+	}
+
+	// A paused sandbox.
+	pz := pods["pz"]
+	const refPz = "reg.example/ckpt/ns/pz@sha256:02"
+	movedPz, err := h.node.MoveOut(string(pz.UID), refPz)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !movedPz.Paused {
+		t.Errorf("pz moved %+v, want paused", movedPz)
+	}
+	poll(t, "pz off any node", func() bool { return offNode(pz.UID) && !onANode(pz.UID) })
+	sawEvent("Normal Moved moved off node w1")
+	// The reconciler submits pods that are not queued: not this one.
+	h.p.reconcile(ctx)
+	_, queued := h.pool.Queued(string(pz.UID))
+	node, placed := h.pool.Placement(string(pz.UID))
+	if queued || placed {
+		t.Fatalf("pz, paused off any node, submitted by the reconciler (queued %v, placed on %q)", queued, node)
+	}
+	got = h.wait(t, pz.UID, "pz paused off any node", isPaused)
+	if isReady(got) || got.Status.Reason != podcontract.ReasonPaused || got.Status.Phase != corev1.PodRunning {
+		t.Errorf("paused pod moved: ready %v, reason %q, phase %s", isReady(got), got.Status.Reason, got.Status.Phase)
+	}
+	ask(pz, false)
+	got = h.wait(t, pz.UID, "pz resumed on w2", func(p *corev1.Pod) bool {
+		c, ok := pausedCondition(p)
+		return ok && c.Status == corev1.ConditionFalse && c.Reason == podcontract.ReasonResumed && isReady(p) &&
+			strings.HasPrefix(p.Status.PodIP, "10.9.1.")
+	})
+	if got.Status.Reason != "" {
+		t.Errorf("resumed pod's status reason %q", got.Status.Reason)
+	}
+	if r := w2.Restores(); len(r) != 2 || r[1] != movedPz {
+		t.Errorf("w2 restored %+v, want %+v last", r, movedPz)
+	}
+	sawEvent("Normal Resumed")
+
+	// A paused sandbox deleted off any node.
+	gone := pods["gone"]
+	const refGone = "reg.example/ckpt/ns/gone@sha256:03"
+	if _, err := h.node.MoveOut(string(gone.UID), refGone); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "gone off any node", func() bool { return offNode(gone.UID) })
+	del := gone.DeepCopy()
+	grace := int64(0)
+	del.DeletionGracePeriodSeconds = &grace
+	if err := h.p.DeletePod(ctx, del); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "gone's checkpoint deleted", func() bool {
+		return slices.Contains(append(h.node.DeletedCheckpoints(), w2.DeletedCheckpoints()...), refGone)
+	})
+	if d := append(h.node.DeletedCheckpoints(), w2.DeletedCheckpoints()...); len(d) != 1 {
+		t.Errorf("deleted checkpoints %v, want %s only", d, refGone)
+	}
+	if r := w2.Restores(); len(r) != 2 {
+		t.Errorf("w2 restored %+v: the deleted pod's checkpoint too", r)
+	}
+}
