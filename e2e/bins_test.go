@@ -88,7 +88,7 @@ func launchAgent(t *testing.T, bin string, args []string) *agent {
 // stop sends SIGTERM (a stopping agent tears its warm slots down), kills
 // the process if it has not stopped in 30 s, fails the test if it ended
 // with an error (a teardown that failed leaves things behind), and prints
-// its output if the test failed. A process that had ended before (a test
+// its output if the test failed (or SANDMAN_E2E_AGENT_LOGS is set). A process that had ended before (a test
 // killed it) is only waited for.
 func (a *agent) stop(t *testing.T) {
 	running := true
@@ -112,7 +112,7 @@ func (a *agent) stop(t *testing.T) {
 		<-a.done
 		t.Errorf("%s did not stop on SIGTERM", filepath.Base(a.cmd.Path))
 	}
-	if t.Failed() {
+	if t.Failed() || os.Getenv("SANDMAN_E2E_AGENT_LOGS") != "" {
 		t.Logf("%s output:\n%s", filepath.Base(a.cmd.Path), a.out.String())
 	}
 }

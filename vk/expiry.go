@@ -73,8 +73,12 @@ func (p *Provider) expiryActionLocked(sb *sandbox) expiryAction {
 	pod := sb.pod
 	switch {
 	case pod.Annotations[podcontract.AnnotationOnExpiry] != podcontract.OnExpiryPause,
-		!sb.req.GVisor() || len(sb.req.Containers) != 1,
-		sb.terminal() || sb.slot.ID == "" || !sb.started():
+		!sb.req.GVisor() || len(sb.req.Containers) != 1:
+		return expiryDelete
+	case sb.moving && !sb.terminal():
+		// Being restored on another node: paused once it runs there.
+		return expiryWait
+	case sb.terminal() || sb.slot.ID == "" && !sb.offNode || !sb.started():
 		return expiryDelete
 	case sb.pauseOp == podcontract.ReasonResuming:
 		return expiryWait
