@@ -50,7 +50,7 @@ for w in worker-a worker-b; do
 		--slots 8 --warm-slots 2 --cpu 4 --memory 8Gi --state-dir "$SANDMAN_STATE/nodes/$w" \
 		--daemon-path "$BIN/sandman-daemon" --runc "$RUNC_BIN" --runsc "$RUNSC_BIN" --cni-conf-dir "$CNI_CONF_DIR" --cni-bin-dir "$CNI_BIN_DIR" \
 		--listen "127.0.0.1:$port" --token-file "$TOKEN_FILE" \
-		--snapshot-registry "$SNAPSHOTS" --snapshot-repository "$SNAPSHOTS/e2b"
+		--snapshot-registry "$SNAPSHOTS" --snapshot-repository "$SNAPSHOTS/e2b" --checkpoint-repository "$REGISTRY/sandman-checkpoints"
 	AGENTS="$AGENTS${AGENTS:+,}$w=127.0.0.1:$port"
 	port=$((port + 1))
 done

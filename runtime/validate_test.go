@@ -152,3 +152,29 @@ func TestValidateEgress(t *testing.T) {
 		})
 	}
 }
+
+// TestValidateRestore: a moved sandbox is restored under gVisor, in one
+// container, from a checkpoint named by digest, and not as a fork too.
+func TestValidateRestore(t *testing.T) {
+	const ref = "reg:5000/ckpt/ns/p@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	base := func() BindRequest {
+		return BindRequest{Pod: PodRef{UID: "u1"}, Containers: []ContainerSpec{{Name: "main", Image: "img"}}, AllowUnauthenticated: true,
+			RuntimeHandler: RuntimeHandlerRunsc, Restore: &MovedCheckpoint{Ref: ref}}
+	}
+	if err := base().Validate(); err != nil {
+		t.Fatalf("a valid restore refused: %v", err)
+	}
+	for name, mutate := range map[string]func(*BindRequest){
+		"runc":     func(r *BindRequest) { r.RuntimeHandler = RuntimeHandlerRunc },
+		"two":      func(r *BindRequest) { r.Containers = append(r.Containers, ContainerSpec{Name: "side", Image: "img"}) },
+		"fork too": func(r *BindRequest) { r.Fork = &ForkSource{PodUID: "u0", ID: "a"} },
+		"tag":      func(r *BindRequest) { r.Restore.Ref = "reg:5000/ckpt/ns/p:moved-u1" },
+		"no ref":   func(r *BindRequest) { r.Restore.Ref = "" },
+	} {
+		r := base()
+		mutate(&r)
+		if err := r.Validate(); err == nil || !errdefs.IsInvalidArgument(err) {
+			t.Errorf("%s: err = %v, want InvalidArgument", name, err)
+		}
+	}
+}
