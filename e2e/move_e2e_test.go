@@ -15,6 +15,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/utils/ptr"
@@ -185,6 +186,44 @@ func TestMove(t *testing.T) {
 		t.Fatalf("before the pause the server said %q, after the move and resume %q: want the same digest and pid, connection 2", before["sleeper"], after)
 	}
 
+	// Paused again, on a worker then filled: its resume finds no room
+	// there, so it moves off and is restored where the pool finds room
+	// (the first worker, taking sandboxes again).
+	pauseAndWait := func(n string) {
+		t.Helper()
+		if out, errOut, code := kubectl(t, s, "", "-n", p.ns, "annotate", "pod", n, podcontract.AnnotationPause+"=true"); code != 0 {
+			t.Fatalf("kubectl annotate %s: %d %q %q", n, code, out, errOut)
+		}
+		p.waitPod(n, time.Minute, "paused", func(pod *corev1.Pod) bool { return pod.Status.Reason == podcontract.ReasonPaused })
+	}
+	pauseAndWait("sleeper")
+	p.create(p.newPod("big", s.BusyboxImage, func(pod *corev1.Pod) {
+		pod.Spec.Containers[0].Resources.Requests[corev1.ResourceCPU] = resource.MustParse("3850m")
+	}))
+	p.waitPod("big", time.Minute, "Ready", podReady)
+	cordon(from, false)
+	framework.Eventually(t, time.Minute, "the first worker's warm slots", func(context.Context) (bool, error) {
+		return slotsOn(from)[runtime.StateWarm] > 0, nil
+	})
+	if out, errOut, code := kubectl(t, s, "", "-n", p.ns, "annotate", "pod", "sleeper", podcontract.AnnotationPause+"-"); code != 0 {
+		t.Fatalf("kubectl annotate: %d %q %q", code, out, errOut)
+	}
+	resumed = p.waitPod("sleeper", 2*time.Minute, "resumed on the worker with room", func(pod *corev1.Pod) bool {
+		c, ok := pausedCondition(pod)
+		return ok && c.Reason == podcontract.ReasonResumed && podReady(pod)
+	})
+	after, err = ask(resumed.Status.PodIP)
+	if err != nil {
+		t.Fatalf("the server resumed elsewhere at %s: %v", resumed.Status.PodIP, err)
+	}
+	if a = strings.Fields(after); len(a) != 3 || a[0] != b[0] || a[1] != b[1] || a[2] != "3" {
+		t.Fatalf("before the pause the server said %q, resumed on another worker %q: want the same digest and pid, connection 3", before["sleeper"], after)
+	}
+	if inv, err := from.client.Inventory(ctx); err != nil || !holds(inv, string(resumed.UID)) {
+		t.Errorf("the sandbox resumed for want of room is not on the worker with room (%v)", err)
+	}
+	refs["sleeper-again"] = movedRefAfter(t, s, p.ns, "sleeper", refs["sleeper"])
+
 	// Deleted while paused off any worker: its checkpoint goes too.
 	if out, errOut, code := kubectl(t, s, "", "-n", p.ns, "delete", "pod", "doomed", "--wait=false"); code != 0 {
 		t.Fatalf("kubectl delete: %d %q %q", code, out, errOut)
@@ -196,10 +235,36 @@ func TestMove(t *testing.T) {
 	}
 }
 
+// holds reports whether an inventory has a slot of pod uid.
+func holds(inv runtime.Inventory, uid string) bool {
+	for _, sl := range inv.Slots {
+		if sl.Pod != nil && sl.Pod.UID == uid {
+			return true
+		}
+	}
+	return false
+}
+
+// pausedCondition is the pod's sandman.io/Paused condition.
+func pausedCondition(pod *corev1.Pod) (corev1.PodCondition, bool) {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == podcontract.ConditionPaused {
+			return c, true
+		}
+	}
+	return corev1.PodCondition{}, false
+}
+
 var movedRefRE = regexp.MustCompile(`waits in (\S+@sha256:[0-9a-f]{64})`)
 
 // movedRef is the checkpoint a pod's Moving or Moved event names.
 func movedRef(t *testing.T, s *framework.Stack, ns, name string) string {
+	t.Helper()
+	return movedRefAfter(t, s, ns, name, "")
+}
+
+// movedRefAfter is a checkpoint a pod's move event names other than not.
+func movedRefAfter(t *testing.T, s *framework.Stack, ns, name, not string) string {
 	t.Helper()
 	var ref string
 	framework.Eventually(t, time.Minute, "pod "+name+"'s move event", func(ctx context.Context) (bool, error) {
@@ -208,7 +273,7 @@ func movedRef(t *testing.T, s *framework.Stack, ns, name string) string {
 			return false, nil
 		}
 		for _, e := range evs.Items {
-			if m := movedRefRE.FindStringSubmatch(e.Message); m != nil && (e.Reason == podcontract.ReasonMoving || e.Reason == podcontract.ReasonMoved) {
+			if m := movedRefRE.FindStringSubmatch(e.Message); m != nil && m[1] != not && (e.Reason == podcontract.ReasonMoving || e.Reason == podcontract.ReasonMoved) {
 				ref = m[1]
 				return true, nil
 			}

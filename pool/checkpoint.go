@@ -49,6 +49,31 @@ func (p *Pool) Resume(ctx context.Context, uid string) error {
 	return nil
 }
 
+// Move moves a placed pod's gVisor sandbox off its node
+// (runtime.Mover): the node reports it Moved (an Update of kind Moved,
+// which unplaces the pod) and releases its slot. Errors are Pause's, and
+// ErrNotImplemented for a node agent that cannot move sandboxes.
+func (p *Pool) Move(ctx context.Context, uid string) (runtime.MovedCheckpoint, error) {
+	n, ref, err := p.snapshotNode(uid)
+	if err != nil {
+		return runtime.MovedCheckpoint{}, err
+	}
+	mv, ok := n.rt.(runtime.Mover)
+	if !ok {
+		return runtime.MovedCheckpoint{}, fmt.Errorf("pod %s: node agent %s cannot move sandboxes (is its sandman-node older than sandman-vk?): %w",
+			ref, n.name, errdefs.ErrNotImplemented)
+	}
+	start := p.cfg.Clock.Now()
+	moved, err := mv.Move(ctx, uid)
+	metricCheckpoints.WithLabelValues(n.name, "move", runtime.SnapshotOutcome(err)).Inc()
+	if err != nil {
+		return runtime.MovedCheckpoint{}, fmt.Errorf("move of pod %s off node %s: %w", ref, n.name, err)
+	}
+	p.log.Info("moved", "pod", ref, "uid", uid, "node", n.name, "ref", moved.Ref, "bytes", moved.Bytes, "took", p.cfg.Clock.Since(start))
+	p.nudge()
+	return moved, nil
+}
+
 func (p *Pool) checkpointer(uid string) (*node, string, runtime.Checkpointer, error) {
 	n, ref, err := p.snapshotNode(uid)
 	if err != nil {

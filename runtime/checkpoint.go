@@ -97,6 +97,18 @@ type MovedCheckpoint struct {
 // of the writable layer.
 const MediaTypeCheckpoint = "application/vnd.sandman.checkpoint.config.v1+json"
 
+// Mover is implemented by runtimes that can move a gVisor sandbox off
+// their node (runtime/noderuntime with a checkpoint repository,
+// runtime/fake, the node API client): Move pauses it if it runs, pushes
+// its state as a drain does, publishes its exit of reason ReasonMoved
+// (Event.Moved) and releases its slot. Errors: ErrNotFound (not on this
+// node), ErrFailedPrecondition (no checkpoint repository, runc, several
+// containers, not bound or paused), and a failed pause's or push's; the
+// sandbox then stays as it was (a running one may be left paused here).
+type Mover interface {
+	Move(ctx context.Context, podUID string) (MovedCheckpoint, error)
+}
+
 // CheckpointStore is implemented by runtimes that can delete a moved
 // sandbox's artifact (a pod deleted before it was restored): runtime/noderuntime,
 // runtime/fake, the node API client.

@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	nodev1 "k8s.io/api/node/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	nodev1listers "k8s.io/client-go/listers/node/v1"
@@ -203,5 +204,76 @@ func TestMove(t *testing.T) {
 	}
 	if r := w2.Restores(); len(r) != 2 {
 		t.Errorf("w2 restored %+v: the deleted pod's checkpoint too", r)
+	}
+}
+
+// TestResumeWithNoRoomMoves: a paused sandbox whose node has no room to
+// resume it (another pod took its requests) is moved off that node and
+// its resume waits in the pool's queue like any bind (status Paused,
+// waiting to resume); once room is freed it is restored from its
+// checkpoint, Resumed.
+func TestResumeWithNoRoomMoves(t *testing.T) {
+	idx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	if err := idx.Add(&nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "gvisor"}, Handler: "runsc"}); err != nil {
+		t.Fatal(err)
+	}
+	// Two slots: 2000m of CPU on the fake node.
+	h := newHarness(t, 2, func(c *Config) { c.RuntimeClasses = nodev1listers.NewRuntimeClassLister(idx) })
+	ctx := t.Context()
+	rc := "gvisor"
+	cpu := func(pod *corev1.Pod, q string) {
+		pod.Spec.Containers[0].Resources.Requests = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(q)}
+	}
+	a := testPod("a", "img")
+	a.Spec.RuntimeClassName = &rc
+	cpu(a, "1")
+	if err := h.p.CreatePod(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	h.wait(t, a.UID, "a ready", isReady)
+	paused := a.DeepCopy()
+	paused.Annotations[podcontract.AnnotationPause] = "true"
+	if err := h.p.UpdatePod(ctx, paused); err != nil {
+		t.Fatal(err)
+	}
+	h.wait(t, a.UID, "a paused", func(p *corev1.Pod) bool { return p.Status.Reason == podcontract.ReasonPaused })
+	// b takes what a's pause freed.
+	b := testPod("b", "img")
+	cpu(b, "1500m")
+	if err := h.p.CreatePod(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	h.wait(t, b.UID, "b ready", isReady)
+
+	if err := h.p.UpdatePod(ctx, a); err != nil { // no pause annotation: resume
+		t.Fatal(err)
+	}
+	poll(t, "a moved off its full node, queued to resume", func() bool {
+		_, queued := h.pool.Queued(string(a.UID))
+		return queued
+	})
+	got := h.wait(t, a.UID, "a waiting to resume", func(p *corev1.Pod) bool {
+		c, ok := pausedCondition(p)
+		return p.Status.Reason == podcontract.ReasonPaused && ok && c.Reason == podcontract.ReasonResuming &&
+			strings.Contains(c.Message, "pool's queue")
+	})
+	if isReady(got) {
+		t.Errorf("a is Ready while it waits to resume")
+	}
+	if r := h.node.Restores(); len(r) != 0 {
+		t.Fatalf("restored before there was room: %+v", r)
+	}
+	del := b.DeepCopy()
+	grace := int64(0)
+	del.DeletionGracePeriodSeconds = &grace
+	if err := h.p.DeletePod(ctx, del); err != nil {
+		t.Fatal(err)
+	}
+	h.wait(t, a.UID, "a resumed", func(p *corev1.Pod) bool {
+		c, ok := pausedCondition(p)
+		return ok && c.Reason == podcontract.ReasonResumed && isReady(p)
+	})
+	if r := h.node.Restores(); len(r) != 1 || !r[0].Paused || r[0].From != "w1" {
+		t.Errorf("restores %+v, want a's paused checkpoint from w1", r)
 	}
 }

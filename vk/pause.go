@@ -3,6 +3,7 @@ package vk
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -162,6 +163,9 @@ func (p *Provider) runPause(uid, op string) {
 	} else {
 		err = p.cfg.Pool.Resume(ctx, uid)
 		msg = "the sandbox runs again where it was paused"
+		if errdefs.IsResourceExhausted(err) && p.moveForResume(ctx, uid) {
+			err = fmt.Errorf("%w (%v)", errMovedToResume, err)
+		}
 	}
 	p.mu.Lock()
 	sb := p.byUID[uid]
@@ -173,6 +177,7 @@ func (p *Provider) runPause(uid, op string) {
 	sb.pauseOp = ""
 	var event func()
 	var retry bool
+	retryAfter := resumeRetry
 	switch {
 	case err == nil && op == podcontract.ReasonPausing:
 		sb.paused, sb.isReady, sb.pauseMessage, sb.pauseSince = true, false, msg, p.cfg.Now()
@@ -197,6 +202,10 @@ func (p *Provider) runPause(uid, op string) {
 		event = func() { p.cfg.Recorder.Event(pod, corev1.EventTypeWarning, podcontract.ReasonResumeFailed, m) }
 		key := podKey(pod.Namespace, pod.Name)
 		p.owned.Go(func() { p.release(key, uid, 0, false) })
+	case errors.Is(err, errMovedToResume):
+		// Off its full node: the resume is a bind, in the pool's queue.
+		sb.pauseMessage = "waiting to resume: " + err.Error()
+		retry, retryAfter = true, time.Millisecond
 	default:
 		// No room on the node yet, or the agent did not answer: the
 		// sandbox stays paused and the resume is tried again.
@@ -207,7 +216,7 @@ func (p *Provider) runPause(uid, op string) {
 		sb.pauseRefused = false
 	}
 	if retry {
-		p.afterFuncLocked(resumeRetry, func() {
+		p.afterFuncLocked(retryAfter, func() {
 			p.mu.Lock()
 			defer p.mu.Unlock()
 			if sb := p.byUID[uid]; sb != nil {
@@ -228,6 +237,30 @@ func (p *Provider) runPause(uid, op string) {
 	if !retry {
 		p.afterExpiryPauseOp(pod, op, err)
 	}
+}
+
+// errMovedToResume: a resume found no room on the sandbox's node, which
+// moved it off (runtime.Mover) to be restored wherever the pool places it.
+var errMovedToResume = errors.New("no room on its node: moved off it, to resume wherever the pool places it")
+
+// moveForResume moves a paused sandbox off its node, which has no room to
+// resume it (a node without a checkpoint repository cannot: false), and
+// waits until the node's Moved update made it offNode.
+func (p *Provider) moveForResume(ctx context.Context, uid string) bool {
+	if _, err := p.cfg.Pool.Move(ctx, uid); err != nil {
+		p.log.Debug("no move for a resume that found no room", "uid", uid, "err", err)
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for !p.isOffNode(uid) {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return true
 }
 
 // isOffNode: the pod's sandbox moved while paused and no node holds it.
@@ -251,6 +284,9 @@ func (s *sandbox) pauseCondition() (corev1.PodCondition, bool) {
 		c.Reason, c.Message = podcontract.ReasonPausing, "checkpointing the sandbox's running state"
 	case s.pauseOp == podcontract.ReasonResuming:
 		c.Status, c.Reason, c.Message = corev1.ConditionTrue, podcontract.ReasonResuming, "restoring the sandbox from its checkpoint"
+		if s.offNode && s.node == "" {
+			c.Message = "waiting in the pool's queue for a node with room to restore the sandbox on"
+		}
 	case s.paused:
 		c.Status, c.Reason = corev1.ConditionTrue, podcontract.ReasonPaused
 	case wantPaused(s.pod) && s.pauseRefused:

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	digest "github.com/opencontainers/go-digest"
 	"k8s.io/utils/clock"
 
 	"github.com/sandman-dev/sandman/internal/lifecycle"
@@ -667,6 +668,24 @@ func (r *Runtime) MoveOut(uid, ref string) (runtime.MovedCheckpoint, error) {
 		return moved, fmt.Errorf("move %s: release its slot: %w", uid, err)
 	}
 	return moved, nil
+}
+
+var _ runtime.Mover = (*Runtime)(nil)
+
+// Move implements runtime.Mover as MoveOut does, the checkpoint named
+// fake.local/checkpoints/<namespace>/<pod>@<the digest of its UID>.
+func (r *Runtime) Move(ctx context.Context, uid string) (runtime.MovedCheckpoint, error) {
+	r.mu.Lock()
+	s, ok := r.byPod[uid]
+	var ref string
+	if ok && s.Pod != nil {
+		ref = "fake.local/checkpoints/" + s.Pod.Namespace + "/" + s.Pod.Name + "@" + digest.FromString(uid).String()
+	}
+	r.mu.Unlock()
+	if !ok {
+		return runtime.MovedCheckpoint{}, fmt.Errorf("move %s: pod not on node %s: %w", uid, r.cfg.Node, errdefs.ErrNotFound)
+	}
+	return r.MoveOut(uid, ref)
 }
 
 // Restores returns the moved sandboxes binds restored (BindRequest.Restore

@@ -185,6 +185,13 @@ func (c *Client) DeleteCheckpoint(ctx context.Context, ref string) error {
 	return c.do(ctx, http.MethodPost, "/v1/checkpoints/delete", checkpointRequest{Ref: ref}, nil)
 }
 
+// Move implements runtime.Mover: POST /v1/move.
+func (c *Client) Move(ctx context.Context, uid string) (runtime.MovedCheckpoint, error) {
+	var res runtime.MovedCheckpoint
+	err := c.do(ctx, http.MethodPost, "/v1/move", podRequest{UID: uid}, &res)
+	return res, err
+}
+
 // Resume implements runtime.Checkpointer: POST /v1/resume.
 func (c *Client) Resume(ctx context.Context, uid string) error {
 	return c.do(ctx, http.MethodPost, "/v1/resume", podRequest{UID: uid}, nil)

@@ -133,6 +133,7 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("POST /v1/pause", s.auth(s.fenced(s.pause)))
 	mux.Handle("POST /v1/resume", s.auth(s.fenced(s.resume)))
 	mux.Handle("POST /v1/checkpoints/delete", s.auth(s.fenced(s.deleteCheckpoint)))
+	mux.Handle("POST /v1/move", s.auth(s.fenced(s.move)))
 	mux.Handle("POST /v1/egress", s.auth(s.fenced(s.egress)))
 	return mux
 }
@@ -405,6 +406,31 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, map[string]string{"uid": uid})
+}
+
+// move moves a pod's gVisor sandbox off the node (runtime.Mover); it
+// finishes even when the caller goes away.
+func (s *Server) move(w http.ResponseWriter, r *http.Request) {
+	mv, ok := s.rt.(runtime.Mover)
+	if !ok {
+		writeError(w, errors.New("this node agent's runtime cannot move sandboxes"), http.StatusNotImplemented, "not_implemented")
+		return
+	}
+	var req podRequest
+	err := decode(w, r, 64<<10, &req)
+	if err == nil && req.UID == "" {
+		err = errors.New("uid is required")
+	}
+	if err != nil {
+		writeError(w, err, http.StatusBadRequest, "invalid_argument")
+		return
+	}
+	moved, err := mv.Move(context.WithoutCancel(r.Context()), req.UID)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, moved)
 }
 
 // checkpointRequest names a moved sandbox's artifact.

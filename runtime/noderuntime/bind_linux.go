@@ -311,7 +311,7 @@ func (r *Runtime) start(ctx context.Context, s *slot, req runtime.BindRequest) e
 	// fork's names its source's, as runsc's restore wants the same.
 	specHash := a.hash()
 	if fork != nil {
-		specHash = (&assignment{Token: fork.assignKey}).hash()
+		specHash = fork.specHash
 	}
 	if err := a.save(s.dir); err != nil {
 		return fmt.Errorf("bind %s: %w", req.Pod.UID, err)

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	ctrd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/errdefs"
 
 	"github.com/sandman-dev/sandman/runtime"
@@ -39,9 +40,12 @@ import (
 type forkImage struct {
 	key, source, dir string
 	// assignKey is the source daemon's assign token when it was
-	// checkpointed: its forks' daemons hold its hash.
-	assignKey string
-	made      time.Time
+	// checkpointed: its forks' daemons hold its hash. specHash is the hash
+	// on the source daemon's command line (its first assign token's: a
+	// sandbox restored before keeps the one it started with), which a
+	// restore's spec must repeat.
+	assignKey, specHash string
+	made                time.Time
 	// done is closed once the checkpoint is made (err says whether).
 	done chan struct{}
 	err  error
@@ -199,6 +203,9 @@ func (r *Runtime) checkpointFork(ctx context.Context, fi *forkImage, req runtime
 	if err != nil {
 		return fmt.Errorf("fork of %s: %w", uid, err)
 	}
+	if fi.specHash, err = specAssignHash(cctx, container); err != nil {
+		return fmt.Errorf("fork of %s: %w", uid, err)
+	}
 	if !r.isGVisor(cctx, container) {
 		return fmt.Errorf("fork of %s: the source runs under runc: only gVisor sandboxes (RuntimeClass handler runsc) fork with their processes and memory; a runc sandbox's would need CRIU, which this node does not have: %w", uid, errdefs.ErrFailedPrecondition)
 	}
@@ -262,6 +269,24 @@ func (r *Runtime) startFork(ctx context.Context, fi *forkImage, id string) (func
 		return nil, err
 	}
 	return func() { _ = os.Remove(marker) }, nil
+}
+
+// specAssignHash is the assign token hash on a container's daemon command
+// line (--assign-token-sha256).
+func specAssignHash(ctx context.Context, c ctrd.Container) (string, error) {
+	spec, err := c.Spec(ctx)
+	if err != nil {
+		return "", err
+	}
+	if spec.Process != nil {
+		args := spec.Process.Args
+		for i := 0; i+1 < len(args); i++ {
+			if args[i] == "--assign-token-sha256" {
+				return args[i+1], nil
+			}
+		}
+	}
+	return "", fmt.Errorf("container %s: its daemon's command line names no assign token: %w", c.ID(), errdefs.ErrFailedPrecondition)
 }
 
 // upperOf is the upper directory of container id's snapshot.

@@ -43,13 +43,15 @@ import (
 
 // movedConfig is a moved sandbox's artifact config.
 type movedConfig struct {
-	PodUID    string    `json:"pod_uid"`
-	Namespace string    `json:"namespace"`
-	Name      string    `json:"name"`
-	Image     string    `json:"image"`
-	AssignKey string    `json:"assign_key"`
-	Node      string    `json:"node"`
-	Created   time.Time `json:"created"`
+	PodUID    string `json:"pod_uid"`
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	Image     string `json:"image"`
+	AssignKey string `json:"assign_key"`
+	// SpecHash is the assign token hash on its daemon's command line.
+	SpecHash string    `json:"spec_hash"`
+	Node     string    `json:"node"`
+	Created  time.Time `json:"created"`
 }
 
 // moveTimeout bounds a move's checkpoint and push.
@@ -104,6 +106,34 @@ func (r *Runtime) moveOut(ctx context.Context, s *slot, why string) (runtime.Mov
 	return moved, nil
 }
 
+// Move implements runtime.Mover.
+func (r *Runtime) Move(ctx context.Context, uid string) (runtime.MovedCheckpoint, error) {
+	ctx = r.nsCtx(ctx)
+	r.mu.Lock()
+	s, ok := r.byPod[uid]
+	var state runtime.SlotState
+	if ok {
+		state = s.State
+	}
+	r.mu.Unlock()
+	switch {
+	case !ok:
+		return runtime.MovedCheckpoint{}, fmt.Errorf("move %s: pod not on node %s: %w", uid, r.cfg.Node, errdefs.ErrNotFound)
+	case r.cfg.CheckpointRepository == "":
+		return runtime.MovedCheckpoint{}, fmt.Errorf("move %s: node %s has no checkpoint repository (sandman-node --checkpoint-repository): %w", uid, r.cfg.Node, errdefs.ErrFailedPrecondition)
+	case state != runtime.StateBound && state != runtime.StatePaused:
+		return runtime.MovedCheckpoint{}, fmt.Errorf("move %s: the pod is %s: %w", uid, state, errdefs.ErrFailedPrecondition)
+	}
+	moved, err := r.moveOut(context.WithoutCancel(ctx), s, "asked to move it")
+	if err != nil {
+		return runtime.MovedCheckpoint{}, err
+	}
+	if err := r.Release(ctx, uid, 0); err != nil {
+		return moved, fmt.Errorf("move %s: release its slot: %w", uid, err)
+	}
+	return moved, nil
+}
+
 // withLease is ctx with a lease of its own over what it writes to the
 // content store; done deletes it, and containerd collects the content.
 func (r *Runtime) withLease(ctx context.Context) (context.Context, func(), error) {
@@ -128,6 +158,14 @@ func (r *Runtime) pushMoved(ctx context.Context, s *slot, pod runtime.PodRef, id
 	if err != nil {
 		return "", 0, err
 	}
+	container, err := r.client.LoadContainer(ctx, id)
+	if err != nil {
+		return "", 0, err
+	}
+	specHash, err := specAssignHash(ctx, container)
+	if err != nil {
+		return "", 0, err
+	}
 	auth, err := r.snapshotPushAuth()
 	if err != nil {
 		return "", 0, err
@@ -149,7 +187,7 @@ func (r *Runtime) pushMoved(ctx context.Context, s *slot, pod runtime.PodRef, id
 	image := s.Image
 	r.mu.Unlock()
 	cfg, _ := json.Marshal(movedConfig{PodUID: pod.UID, Namespace: pod.Namespace, Name: pod.Name, Image: image,
-		AssignKey: strings.TrimSpace(string(key)), Node: r.cfg.Node, Created: time.Now().UTC()})
+		AssignKey: strings.TrimSpace(string(key)), SpecHash: specHash, Node: r.cfg.Node, Created: time.Now().UTC()})
 	cfgDesc, err := r.writeBlob(ctx, runtime.MediaTypeCheckpoint, cfg)
 	if err != nil {
 		return "", 0, err
@@ -284,10 +322,12 @@ func (r *Runtime) fetchMoved(ctx context.Context, s *slot, req runtime.BindReque
 	switch {
 	case cfg.PodUID != req.Pod.UID:
 		return nil, fmt.Errorf("%s is pod %s's checkpoint, not %s's: %w", ref, cfg.PodUID, req.Pod.UID, errdefs.ErrInvalidArgument)
+	case cfg.SpecHash == "" || cfg.AssignKey == "":
+		return nil, fmt.Errorf("%s names no assign token: %w", ref, errdefs.ErrDataLoss)
 	case cfg.Image != req.Containers[0].Image:
 		return nil, fmt.Errorf("%s ran image %s, not %s: %w", ref, cfg.Image, req.Containers[0].Image, errdefs.ErrInvalidArgument)
 	}
-	fi := &forkImage{key: "moved/" + req.Pod.UID, source: req.Pod.UID, assignKey: cfg.AssignKey, made: time.Now(),
+	fi := &forkImage{key: "moved/" + req.Pod.UID, source: req.Pod.UID, assignKey: cfg.AssignKey, specHash: cfg.SpecHash, made: time.Now(),
 		dir: filepath.Join(r.cfg.CheckpointDir, "moved-"+s.ID), uses: 1, dropped: true, done: make(chan struct{})}
 	close(fi.done)
 	defer func() {
