@@ -51,6 +51,7 @@ var suites = []suite{
 	{"deploy", false, "installs deploy/overlays/local: the deployed path beside host processes", benchDeploy},
 	{"snapshot", false, "prepared environments: snapshot, fork and bind, about 2.5 minutes", benchSnapshot},
 	{"pause", false, "pause and resume of gVisor sandboxes holding 64 MiB to 1 GiB, a few minutes", benchPause},
+	{"move", false, "moves of gVisor sandboxes between two nodes through the registry, and the memory pausing frees, a few minutes", benchMove},
 	{"scale", false, "20,000 sandboxes, bursts and scheduler load, many minutes (BENCH_SCALE_*)", benchScale},
 }
 

@@ -1,6 +1,7 @@
 package noderuntime
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,9 +13,7 @@ import (
 	"strings"
 	"time"
 
-	ctrd "github.com/containerd/containerd/v2/client"
-	"github.com/containerd/containerd/v2/core/content"
-	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/containerd/v2/core/remotes"
 	"github.com/containerd/errdefs"
 	"github.com/distribution/reference"
 	digest "github.com/opencontainers/go-digest"
@@ -134,19 +133,6 @@ func (r *Runtime) Move(ctx context.Context, uid string) (runtime.MovedCheckpoint
 	return moved, nil
 }
 
-// withLease is ctx with a lease of its own over what it writes to the
-// content store; done deletes it, and containerd collects the content.
-func (r *Runtime) withLease(ctx context.Context) (context.Context, func(), error) {
-	ls := r.client.LeasesService()
-	l, err := ls.Create(ctx, leases.WithRandomID(), leases.WithExpiration(moveTimeout))
-	if err != nil {
-		return nil, nil, err
-	}
-	return leases.WithLease(ctx, l.ID), func() {
-		_ = ls.Delete(context.WithoutCancel(ctx), l, leases.SynchronousDelete)
-	}, nil
-}
-
 // pushMoved pushes paused slot s's checkpoint, writable layer and assign
 // token; it returns the artifact's name by digest and its size.
 func (r *Runtime) pushMoved(ctx context.Context, s *slot, pod runtime.PodRef, id string) (string, int64, error) {
@@ -170,47 +156,65 @@ func (r *Runtime) pushMoved(ctx context.Context, s *slot, pod runtime.PodRef, id
 	if err != nil {
 		return "", 0, err
 	}
-	ctx, done, err := r.withLease(ctx)
+	name := r.cfg.CheckpointRepository + "/" + pod.Namespace + "/" + pod.Name + ":moved-" + pod.UID
+	pusher, err := r.images.Resolver(ctx, auth, nil).Pusher(ctx, name)
 	if err != nil {
-		return "", 0, err
+		return "", 0, pushError(r.cfg.CheckpointRepository, name, err)
 	}
-	defer done()
-	ckpt, err := r.tarBlob(ctx, r.checkpointDir(s), "checkpoint")
-	if err != nil {
-		return "", 0, fmt.Errorf("pack its checkpoint: %w", err)
-	}
-	files, err := r.tarBlob(ctx, upper, "files")
-	if err != nil {
-		return "", 0, fmt.Errorf("pack its files: %w", err)
+	// Each layer is packed into a file beside the checkpoint (its digest
+	// must be known before its upload), then sent from there.
+	begin := time.Now()
+	var layers []ocispec.Descriptor
+	var sent time.Duration
+	for _, l := range []struct{ dir, title string }{{r.checkpointDir(s), "checkpoint"}, {upper, "files"}} {
+		spool := filepath.Join(r.cfg.CheckpointDir, "push-"+s.ID+"-"+l.title+".tar")
+		desc, err := tarFile(ctx, l.dir, spool)
+		if err != nil {
+			_ = os.Remove(spool)
+			if diskFull(err) {
+				return "", 0, fmt.Errorf("pack its %s: the node's disk is full: %w", l.title, errdefs.ErrResourceExhausted)
+			}
+			return "", 0, fmt.Errorf("pack its %s: %w", l.title, err)
+		}
+		desc.Annotations = map[string]string{ocispec.AnnotationTitle: l.title}
+		t := time.Now()
+		err = pushFile(ctx, pusher, desc, spool)
+		sent += time.Since(t)
+		_ = os.Remove(spool)
+		if err != nil {
+			return "", 0, pushError(r.cfg.CheckpointRepository, name, err)
+		}
+		layers = append(layers, desc)
 	}
 	r.mu.Lock()
 	image := s.Image
 	r.mu.Unlock()
 	cfg, _ := json.Marshal(movedConfig{PodUID: pod.UID, Namespace: pod.Namespace, Name: pod.Name, Image: image,
 		AssignKey: strings.TrimSpace(string(key)), SpecHash: specHash, Node: r.cfg.Node, Created: time.Now().UTC()})
-	cfgDesc, err := r.writeBlob(ctx, runtime.MediaTypeCheckpoint, cfg)
-	if err != nil {
-		return "", 0, err
-	}
-	m := ocispec.Manifest{Versioned: specs.Versioned{SchemaVersion: 2}, MediaType: ocispec.MediaTypeImageManifest,
-		Config: cfgDesc, Layers: []ocispec.Descriptor{ckpt, files}}
-	b, _ := json.Marshal(m)
-	desc, err := r.writeBlob(ctx, ocispec.MediaTypeImageManifest, b)
-	if err != nil {
-		return "", 0, err
-	}
-	name := r.cfg.CheckpointRepository + "/" + pod.Namespace + "/" + pod.Name + ":moved-" + pod.UID
-	if err := r.client.Push(ctx, name, desc, ctrd.WithResolver(r.images.Resolver(ctx, auth, nil))); err != nil {
+	cfgDesc := ocispec.Descriptor{MediaType: runtime.MediaTypeCheckpoint, Digest: digest.FromBytes(cfg), Size: int64(len(cfg))}
+	if err := pushBytes(ctx, pusher, cfgDesc, cfg); err != nil {
 		return "", 0, pushError(r.cfg.CheckpointRepository, name, err)
 	}
+	b, _ := json.Marshal(ocispec.Manifest{Versioned: specs.Versioned{SchemaVersion: 2}, MediaType: ocispec.MediaTypeImageManifest,
+		Config: cfgDesc, Layers: layers})
+	desc := ocispec.Descriptor{MediaType: ocispec.MediaTypeImageManifest, Digest: digest.FromBytes(b), Size: int64(len(b))}
+	if err := pushBytes(ctx, pusher, desc, b); err != nil {
+		return "", 0, pushError(r.cfg.CheckpointRepository, name, err)
+	}
+	r.log.Info("moved sandbox pushed", "pod", pod.UID, "pack", time.Since(begin)-sent, "push", sent)
 	repo, _, _ := strings.Cut(name, ":moved-")
-	return repo + "@" + desc.Digest.String(), ckpt.Size + files.Size, nil
+	return repo + "@" + desc.Digest.String(), layers[0].Size + layers[1].Size, nil
 }
 
-// tarBlob writes dir's contents as an uncompressed tar (owners by number,
-// modes, extended attributes, devices: overlay's whiteouts and opaque
-// marks) to the content store.
-func (r *Runtime) tarBlob(ctx context.Context, dir, title string) (ocispec.Descriptor, error) {
+// tarFile writes dir's contents to file as an uncompressed tar (owners by
+// number, modes, extended attributes, devices: overlay's whiteouts and
+// opaque marks) and describes it as a layer.
+func tarFile(ctx context.Context, dir, file string) (ocispec.Descriptor, error) {
+	f, err := os.OpenFile(file, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return ocispec.Descriptor{}, err
+	}
+	defer f.Close()
 	cmd := exec.CommandContext(ctx, "tar", "--xattrs", "--xattrs-include=*", "--numeric-owner", "-C", dir, "-cf", "-", ".")
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -221,41 +225,50 @@ func (r *Runtime) tarBlob(ctx context.Context, dir, title string) (ocispec.Descr
 	if err := cmd.Start(); err != nil {
 		return ocispec.Descriptor{}, err
 	}
-	desc, err := r.writeStream(ctx, ocispec.MediaTypeImageLayer, out)
+	d := digest.SHA256.Digester()
+	n, err := io.CopyBuffer(io.MultiWriter(f, d.Hash()), out, make([]byte, 1<<20))
 	if werr := cmd.Wait(); werr != nil && err == nil {
 		err = fmt.Errorf("tar: %v: %s", werr, strings.TrimSpace(stderr.String()))
 	}
+	if err == nil {
+		err = f.Close()
+	}
 	if err != nil {
 		return ocispec.Descriptor{}, err
 	}
-	desc.Annotations = map[string]string{ocispec.AnnotationTitle: title}
-	return desc, nil
+	return ocispec.Descriptor{MediaType: ocispec.MediaTypeImageLayer, Digest: d.Digest(), Size: n}, nil
 }
 
-func (r *Runtime) writeBlob(ctx context.Context, mediaType string, b []byte) (ocispec.Descriptor, error) {
-	desc := ocispec.Descriptor{MediaType: mediaType, Digest: digest.FromBytes(b), Size: int64(len(b))}
-	if err := content.WriteBlob(ctx, r.client.ContentStore(), "sandman-moved-"+randomHex(), strings.NewReader(string(b)), desc); err != nil {
-		return ocispec.Descriptor{}, err
+// pushFile uploads file as blob desc (nothing when the registry has it).
+func pushFile(ctx context.Context, p remotes.Pusher, desc ocispec.Descriptor, file string) error {
+	f, err := os.Open(file)
+	if err != nil {
+		return err
 	}
-	return desc, nil
+	defer f.Close()
+	return pushFrom(ctx, p, desc, f)
 }
 
-func (r *Runtime) writeStream(ctx context.Context, mediaType string, in io.Reader) (ocispec.Descriptor, error) {
-	cs := r.client.ContentStore()
-	cw, err := content.OpenWriter(ctx, cs, content.WithRef("sandman-moved-"+randomHex()))
+func pushBytes(ctx context.Context, p remotes.Pusher, desc ocispec.Descriptor, b []byte) error {
+	return pushFrom(ctx, p, desc, bytes.NewReader(b))
+}
+
+func pushFrom(ctx context.Context, p remotes.Pusher, desc ocispec.Descriptor, in io.Reader) error {
+	w, err := p.Push(ctx, desc)
+	if errdefs.IsAlreadyExists(err) {
+		return nil
+	}
 	if err != nil {
-		return ocispec.Descriptor{}, err
+		return err
 	}
-	defer cw.Close()
-	n, err := io.Copy(cw, in)
-	if err != nil {
-		return ocispec.Descriptor{}, err
+	defer w.Close()
+	if _, err := io.CopyBuffer(w, in, make([]byte, 1<<20)); err != nil {
+		return err
 	}
-	dgst := cw.Digest()
-	if err := cw.Commit(ctx, n, dgst); err != nil && !errdefs.IsAlreadyExists(err) {
-		return ocispec.Descriptor{}, err
+	if err := w.Commit(ctx, desc.Size, desc.Digest); err != nil && !errdefs.IsAlreadyExists(err) {
+		return err
 	}
-	return ocispec.Descriptor{MediaType: mediaType, Digest: dgst, Size: n}, nil
+	return nil
 }
 
 // checkMovedRef refuses a moved sandbox's artifact outside the node's
@@ -290,30 +303,30 @@ func (r *Runtime) fetchMoved(ctx context.Context, s *slot, req runtime.BindReque
 	if err != nil {
 		return nil, err
 	}
-	ctx, done, err := r.withLease(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer done()
-	img, err := r.client.Fetch(ctx, ref, ctrd.WithResolver(r.images.Resolver(ctx, auth, nil)))
+	resolver := r.images.Resolver(ctx, auth, nil)
+	begin := time.Now()
+	name, target, err := resolver.Resolve(ctx, ref)
 	if err != nil {
 		if errdefs.IsNotFound(err) {
 			return nil, fmt.Errorf("its checkpoint %s is gone: %w", ref, errdefs.ErrDataLoss)
 		}
 		return nil, fmt.Errorf("fetch its checkpoint %s: %w", ref, err)
 	}
-	cs := r.client.ContentStore()
-	raw, err := content.ReadBlob(ctx, cs, img.Target)
+	fetcher, err := resolver.Fetcher(ctx, name)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("fetch its checkpoint %s: %w", ref, err)
+	}
+	raw, err := fetchSmall(ctx, fetcher, target)
+	if err != nil {
+		return nil, fmt.Errorf("fetch its checkpoint %s: %w", ref, err)
 	}
 	var m ocispec.Manifest
 	if err := json.Unmarshal(raw, &m); err != nil || m.Config.MediaType != runtime.MediaTypeCheckpoint || len(m.Layers) != 2 {
 		return nil, fmt.Errorf("%s is not a moved sandbox's checkpoint: %w", ref, errdefs.ErrDataLoss)
 	}
-	rawCfg, err := content.ReadBlob(ctx, cs, m.Config)
+	rawCfg, err := fetchSmall(ctx, fetcher, m.Config)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("fetch its checkpoint %s: %w", ref, err)
 	}
 	var cfg movedConfig
 	if err := json.Unmarshal(rawCfg, &cfg); err != nil {
@@ -345,28 +358,69 @@ func (r *Runtime) fetchMoved(ctx context.Context, s *slot, req runtime.BindReque
 		if err := os.MkdirAll(dst, 0o700); err != nil {
 			return nil, err
 		}
-		if err := untarBlob(ctx, cs, m.Layers[i], dst); err != nil {
+		if err := untarFetched(ctx, fetcher, m.Layers[i], dst); err != nil {
 			if diskFull(err) {
 				return nil, fmt.Errorf("unpack its checkpoint: the node's disk is full: %w", errdefs.ErrResourceExhausted)
 			}
 			return nil, fmt.Errorf("unpack its checkpoint: %v: %w", err, errdefs.ErrDataLoss)
 		}
 	}
+	r.log.Info("moved sandbox fetched", "pod", req.Pod.UID, "took", time.Since(begin))
 	return fi, nil
 }
 
-// untarBlob unpacks a tar blob into dst with owners, modes and extended
-// attributes as they were.
-func untarBlob(ctx context.Context, cs content.Store, desc ocispec.Descriptor, dst string) error {
-	ra, err := cs.ReaderAt(ctx, desc)
+// fetchSmall reads a small blob (a manifest, a config), checking its
+// digest.
+func fetchSmall(ctx context.Context, f remotes.Fetcher, desc ocispec.Descriptor) ([]byte, error) {
+	if desc.Size > 1<<20 {
+		return nil, fmt.Errorf("blob %s: %d bytes, too large: %w", desc.Digest, desc.Size, errdefs.ErrDataLoss)
+	}
+	rc, err := f.Fetch(ctx, desc)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(io.LimitReader(rc, desc.Size+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) != desc.Size || digest.FromBytes(b) != desc.Digest {
+		return nil, fmt.Errorf("blob %s does not match its digest: %w", desc.Digest, errdefs.ErrDataLoss)
+	}
+	return b, nil
+}
+
+// untarFetched streams a tar layer from the registry into dst with owners,
+// modes and extended attributes as they were, checking its digest and
+// size.
+func untarFetched(ctx context.Context, f remotes.Fetcher, desc ocispec.Descriptor, dst string) error {
+	rc, err := f.Fetch(ctx, desc)
 	if err != nil {
 		return err
 	}
-	defer ra.Close()
+	defer rc.Close()
+	v := desc.Digest.Verifier()
+	in := &countWriter{w: v}
 	cmd := exec.CommandContext(ctx, "tar", "--xattrs", "--xattrs-include=*", "--numeric-owner", "--same-owner", "-p", "-C", dst, "-xf", "-")
-	cmd.Stdin = content.NewReader(ra)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return errors.New(runscMessage(out, err))
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return err
+	}
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	_, cerr := io.CopyBuffer(io.MultiWriter(stdin, in), rc, make([]byte, 1<<20))
+	_ = stdin.Close()
+	werr := cmd.Wait()
+	switch {
+	case werr != nil:
+		return errors.New(runscMessage([]byte(out.String()), werr))
+	case cerr != nil:
+		return cerr
+	case in.n != desc.Size || !v.Verified():
+		return fmt.Errorf("layer %s does not match its digest", desc.Digest)
 	}
 	return nil
 }
