@@ -52,10 +52,12 @@ func (r *Runtime) startTask(reqCtx context.Context, s *slot, container ctrd.Cont
 			r.log.Warn("shim group without its holder", "slot", s.ID, "group", group, "err", err)
 		}
 	}
+	t0 := time.Now()
 	task, err := r.newTask(ctx, container)
 	if err != nil {
 		return err
 	}
+	t1 := time.Now()
 	// The exit watch outlives the bind's request: its context must not end
 	// with it (a wait broken that way is taken for a containerd restart),
 	// only with the runtime.
@@ -68,6 +70,7 @@ func (r *Runtime) startTask(reqCtx context.Context, s *slot, container ctrd.Cont
 		_, _ = task.Delete(context.WithoutCancel(ctx), ctrd.WithProcessKill)
 		return err
 	}
+	r.log.Debug("task started", "container", container.ID(), "create", t1.Sub(t0), "start", time.Since(t1))
 	r.mu.Lock()
 	epoch := s.epoch
 	r.mu.Unlock()
