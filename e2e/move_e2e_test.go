@@ -164,6 +164,21 @@ func TestMove(t *testing.T) {
 		}
 	}
 
+	// A virtual node that restarts now takes the paused ones up from
+	// their pods (sandman.io/moved) instead of reporting them lost.
+	for _, n := range []string{"sleeper", "doomed"} {
+		p.waitPod(n, time.Minute, "its move recorded in the pod", func(pod *corev1.Pod) bool {
+			return strings.Contains(pod.Annotations[podcontract.AnnotationMoved], refs[n])
+		})
+	}
+	p.killVK()
+	p.startVK()
+	for _, n := range []string{"sleeper", "doomed"} {
+		p.waitPod(n, time.Minute, "paused off any worker after the virtual node's restart", func(pod *corev1.Pod) bool {
+			return pod.Status.Reason == podcontract.ReasonPaused && pod.Status.Phase == corev1.PodRunning
+		})
+	}
+
 	// Resumed, the paused one runs on the other worker from where it
 	// stopped.
 	if out, errOut, code := kubectl(t, s, "", "-n", p.ns, "annotate", "pod", "sleeper", podcontract.AnnotationPause+"-"); code != 0 {
@@ -177,6 +192,12 @@ func TestMove(t *testing.T) {
 		}
 		return false
 	})
+	if _, ok := resumed.Annotations[podcontract.AnnotationMoved]; ok {
+		p.waitPod("sleeper", time.Minute, "sandman.io/moved removed once restored", func(pod *corev1.Pod) bool {
+			_, ok := pod.Annotations[podcontract.AnnotationMoved]
+			return !ok
+		})
+	}
 	after, err = ask(resumed.Status.PodIP)
 	if err != nil {
 		t.Fatalf("the resumed server at %s: %v", resumed.Status.PodIP, err)

@@ -157,3 +157,11 @@ const (
 	// them over HTTPS, without checking their certificates.
 	AnnotationE2BHTTPSPorts = "e2b.sandman.io/https-ports"
 )
+
+// AnnotationMoved is written by the virtual node while a pod's sandbox is
+// held by no node because it moved (a drain, a resume with no room): the
+// JSON of its runtime.MovedCheckpoint ({"ref", "paused", "from",
+// "bytes"}). A virtual node that starts (a restart, a standby taking the
+// lead) restores such a pod from it instead of reporting it lost. It goes
+// once the sandbox runs again.
+const AnnotationMoved = "sandman.io/moved"

@@ -2,11 +2,17 @@ package vk
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
 	"github.com/containerd/errdefs"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/sandman-dev/sandman/podcontract"
 	"github.com/sandman-dev/sandman/pool"
 	"github.com/sandman-dev/sandman/runtime"
 )
@@ -20,9 +26,18 @@ import (
 // bind, which waits in the pool's queue like any other. A pod deleted
 // before its checkpoint was restored has the checkpoint deleted.
 
-// movedLocked records a Moved update. The caller holds mu.
+// movedLocked records a Moved update, and has it written into the pod
+// (recordMoved). The caller holds mu.
 func (p *Provider) movedLocked(sb *sandbox, u pool.Update) {
 	m := *u.Moved
+	pod := sb.pod
+	p.owned.Go(func() { p.recordMoved(pod, &m) })
+	p.offNodeLocked(sb, m, u.Message)
+}
+
+// offNodeLocked records that sb's sandbox is held by no node, its state in
+// checkpoint m. The caller holds mu.
+func (p *Provider) offNodeLocked(sb *sandbox, m runtime.MovedCheckpoint, message string) {
 	sb.req.Restore, sb.req.Fork = &m, nil
 	sb.node, sb.slot, sb.isReady = "", runtime.Slot{}, false
 	sb.moves++
@@ -32,7 +47,57 @@ func (p *Provider) movedLocked(sb *sandbox, u pool.Update) {
 		sb.pauseMessage = fmt.Sprintf("paused; its worker %s was drained, so its running state (%.1f MiB) waits in the pool's checkpoint repository: a resume restores it on any worker", m.From, float64(m.Bytes)/(1<<20))
 		return
 	}
-	sb.moving, sb.message = true, u.Message
+	sb.moving, sb.message = true, message
+}
+
+// recordMoved writes m into the pod (podcontract.AnnotationMoved), or
+// removes it when m is nil: a virtual node that starts while no node holds
+// the sandbox restores it from there. The patch names the pod's UID.
+func (p *Provider) recordMoved(pod *corev1.Pod, m *runtime.MovedCheckpoint) {
+	var value any
+	if m != nil {
+		b, _ := json.Marshal(m)
+		value = string(b)
+	}
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
+		"uid": pod.UID, "annotations": map[string]any{podcontract.AnnotationMoved: value},
+	}})
+	ctx, cancel := context.WithTimeout(p.ctx, time.Minute)
+	defer cancel()
+	_, err := p.cfg.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		p.log.Warn("record a moved sandbox's checkpoint in its pod", "pod", podKey(pod.Namespace, pod.Name), "err", err)
+	}
+}
+
+// restoreMovedLocked takes up a pod that a virtual node before this one
+// saw move (its AnnotationMoved) and that no node holds: paused, it stays
+// so, off any node; running, it is restored (the caller submits it). The
+// caller holds mu.
+func (p *Provider) restoreMovedLocked(sb *sandbox, m runtime.MovedCheckpoint) {
+	sb.startedAt = p.cfg.Now()
+	for _, cs := range sb.pod.Status.ContainerStatuses {
+		if r := cs.State.Running; r != nil && !r.StartedAt.IsZero() {
+			sb.startedAt = r.StartedAt.Time
+		}
+	}
+	if m.Paused {
+		sb.paused, sb.pauseSince = true, p.cfg.Now()
+	}
+	p.offNodeLocked(sb, m, fmt.Sprintf("moved off node %s: its running state (%.1f MiB) waits in %s", m.From, float64(m.Bytes)/(1<<20), m.Ref))
+}
+
+// movedFrom reads a pod's AnnotationMoved (false: none, or unreadable).
+func movedFrom(pod *corev1.Pod) (runtime.MovedCheckpoint, bool) {
+	v, ok := pod.Annotations[podcontract.AnnotationMoved]
+	if !ok {
+		return runtime.MovedCheckpoint{}, false
+	}
+	var m runtime.MovedCheckpoint
+	if json.Unmarshal([]byte(v), &m) != nil || m.Ref == "" {
+		return runtime.MovedCheckpoint{}, false
+	}
+	return m, true
 }
 
 // resumeMoved resumes a sandbox that moved while paused: its checkpoint is

@@ -1,6 +1,7 @@
 package vk
 
 import (
+	"encoding/json"
 	"slices"
 	"strings"
 	"sync"
@@ -276,4 +277,94 @@ func TestResumeWithNoRoomMoves(t *testing.T) {
 	if r := h.node.Restores(); len(r) != 1 || !r[0].Paused || r[0].From != "w1" {
 		t.Errorf("restores %+v, want a's paused checkpoint from w1", r)
 	}
+}
+
+// TestMovedPodAfterRestart: a virtual node that starts with pods whose
+// sandboxes moved and that no node holds (their sandman.io/moved, written
+// by the one before) takes them up instead of reporting them lost: a
+// paused one stays paused off any node until it is resumed from its
+// checkpoint, a running one is restored at once; once restored, the
+// annotation goes.
+func TestMovedPodAfterRestart(t *testing.T) {
+	idx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	if err := idx.Add(&nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "gvisor"}, Handler: "runsc"}); err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, 3, func(c *Config) { c.RuntimeClasses = nodev1listers.NewRuntimeClassLister(idx) })
+	ctx := t.Context()
+	rc := "gvisor"
+	movedPod := func(name string, paused bool) *corev1.Pod {
+		pod := testPod(name, "img")
+		pod.Spec.RuntimeClassName = &rc
+		m := runtime.MovedCheckpoint{Ref: "reg.example/ckpt/ns/" + name + "@sha256:0" + name, Paused: paused, From: "w0", Bytes: 64 << 20}
+		b, _ := json.Marshal(m)
+		pod.Annotations[podcontract.AnnotationMoved] = string(b)
+		if paused {
+			pod.Annotations[podcontract.AnnotationPause] = "true"
+		}
+		pod.Status = corev1.PodStatus{Phase: corev1.PodRunning, ContainerStatuses: []corev1.ContainerStatus{{Name: "task",
+			State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}}}}
+		if _, err := h.client.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.p.CreatePod(ctx, pod); err != nil {
+			t.Fatal(err)
+		}
+		return pod
+	}
+	annotated := func(pod *corev1.Pod) bool {
+		cur, err := h.client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, ok := cur.Annotations[podcontract.AnnotationMoved]
+		return ok
+	}
+
+	run := movedPod("run", false)
+	h.wait(t, run.UID, "run restored", isReady)
+	if r := h.node.Restores(); len(r) != 1 || r[0].Ref != "reg.example/ckpt/ns/run@sha256:0run" {
+		t.Errorf("restores %+v, want run's checkpoint", r)
+	}
+	poll(t, "run's sandman.io/moved removed", func() bool { return !annotated(run) })
+
+	pz := movedPod("pz", true)
+	got := h.wait(t, pz.UID, "pz paused off any node", func(p *corev1.Pod) bool {
+		return p.Status.Reason == podcontract.ReasonPaused && p.Status.Phase == corev1.PodRunning
+	})
+	if isReady(got) {
+		t.Errorf("pz is Ready while paused")
+	}
+	h.p.reconcile(ctx)
+	_, queued := h.pool.Queued(string(pz.UID))
+	if _, placed := h.pool.Placement(string(pz.UID)); queued || placed {
+		t.Fatalf("pz, paused off any node, was submitted (queued %v, placed %v)", queued, placed)
+	}
+	resume := pz.DeepCopy()
+	delete(resume.Annotations, podcontract.AnnotationPause)
+	if err := h.p.UpdatePod(ctx, resume); err != nil {
+		t.Fatal(err)
+	}
+	h.wait(t, pz.UID, "pz resumed", func(p *corev1.Pod) bool {
+		c, ok := pausedCondition(p)
+		return ok && c.Reason == podcontract.ReasonResumed && isReady(p)
+	})
+	if r := h.node.Restores(); len(r) != 2 || r[1].Ref != "reg.example/ckpt/ns/pz@sha256:0pz" || !r[1].Paused {
+		t.Errorf("restores %+v, want pz's paused checkpoint last", r)
+	}
+
+	// Paused when it moved, asked to run while no virtual node ran: it
+	// is resumed when taken up.
+	late := testPod("late", "img")
+	late.Spec.RuntimeClassName = &rc
+	b, _ := json.Marshal(runtime.MovedCheckpoint{Ref: "reg.example/ckpt/ns/late@sha256:0late", Paused: true, From: "w0"})
+	late.Annotations[podcontract.AnnotationMoved] = string(b)
+	late.Status = corev1.PodStatus{Phase: corev1.PodRunning}
+	if err := h.p.CreatePod(ctx, late); err != nil {
+		t.Fatal(err)
+	}
+	h.wait(t, late.UID, "late resumed", func(p *corev1.Pod) bool {
+		c, ok := pausedCondition(p)
+		return ok && c.Reason == podcontract.ReasonResumed && isReady(p)
+	})
 }

@@ -446,8 +446,10 @@ func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 		return nil
 	}
 	// A pod that ran before (its status says so) but has no slot now was
-	// lost, e.g. while the provider was down: it is not started again.
-	if lostWhileRunning(pod) && p.cfg.Pool.Unsynced() != nil {
+	// lost, e.g. while the provider was down: it is not started again —
+	// unless it moved, and no node holds it by design.
+	moved, isMoved := movedFrom(pod)
+	if lostWhileRunning(pod) && !isMoved && p.cfg.Pool.Unsynced() != nil {
 		// Its agent may be one that has not answered yet (slow, not
 		// dead): the reconciler adopts it when that agent syncs, or
 		// reports it lost once every agent has answered without it or
@@ -456,7 +458,7 @@ func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 		p.mu.Unlock()
 		return nil
 	}
-	if lostWhileRunning(pod) {
+	if lostWhileRunning(pod) && !isMoved {
 		sb.fail(podcontract.ReasonSandboxLost, "the sandbox of this pod no longer exists on any node agent (it was lost while the virtual node was restarting)", p.cfg.Now())
 		p.mu.Unlock()
 		p.cfg.Recorder.Event(pod, corev1.EventTypeWarning, podcontract.ReasonSandboxLost, sb.message)
@@ -490,6 +492,20 @@ func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	sb.egressApplied = podcontract.AppliedEgress(pod.Annotations)
 	p.armDeadlineLocked(uid, sb)
 	p.armExpiryLocked(uid, sb)
+	if isMoved && lostWhileRunning(pod) {
+		p.restoreMovedLocked(sb, moved)
+		// It may have been asked to run meanwhile.
+		p.reconcilePauseLocked(uid, sb)
+		off := sb.offNode
+		p.mu.Unlock()
+		p.log.Info("took up a moved sandbox", "pod", podKey(pod.Namespace, pod.Name), "ref", moved.Ref, "paused", off)
+		if off {
+			p.push(uid)
+		} else {
+			p.submit(uid)
+		}
+		return nil
+	}
 	p.mu.Unlock()
 	if f := req.Fork; f != nil {
 		p.cfg.Recorder.Eventf(pod, corev1.EventTypeNormal, podcontract.ReasonForking, "a live fork of sandbox %s (fork %s): it starts from a checkpoint of that sandbox's running state",
@@ -806,7 +822,11 @@ func (p *Provider) OnUpdate(u pool.Update) {
 		}
 	case pool.Bound:
 		// A moved sandbox's checkpoint is used up once it runs again.
-		sb.req.Restore = nil
+		if sb.req.Restore != nil {
+			sb.req.Restore = nil
+			pod := sb.pod
+			p.owned.Go(func() { p.recordMoved(pod, nil) })
+		}
 		sb.bound(u.Node, u.Slot, u.Time)
 		sb.trace.bound = u.Time
 		if !sb.isReady {

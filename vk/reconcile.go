@@ -94,6 +94,10 @@ func (p *Provider) adoptLocked(sb *sandbox, b pool.BoundSlot) {
 	p.armDeadlineLocked(uid, sb)
 	p.armExpiryLocked(uid, sb)
 	p.cfg.Pool.Adopt(pool.Request{Bind: req, Job: jobOf(pod)}, b.Node)
+	if _, ok := pod.Annotations[podcontract.AnnotationMoved]; ok {
+		// Restored, by a virtual node that ended before it said so.
+		p.owned.Go(func() { p.recordMoved(pod, nil) })
+	}
 }
 
 // settleAwaiting adopts pods that ran before this provider started once
