@@ -39,7 +39,7 @@ func TestMove(t *testing.T) {
 	needRunsc(t, s)
 	ensureRuntimeClass(t, s, "gvisor", runtime.RuntimeHandlerRunsc)
 	repo := s.Registry + "/sandman-e2e-moved-" + rand.String(5)
-	p := startPool(t, s, 2, 4, "--checkpoint-repository", repo,
+	p := startPool(t, s, 2, 5, "--checkpoint-repository", repo,
 		"--drain-when-cordoned", "--kubeconfig", s.Env["KUBECONFIG"])
 	ctx := t.Context()
 	from, to := p.agents[0], p.agents[1]
@@ -75,12 +75,12 @@ func TestMove(t *testing.T) {
 		pod.Spec.RuntimeClassName = ptr.To("gvisor")
 		pod.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 8080}}
 	}
-	for _, n := range []string{"runner", "sleeper", "doomed"} {
+	for _, n := range []string{"runner", "sleeper", "doomed", "lost"} {
 		p.create(p.newPod(n, s.DebianImage, gvisor))
 	}
 	p.create(p.newPod("plain", s.BusyboxImage))
 	ips := map[string]string{}
-	for _, n := range []string{"runner", "sleeper", "doomed", "plain"} {
+	for _, n := range []string{"runner", "sleeper", "doomed", "lost", "plain"} {
 		ips[n] = p.waitPod(n, 3*time.Minute, "Ready", podReady).Status.PodIP
 	}
 	ask := func(ip string) (string, error) {
@@ -103,7 +103,7 @@ func TestMove(t *testing.T) {
 			return err == nil, nil
 		})
 	}
-	for _, n := range []string{"sleeper", "doomed"} {
+	for _, n := range []string{"sleeper", "doomed", "lost"} {
 		if out, errOut, code := kubectl(t, s, "", "-n", p.ns, "annotate", "pod", n, podcontract.AnnotationPause+"=true"); code != 0 {
 			t.Fatalf("kubectl annotate %s: %d %q %q", n, code, out, errOut)
 		}
@@ -150,7 +150,7 @@ func TestMove(t *testing.T) {
 		return c != nil && len(c) == 0, nil
 	})
 	refs := map[string]string{}
-	for _, n := range []string{"runner", "sleeper", "doomed"} {
+	for _, n := range []string{"runner", "sleeper", "doomed", "lost"} {
 		pod := p.waitPod(n, time.Minute, "its move recorded", func(pod *corev1.Pod) bool { return true })
 		refs[n] = movedRef(t, s, p.ns, n)
 		if n == "runner" {
@@ -178,6 +178,18 @@ func TestMove(t *testing.T) {
 			return pod.Status.Reason == podcontract.ReasonPaused && pod.Status.Phase == corev1.PodRunning
 		})
 	}
+
+	// A checkpoint gone from the registry: its resume fails the pod,
+	// saying so, and leaves nothing behind.
+	deleteManifest(t, refs["lost"])
+	if out, errOut, code := kubectl(t, s, "", "-n", p.ns, "annotate", "pod", "lost", podcontract.AnnotationPause+"-"); code != 0 {
+		t.Fatalf("kubectl annotate: %d %q %q", code, out, errOut)
+	}
+	lost := p.waitPod("lost", 2*time.Minute, "failed", func(pod *corev1.Pod) bool { return pod.Status.Phase == corev1.PodFailed })
+	if lost.Status.Reason != podcontract.ReasonResumeFailed || !strings.Contains(lost.Status.Message, "gone") {
+		t.Errorf("the pod whose checkpoint is gone: %s %q, want ResumeFailed saying it is gone", lost.Status.Reason, lost.Status.Message)
+	}
+	delete(refs, "lost")
 
 	// Resumed, the paused one runs on the other worker from where it
 	// stopped.
@@ -302,6 +314,23 @@ func movedRefAfter(t *testing.T, s *framework.Stack, ns, name, not string) strin
 		return false, nil
 	})
 	return ref
+}
+
+// deleteManifest deletes a manifest by digest from the (plain HTTP)
+// registry.
+func deleteManifest(t *testing.T, ref string) {
+	t.Helper()
+	name, dgst, _ := strings.Cut(ref, "@")
+	host, path, _ := strings.Cut(name, "/")
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodDelete, "http://"+host+"/v2/"+path+"/manifests/"+dgst, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("delete %s: %s", ref, resp.Status)
+	}
 }
 
 // manifestExists asks the (plain HTTP) registry for a manifest by digest.
