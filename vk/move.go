@@ -87,6 +87,35 @@ func (p *Provider) restoreMovedLocked(sb *sandbox, m runtime.MovedCheckpoint) {
 	p.offNodeLocked(sb, m, fmt.Sprintf("moved off node %s: its running state (%.1f MiB) waits in %s", m.From, float64(m.Bytes)/(1<<20), m.Ref))
 }
 
+// movePaused moves the sandboxes paused longer than MovePausedAfter off
+// their nodes (each reconcile), once per pause: they then hold no slot.
+// A node that cannot (no checkpoint repository) leaves them where they
+// are.
+func (p *Provider) movePaused(now time.Time) {
+	if p.cfg.MovePausedAfter <= 0 {
+		return
+	}
+	var uids []string
+	p.mu.Lock()
+	for uid, sb := range p.byUID {
+		if sb.paused && !sb.offNode && !sb.moveAsked && sb.pauseOp == "" && !sb.terminal() && !sb.deleting &&
+			sb.slot.ID != "" && now.Sub(sb.pauseSince) >= p.cfg.MovePausedAfter {
+			sb.moveAsked = true
+			uids = append(uids, uid)
+		}
+	}
+	p.mu.Unlock()
+	for _, uid := range uids {
+		p.owned.Go(func() {
+			ctx, cancel := context.WithTimeout(p.ctx, pauseTimeout)
+			defer cancel()
+			if _, err := p.cfg.Pool.Move(ctx, uid); err != nil {
+				p.log.Info("a long-paused sandbox stays on its node", "uid", uid, "err", err)
+			}
+		})
+	}
+}
+
 // movedFrom reads a pod's AnnotationMoved (false: none, or unreadable).
 func movedFrom(pod *corev1.Pod) (runtime.MovedCheckpoint, bool) {
 	v, ok := pod.Annotations[podcontract.AnnotationMoved]

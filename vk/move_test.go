@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	nodev1 "k8s.io/api/node/v1"
@@ -367,4 +368,53 @@ func TestMovedPodAfterRestart(t *testing.T) {
 		c, ok := pausedCondition(p)
 		return ok && c.Reason == podcontract.ReasonResumed && isReady(p)
 	})
+}
+
+// TestMovePausedAfter: with MovePausedAfter, a sandbox paused that long is
+// moved off its node at the next reconcile — it holds no slot — and its
+// resume restores it from the checkpoint.
+func TestMovePausedAfter(t *testing.T) {
+	idx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	if err := idx.Add(&nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "gvisor"}, Handler: "runsc"}); err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, 2, func(c *Config) {
+		c.RuntimeClasses, c.MovePausedAfter = nodev1listers.NewRuntimeClassLister(idx), time.Millisecond
+	})
+	ctx := t.Context()
+	rc := "gvisor"
+	a := testPod("a", "img")
+	a.Spec.RuntimeClassName = &rc
+	if err := h.p.CreatePod(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	h.wait(t, a.UID, "a ready", isReady)
+	h.p.reconcile(ctx) // running: nothing to move
+	paused := a.DeepCopy()
+	paused.Annotations[podcontract.AnnotationPause] = "true"
+	if err := h.p.UpdatePod(ctx, paused); err != nil {
+		t.Fatal(err)
+	}
+	h.wait(t, a.UID, "a paused", func(p *corev1.Pod) bool { return p.Status.Reason == podcontract.ReasonPaused })
+	if inv, _ := h.node.Inventory(ctx); inv.Count()[runtime.StatePaused] != 1 {
+		t.Fatalf("the paused sandbox is not paused on its node: %v", inv.Count())
+	}
+	poll(t, "a moved off its node", func() bool {
+		h.p.reconcile(ctx)
+		h.p.mu.Lock()
+		off := h.p.byUID[string(a.UID)].offNode
+		h.p.mu.Unlock()
+		inv, _ := h.node.Inventory(ctx)
+		return off && inv.Count()[runtime.StatePaused] == 0
+	})
+	if err := h.p.UpdatePod(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	h.wait(t, a.UID, "a resumed", func(p *corev1.Pod) bool {
+		c, ok := pausedCondition(p)
+		return ok && c.Reason == podcontract.ReasonResumed && isReady(p)
+	})
+	if r := h.node.Restores(); len(r) != 1 || !r[0].Paused {
+		t.Errorf("restores %+v, want a's paused checkpoint", r)
+	}
 }

@@ -184,7 +184,7 @@ func (p *Provider) runPause(uid, op string) {
 		sb.pauses++
 		event = func() { p.cfg.Recorder.Event(pod, corev1.EventTypeNormal, podcontract.ReasonPaused, msg) }
 	case err == nil:
-		sb.paused, sb.pauseMessage, sb.pauseSince = false, msg, p.cfg.Now()
+		sb.paused, sb.pauseMessage, sb.pauseSince, sb.moveAsked = false, msg, p.cfg.Now(), false
 		// Its daemon's last call is from before the pause: the call that
 		// resumed it has a full idle period to arrive before the next
 		// check could pause it again.

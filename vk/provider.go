@@ -72,6 +72,11 @@ type Config struct {
 	// of leaving it to hold its slot's memory: its pod's AnnotationPause
 	// becomes PauseIdle, and the next kubectl exec resumes it. 0: off.
 	AutoPauseAfter time.Duration
+	// MovePausedAfter moves a sandbox paused that long off its node
+	// (Pool.Move; its node agents need a checkpoint repository): it then
+	// holds no slot either, and its resume is a bind on any node. 0: off
+	// (a paused sandbox keeps its slot and address until resumed).
+	MovePausedAfter time.Duration
 	// KeepPaused is how long a sandbox paused at its expiry
 	// (podcontract.AnnotationOnExpiry "pause") is kept before it is
 	// deleted (default 24 h).

@@ -176,6 +176,7 @@ func (p *Provider) reconcile(ctx context.Context) {
 	var release []pool.BoundSlot
 	slots := p.cfg.Pool.Slots()
 	p.settleAwaiting(now, slots)
+	p.movePaused(now)
 	p.mu.Lock()
 	for _, b := range slots {
 		if b.Slot.State != runtime.StateBound && b.Slot.State != runtime.StateBinding && b.Slot.State != runtime.StatePaused {

@@ -46,6 +46,9 @@ type sandbox struct {
 	// them.
 	moving, offNode bool
 	moves           int
+	// moveAsked: MovePausedAfter asked its node to move it (once per
+	// pause).
+	moveAsked bool
 	// egressApplied is the digest (podcontract.EgressDigest) of the egress
 	// its sandbox has; egressRefused that of annotations not to try again;
 	// egressOp: a change is under way.

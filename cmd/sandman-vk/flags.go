@@ -41,6 +41,7 @@ type options struct {
 	queueRoom                              int
 	resync, reconcile, orphanGrace, lost   time.Duration
 	autoPauseAfter                         time.Duration
+	movePausedAfter                        time.Duration
 	keepPaused                             time.Duration
 	usageInterval                          time.Duration
 	usageRate                              float64
@@ -132,6 +133,7 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.resync, "informer-resync", 0, "pod informer resync period (0: none; the reconciler compares state)")
 	fs.DurationVar(&o.reconcile, "reconcile-interval", 10*time.Second, "how often slots and pods are compared")
 	fs.DurationVar(&o.keepPaused, "keep-paused", vk.DefaultKeepPaused, "how long a sandbox paused at its expiry (annotation sandman.io/on-expiry: pause) is kept paused before it is deleted")
+	fs.DurationVar(&o.movePausedAfter, "move-paused-after", 0, "move sandboxes paused this long off their worker (the node agents need --checkpoint-repository): they then hold no slot, and resume on any worker at a new address (0: off)")
 	fs.DurationVar(&o.autoPauseAfter, "auto-pause-after", 0, "pause gVisor sandboxes idle this long (checked every --reconcile-interval); the next kubectl exec or E2B call resumes them (0: off)")
 	fs.DurationVar(&o.usageInterval, "usage-interval", 5*time.Second, "how often each running sandbox's resource use is sampled for the E2B gateway's metrics (GET /sandman/v1/usage; 2 KiB a sandbox at most; negative: never)")
 	fs.Float64Var(&o.usageRate, "usage-rate", 500, "the most sandbox resource readings a second the sampling makes (more sandboxes are each read less often)")

@@ -172,7 +172,7 @@ func run(args []string) error {
 	vnode, err := vk.NewNode(vk.Config{
 		NodeName: o.nodeName, Pool: pl, QueueRoom: o.queueRoom, Client: client, Recorder: recorder,
 		NodeIP: o.nodeIP, AllowUnauthenticated: o.allowUnauthenticated, ControlKeys: controlKeys,
-		ReconcileInterval: o.reconcile, OrphanGrace: o.orphanGrace, AutoPauseAfter: o.autoPauseAfter, KeepPaused: o.keepPaused, Logger: log, SelfUsage: selfUsage,
+		ReconcileInterval: o.reconcile, OrphanGrace: o.orphanGrace, AutoPauseAfter: o.autoPauseAfter, MovePausedAfter: o.movePausedAfter, KeepPaused: o.keepPaused, Logger: log, SelfUsage: selfUsage,
 		UsageInterval: o.usageInterval, UsageRate: o.usageRate,
 		DefaultLimits: o.defaultLimits.l, MaxLimits: o.maxLimits.l, PidsLimit: o.pidsLimit,
 		AllowedNamespaces: allowedNamespaces, AllowedNamespaceSelector: namespaceSelector,

@@ -230,6 +230,9 @@ func (r *Runtime) Resume(ctx context.Context, uid string) (retErr error) {
 		msg := r.draining
 		r.mu.Unlock()
 		return fmt.Errorf("resume %s: %s: %w", uid, msg, errdefs.ErrUnavailable)
+	case s.moving:
+		r.mu.Unlock()
+		return fmt.Errorf("resume %s: it is being moved off node %s: %w", uid, r.cfg.Node, errdefs.ErrUnavailable)
 	}
 	var used runtime.Resources
 	for _, o := range r.slots {

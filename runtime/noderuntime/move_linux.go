@@ -83,8 +83,20 @@ func (r *Runtime) moveOut(ctx context.Context, s *slot, why string) (runtime.Mov
 			return runtime.MovedCheckpoint{}, fmt.Errorf("move %s: %w", pod.UID, err)
 		}
 	}
+	r.mu.Lock()
+	if s.State != runtime.StatePaused || s.Pod == nil || s.Pod.UID != pod.UID || s.moving {
+		r.mu.Unlock()
+		return runtime.MovedCheckpoint{}, fmt.Errorf("move %s: it is no longer paused here (resumed, released, or moving): %w", pod.UID, errdefs.ErrFailedPrecondition)
+	}
+	// Moved, it stays so until its release (the caller's) resets the
+	// slot: a resume in between would run what has moved.
+	s.moving = true
+	r.mu.Unlock()
 	ref, size, err := r.pushMoved(ctx, s, pod, id)
 	if err != nil {
+		r.mu.Lock()
+		s.moving = false
+		r.mu.Unlock()
 		if !wasPaused {
 			// Paused here for the move: it runs on if it can, and the
 			// drain evicts it as it would have.

@@ -79,8 +79,11 @@ type slot struct {
 	// counts the pauses: an exit watch of an earlier epoch (a task the
 	// pause ended) reports nothing. checkpointBytes: the paused sandbox's
 	// checkpoint size.
-	pausing         bool
-	pauseExits      []runtime.Event
+	pausing    bool
+	pauseExits []runtime.Event
+	// moving: a move is pushing the paused sandbox away; a resume waits
+	// (Unavailable).
+	moving          bool
 	epoch           int
 	checkpointBytes int64
 }
