@@ -83,7 +83,9 @@ func (r *running) wait(t *testing.T, timeout time.Duration) int {
 		}
 		return 0
 	case <-time.After(timeout):
-		t.Fatalf("daemon still running after %v", timeout)
+		// What is left says why: the processes under the daemon.
+		ps, _ := exec.Command("ps", "-o", "pid,ppid,pgid,stat,args", "--ppid", strconv.Itoa(r.cmd.Process.Pid)).CombinedOutput()
+		t.Fatalf("daemon still running after %v; its children:\n%s\nits output:\n%s", timeout, ps, r.out.String())
 		return -1
 	}
 }
