@@ -92,11 +92,24 @@ func (r *running) wait(t *testing.T, timeout time.Duration) int {
 
 func TestMainProcessExitCode(t *testing.T) {
 	bin := build(t)
-	r := start(t, bin, "--", "sh", "-c", "echo main-out; sleep 300")
+	r := start(t, bin, "--", "sh", "-c", "echo main-out; exec sleep 300")
 	// The main process's output is kept for logs.
 	p, err := r.client.Process(t.Context(), "main")
 	if err != nil || !p.Running {
 		t.Fatalf("main process: %+v %v", p, err)
+	}
+	// The INT goes once the shell is sleep: dash catches an INT that
+	// comes while it runs a -c script and, between commands, can lose it.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		cmdline, _ := os.ReadFile("/proc/" + strconv.Itoa(p.PID) + "/cmdline")
+		if strings.HasPrefix(string(cmdline), "sleep\x00") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the main process is %q, not sleep, after 10 s", cmdline)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 	if _, err := r.client.Signal(t.Context(), "main", "INT"); err != nil {
 		t.Fatal(err)
