@@ -561,7 +561,10 @@ func TestVKBadInput(t *testing.T) {
 // the dead one comes back the sandboxes it still holds are released.
 func TestVKRestartAndLostAgent(t *testing.T) {
 	s := framework.Get(t)
-	p := startPool(t, s, 2, 8)
+	// 12 slots each: the agent that lives takes the whole burst however
+	// the seven pods before it were spread (with 8, a 2/5 split left one
+	// burst pod waiting for room).
+	p := startPool(t, s, 2, 12)
 	ctx := t.Context()
 
 	names := func(prefix string, n int) []string {
