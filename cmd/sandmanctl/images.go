@@ -15,6 +15,9 @@ import (
 
 // images lists the images of every worker of the pool.
 func (c *ctl) images(ctx context.Context, args []string) error {
+	if len(args) > 0 && args[0] == "convert" {
+		return c.imagesConvert(ctx, args[1:])
+	}
 	fs := flag.NewFlagSet("images", flag.ContinueOnError)
 	fs.SetOutput(c.errw)
 	pool := fs.String("pool", "", "pool (default: the only one)")

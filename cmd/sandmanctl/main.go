@@ -12,7 +12,7 @@
 // Files: main.go (the global flags, the verbs' dispatch, usage and exit
 // codes), client.go (the cluster, the virtual node's routes, a sandbox's
 // daemon and its token), and a file per verb: run.go, exec.go, cp.go,
-// ls.go, rm.go, renew.go, get.go, delete.go, prepull.go, images.go,
+// ls.go, rm.go, renew.go, get.go, delete.go, prepull.go, images.go, convert.go,
 // top.go, snapshot.go, pause.go (pause and resume), fork.go, version.go.
 package main
 
@@ -47,6 +47,10 @@ Commands:
   delete NAME          delete a sandbox (its slot is released)
   prepull IMAGE...     keep images unpacked on every worker; a progress bar per worker
   images               the images of every worker: state, size, pinned, in use
+  images convert IMAGE...
+                       convert images to eStargz for lazy pulling and push each beside
+                       its source (tag + -esgz, or --to); --prioritize FILE,... go first;
+                       needs no cluster (the docker config's registry credentials)
   top nodes            slots, CPU, memory, images and bind latency per worker (--watch)
   snapshot POD IMAGE   commit a sandbox's filesystem changes as IMAGE in the pool's
                        snapshot registry (--container C); prints IMAGE@DIGEST
@@ -108,7 +112,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	c := &ctl{tokenDir: *tokenDir, token: *token, out: stdout, errw: stderr}
 	var err error
-	if fs.Arg(0) != "version" { // the one verb that needs no cluster
+	if !needsNoCluster(fs.Args()) {
 		err = c.connect(*kubeconfig, *namespace)
 	}
 	if err == nil {
@@ -132,6 +136,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitUnauthorized
 	}
 	return exitError
+}
+
+// needsNoCluster: the verbs that answer without a kubeconfig (version, and
+// images convert, which talks to registries only).
+func needsNoCluster(args []string) bool {
+	return args[0] == "version" || (args[0] == "images" && len(args) > 1 && args[1] == "convert")
 }
 
 // dispatch runs the verb cmd with its arguments.
