@@ -27,10 +27,9 @@ S=$SANDMAN_STATE/lazy-compare
 REG=127.0.0.1:15900 THROTTLED=127.0.0.1:15901 DIRECT=127.0.0.1:15902
 mkdir -p "$BIN"
 
-if [ ! -x "$BIN/containerd-stargz-grpc" ] || [ ! -x "$BIN/lazycompare" ]; then
-	log "building containerd-stargz-grpc and lazycompare (hack/tools/stargz)"
-	(cd "$SANDMAN_ROOT/hack/tools/stargz" && go build -o "$BIN/containerd-stargz-grpc" . && go build -o "$BIN/lazycompare" ./lazycompare)
-fi
+log "building containerd-stargz-grpc, lazycompare (hack/tools/stargz) and sandmanctl"
+(cd "$SANDMAN_ROOT/hack/tools/stargz" && go build -o "$BIN/containerd-stargz-grpc" . && go build -o "$BIN/lazycompare" ./lazycompare)
+(cd "$SANDMAN_ROOT" && go build -o "$BIN/sandmanctl" ./cmd/sandmanctl)
 if [ ! -x "$BIN/soci-snapshotter-grpc" ]; then
 	log "building soci-snapshotter $SOCI_VERSION from the module proxy's zips (cgo, zlib)"
 	src=$(mktemp -d)
@@ -119,7 +118,8 @@ reset
 log "image: $LAZY_MIB MiB of random files"
 lazycompare mkimage "$REG/lazy/big:plain" "$LAZY_MIB" $((LAZY_MIB / 8))
 t=$(date +%s%N)
-lazycompare estargz "$REG/lazy/big:plain" "$REG/lazy/big:estargz" app/main.sh app/hello.txt 2>>"$S/convert.log"
+(sandmanctl images convert --prioritize app/main.sh,app/hello.txt \
+	--to "$REG/lazy/big:estargz" "$REG/lazy/big:plain") >>"$S/convert.log" 2>&1 || { cat "$S/convert.log"; die "eStargz conversion failed"; }
 log "eStargz conversion and push: $((($(date +%s%N) - t) / 1000000)) ms"
 t=$(date +%s%N)
 lazycompare fetch "$S/containerd.sock" "$REG/lazy/big:plain"

@@ -10,7 +10,6 @@ require (
 	github.com/containerd/containerd/v2 v2.4.2
 	github.com/containerd/log v0.2.0
 	github.com/containerd/stargz-snapshotter v0.19.1
-	github.com/containerd/stargz-snapshotter/estargz v0.19.1
 	github.com/docker/go-metrics v0.1.0
 	github.com/google/go-containerregistry v0.21.6
 	github.com/pelletier/go-toml v1.9.5
@@ -30,6 +29,7 @@ require (
 	github.com/containerd/log/otel v0.1.0 // indirect
 	github.com/containerd/platforms v1.0.0-rc.5 // indirect
 	github.com/containerd/plugin v1.1.0 // indirect
+	github.com/containerd/stargz-snapshotter/estargz v0.19.1 // indirect
 	github.com/containerd/ttrpc v1.2.9 // indirect
 	github.com/containerd/typeurl/v2 v2.3.0 // indirect
 	github.com/distribution/reference v0.6.0 // indirect

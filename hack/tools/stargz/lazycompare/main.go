@@ -1,12 +1,12 @@
 // Command lazycompare is the driver of hack/lazy-compare.sh, which measured
 // the choice of a lazy-pulling snapshotter (issue 32): it makes a large test
-// image, converts it to eStargz, fronts the registry with a counting (and
+// image, fronts the registry with a counting (and
 // optionally throttling) proxy, and pulls and runs an image through an
 // isolated containerd with a given snapshotter, printing how long the first
-// command took. The script runs the comparison; this is its parts.
+// command took. The script runs the comparison (and converts the image to
+// eStargz with sandmanctl images convert); this is its parts.
 //
 //	lazycompare mkimage REF MIB FILES       busybox, MIB of random files in layers of 8, a small app
-//	lazycompare estargz SRC DST [FILE...]   convert to eStargz (FILEs prioritized), push
 //	lazycompare proxy LISTEN UPSTREAM MIBPS count (and throttle, MIBPS > 0) registry traffic; GET /_served[?reset=1]
 //	lazycompare run SOCK SNAPSHOTTER REF CMD...  pull, create, start, wait: "RESULT ... total_ms=N"
 //	lazycompare fetch SOCK REF              content only (what soci convert reads)
@@ -37,7 +37,6 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/containerd/v2/pkg/snapshotters"
-	"github.com/containerd/stargz-snapshotter/estargz"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
@@ -59,8 +58,6 @@ func main() {
 	switch os.Args[1] {
 	case "mkimage":
 		err = needArgs(a, 3, func() error { return mkimage(a[0], atoi(a[1]), atoi(a[2])) })
-	case "estargz":
-		err = needArgs(a, 2, func() error { return toEstargz(a[0], a[1], a[2:]) })
 	case "proxy":
 		err = needArgs(a, 3, func() error { return proxy(a[0], a[1], atoi(a[2])) })
 	case "run":
@@ -176,105 +173,6 @@ func mkimage(ref string, mib, n int) error {
 		return err
 	}
 	return remote.Write(r, img)
-}
-
-// toEstargz rebuilds every layer of src as eStargz (prioritized files first,
-// then the prefetch landmark) and pushes the result as dst, each layer
-// annotated with its TOC digest, which the snapshotter checks.
-func toEstargz(src, dst string, prio []string) error {
-	sr, err := name.ParseReference(src, name.Insecure)
-	if err != nil {
-		return err
-	}
-	img, err := remote.Image(sr)
-	if err != nil {
-		return err
-	}
-	ls, err := img.Layers()
-	if err != nil {
-		return err
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		return err
-	}
-	dir, err := os.MkdirTemp("", "lazycompare")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-	var adds []mutate.Addendum
-	for i, l := range ls {
-		add, err := convertLayer(l, fmt.Sprintf("%s/%d", dir, i), prio)
-		if err != nil {
-			return fmt.Errorf("layer %d: %w", i, err)
-		}
-		adds = append(adds, add)
-	}
-	out, err := mutate.Append(mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), types.OCIConfigJSON), adds...)
-	if err != nil {
-		return err
-	}
-	ocf, err := out.ConfigFile()
-	if err != nil {
-		return err
-	}
-	ocf = ocf.DeepCopy()
-	ocf.Architecture, ocf.OS, ocf.Config = cf.Architecture, cf.OS, cf.Config
-	if out, err = mutate.ConfigFile(out, ocf); err != nil {
-		return err
-	}
-	dr, err := name.ParseReference(dst, name.Insecure)
-	if err != nil {
-		return err
-	}
-	return remote.Write(dr, out)
-}
-
-func convertLayer(l v1.Layer, file string, prio []string) (mutate.Addendum, error) {
-	rc, err := l.Uncompressed()
-	if err != nil {
-		return mutate.Addendum{}, err
-	}
-	defer rc.Close()
-	f, err := os.Create(file + ".tar")
-	if err != nil {
-		return mutate.Addendum{}, err
-	}
-	defer f.Close()
-	size, err := io.Copy(f, rc)
-	if err != nil {
-		return mutate.Addendum{}, err
-	}
-	t := time.Now()
-	var missing []string
-	blob, err := estargz.Build(io.NewSectionReader(f, 0, size), estargz.WithPrioritizedFiles(prio),
-		estargz.WithAllowPrioritizeNotFound(&missing), estargz.WithCompressionLevel(gzip.BestSpeed))
-	if err != nil {
-		return mutate.Addendum{}, err
-	}
-	g, err := os.Create(file + ".esgz")
-	if err != nil {
-		return mutate.Addendum{}, err
-	}
-	_, err = io.Copy(g, blob)
-	if cerr := blob.Close(); err == nil {
-		err = cerr
-	}
-	if cerr := g.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return mutate.Addendum{}, err
-	}
-	log.Printf("layer of %d MiB converted in %v", size>>20, time.Since(t).Round(time.Millisecond))
-	nl, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return os.Open(g.Name()) }, tarball.WithMediaType(types.OCILayer))
-	if err != nil {
-		return mutate.Addendum{}, err
-	}
-	return mutate.Addendum{Layer: nl, MediaType: types.OCILayer, Annotations: map[string]string{
-		estargz.TOCJSONDigestAnnotation: blob.TOCDigest().String(),
-	}}, nil
 }
 
 // proxy counts the bytes of every registry answer and, with a rate, paces
