@@ -8,7 +8,9 @@
 #     the filesystem and in-memory storage drivers only);
 #   runc from github.com/opencontainers/runc (cgo, with seccomp: needs
 #     libseccomp-dev from hack/install-deps.sh);
-#   runsc and containerd-shim-runsc-v1 from gvisor.dev/gvisor (the go branch).
+#   runsc and containerd-shim-runsc-v1 from gvisor.dev/gvisor (the go branch);
+#   containerd-stargz-grpc, the lazy-pulling snapshotter, from
+#     stargz-snapshotter's library (hack/tools/stargz: a main of our own).
 # Everything comes through the Go module proxy. Work already done is skipped;
 # the first run takes ~15 minutes on 2 cores.
 set -o errexit -o nounset -o pipefail
@@ -144,14 +146,28 @@ build_metrics_server() {
 	mv "$METRICS_SERVER_BIN/metrics-server.tmp" "$METRICS_SERVER_BIN/metrics-server"
 }
 
+# stargz-snapshotter's containerd-stargz-grpc from our own main
+# (hack/tools/stargz): upstream's command module is not in the module proxy.
+build_stargz() {
+	if [ -x "$STARGZ_BIN" ]; then log "stargz-snapshotter $STARGZ_VERSION: cached in $(dirname "$STARGZ_BIN")"; return; fi
+	log "stargz-snapshotter $STARGZ_VERSION: building containerd-stargz-grpc (~1 minute)"
+	mkdir -p "$(dirname "$STARGZ_BIN")"
+	(
+		cd "$SANDMAN_ROOT/hack/tools/stargz"
+		CGO_ENABLED=0 go build -ldflags "$LDFLAGS" -o "$STARGZ_BIN.tmp" .
+	)
+	mv "$STARGZ_BIN.tmp" "$STARGZ_BIN"
+}
+
 case "${1:-all}" in
-all) build_containerd; build_runc; build_gvisor; build_registry; build_kube; build_metrics_server ;;
+all) build_containerd; build_runc; build_gvisor; build_registry; build_stargz; build_kube; build_metrics_server ;;
+stargz) build_stargz ;;
 kube) build_kube ;;
 containerd) build_containerd ;;
 registry) build_registry ;;
 runc) build_runc ;;
 gvisor) build_gvisor ;;
 metrics-server) build_metrics_server ;;
-*) die "usage: $0 [all|kube|containerd|runc|gvisor|registry|metrics-server]" ;;
+*) die "usage: $0 [all|kube|containerd|runc|gvisor|registry|stargz|metrics-server]" ;;
 esac
 log "tools ready under $SANDMAN_CACHE"

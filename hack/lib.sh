@@ -25,6 +25,9 @@ RUNC_BIN=$SANDMAN_CACHE/runc-$RUNC_VERSION/runc
 GVISOR_DIR=$SANDMAN_CACHE/gvisor-$GVISOR_VERSION
 RUNSC_BIN=$GVISOR_DIR/runsc
 RUNSC_SHIM_BIN=$GVISOR_DIR/containerd-shim-runsc-v1
+# The lazy-pulling snapshotter (issue 32), from hack/tools/stargz's go.mod.
+STARGZ_VERSION=v0.19.1
+STARGZ_BIN=$SANDMAN_CACHE/stargz-$STARGZ_VERSION/containerd-stargz-grpc
 METRICS_SERVER_VERSION=v0.8.0
 METRICS_SERVER_BIN=$SANDMAN_CACHE/metrics-server-$METRICS_SERVER_VERSION
 METRICS_SERVER_PORT=14443
@@ -60,6 +63,8 @@ BRIDGE=${BRIDGE:-sandman0}
 BRIDGE_CIDR=${BRIDGE_CIDR:-10.213.0.0/16}
 BRIDGE_IP=${BRIDGE_IP:-10.213.0.1}
 CONTAINERD_ADDRESS=$SANDMAN_STATE/containerd/containerd.sock
+# The lazy-pulling snapshotter's socket: containerd's proxy plugin "stargz".
+STARGZ_ADDRESS=$SANDMAN_STATE/stargz/stargz.sock
 CNI_CONF_DIR=$SANDMAN_STATE/cni/net.d
 CNI_BIN_DIR=${CNI_BIN_DIR:-/usr/lib/cni}
 

@@ -84,6 +84,11 @@ for pid in $(pgrep -f "containerd-shim-runc-v2 .*-address $CONTAINERD_ADDRESS" 2
 	kill -KILL "$pid" 2>/dev/null
 done
 
+# The lazy snapshotter unmounts its layers when it stops; what a killed one
+# left mounted goes too.
+stop stargz
+grep " $SANDMAN_STATE/stargz/" /proc/mounts | awk '{print $2}' | sort -r | xargs -r -n1 umount -l 2>/dev/null
+
 stop registry kube-controller-manager kube-scheduler
 stop kube-apiserver
 stop etcd

@@ -19,6 +19,7 @@ for b in etcd kube-apiserver kube-scheduler kube-controller-manager kubectl kube
 done
 need "$CONTAINERD_BIN/containerd" "hack/build-tools.sh (builds containerd $CONTAINERD_VERSION)"
 need "$REGISTRY_BIN/registry" "hack/build-tools.sh (builds the registry)"
+need "$STARGZ_BIN" "hack/build-tools.sh stargz (builds the lazy-pulling snapshotter)"
 need "$METRICS_SERVER_BIN/metrics-server" "hack/build-tools.sh (builds metrics-server)"
 need "$RUNC_BIN" "hack/build-tools.sh runc (builds the sandboxes' runc $RUNC_VERSION)"
 need "$RUNSC_BIN" "hack/build-tools.sh gvisor (builds gVisor $GVISOR_VERSION for RuntimeClass handler runsc)"
@@ -137,6 +138,12 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
 [plugins."io.containerd.internal.v1.opt"]
   path = "$SANDMAN_STATE/containerd/opt"
 
+# The lazy-pulling snapshotter (issue 32), a host process started below:
+# node agents use it with --snapshotter stargz --lazy-pull.
+[proxy_plugins.stargz]
+  type = "snapshot"
+  address = "$STARGZ_ADDRESS"
+
 # The worker's CRI: the kubelet's pods live in containerd namespace k8s.io.
 # Their network comes from a template that containerd fills with the node's
 # pod CIDR (given by the kubelet) and writes into the worker's CNI conf dir.
@@ -189,6 +196,13 @@ server = "http://127.0.0.1:$REGISTRY_PORT"
 [host."http://127.0.0.1:$REGISTRY_PORT"]
   capabilities = ["pull", "resolve"]
 HOSTS
+# stargz-snapshotter fetches eStargz layers in 1 MiB chunks (50 KB by default:
+# reading a large file on demand took 1.4x as long; docs/benchmarks.md).
+mkdir -p "$SANDMAN_STATE/stargz"
+printf '[blob]\nchunk_size = 1048576\n' >"$SANDMAN_STATE/stargz/config.toml"
+start stargz "test -S $STARGZ_ADDRESS" \
+	"$STARGZ_BIN" --address "$STARGZ_ADDRESS" --root "$SANDMAN_STATE/stargz/root" \
+	--config "$SANDMAN_STATE/stargz/config.toml" --log-level warn
 start containerd "$CONTAINERD_BIN/ctr --address $CONTAINERD_ADDRESS version" \
 	env PATH="$CONTAINERD_BIN:$PATH" "$CONTAINERD_BIN/containerd" --config "$SANDMAN_STATE/containerd/config.toml" --log-level warn
 

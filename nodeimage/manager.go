@@ -16,6 +16,7 @@ import (
 	"github.com/containerd/containerd/v2/core/remotes/docker"
 	"github.com/containerd/containerd/v2/core/remotes/docker/config"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/containerd/v2/pkg/snapshotters"
 	"github.com/containerd/errdefs"
 	"k8s.io/utils/clock"
 
@@ -35,6 +36,12 @@ type Config struct {
 	Node string
 	// Snapshotter images are unpacked into (default overlayfs).
 	Snapshotter string
+	// LazyPull: the snapshotter is a remote one that mounts eStargz layers
+	// lazily (stargz-snapshotter). Pulls give it each layer's reference,
+	// digest and the image's layers as snapshot labels; a layer it mounts
+	// is not fetched (the sandbox reads it over the network as it goes),
+	// any other layer is fetched and unpacked as usual.
+	LazyPull bool
 	// HostsDir holds per-registry settings in containerd's hosts.toml
 	// layout (<dir>/<host>/hosts.toml: mirrors, plain HTTP, CA files,
 	// skip_verify). Empty: defaults, where localhost and loopback
@@ -442,10 +449,13 @@ func (m *Manager) pullOnce(ctx context.Context, name string, p *pull, creds map[
 		}
 	}()
 	var used atomic.Bool
-	img, err := m.cfg.Client.Pull(pctx, name,
-		ctrd.WithPullUnpack, ctrd.WithPullSnapshotter(m.cfg.Snapshotter),
+	opts := []ctrd.RemoteOpt{ctrd.WithPullUnpack, ctrd.WithPullSnapshotter(m.cfg.Snapshotter),
 		ctrd.WithResolver(m.resolver(pctx, creds, &used)),
-		ctrd.WithImageHandler(tr.handler()))
+		ctrd.WithImageHandler(tr.handler())}
+	if m.cfg.LazyPull {
+		opts = append(opts, ctrd.WithImageHandlerWrapper(snapshotters.AppendInfoHandlerWrapper(name)))
+	}
+	img, err := m.cfg.Client.Pull(pctx, name, opts...)
 	cancel()
 	done, total := tr.progress(ctx)
 	m.mu.Lock()

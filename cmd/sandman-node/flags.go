@@ -46,6 +46,8 @@ type options struct {
 	snapshotScratchDir                          string
 	checkpointDir                               string
 	checkpointRepository                        string
+	snapshotter                                 string
+	lazyPull                                    bool
 	snapshotRepositories                        []string
 	hotSlots                                    string
 	hotBudget                                   int
@@ -105,6 +107,8 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 		}
 		return nil
 	})
+	fs.StringVar(&o.snapshotter, "snapshotter", "overlayfs", "containerd snapshotter that images are unpacked into and sandboxes' root filesystems made from (stargz: the lazy-pulling snapshotter, as a containerd proxy plugin)")
+	fs.BoolVar(&o.lazyPull, "lazy-pull", false, "start sandboxes of eStargz images before their pull ends (sandmanctl images convert): --snapshotter mounts their layers lazily and fetches what is read; other images are pulled whole as before")
 	fs.StringVar(&o.checkpointRepository, "checkpoint-repository", "", "repository (host[:port]/path) where a drain pushes the gVisor sandboxes it moves to another worker, with their memory (keep it as private as the sandboxes; pushes use --snapshot-push-config); every node agent of the pool needs the same one to restore them (empty: a drain evicts them)")
 	fs.StringVar(&o.checkpointDir, "checkpoint-dir", "", "where paused gVisor sandboxes' checkpoints are kept, about their memory's size each (default <state-dir>/checkpoints)")
 	fs.StringVar(&o.snapshotScratchDir, "snapshot-scratch-dir", "", "where a snapshot's uncompressed changes are written while the sandbox is frozen, then compressed (default <state-dir>/snapshots)")
@@ -153,6 +157,9 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 // validate checks the flags against each other, parses the sizes and log
 // level and reads the pool token (SANDMAN_POOL_TOKEN, or --token-file).
 func (o *options) validate() error {
+	if o.lazyPull && (o.snapshotter == "overlayfs" || o.snapshotter == "native") {
+		return fmt.Errorf("--lazy-pull needs a snapshotter that mounts layers lazily (--snapshotter stargz, stargz-snapshotter as a containerd proxy plugin), not %s", o.snapshotter)
+	}
 	if o.stopTimeout <= 0 {
 		return fmt.Errorf("--stop-timeout %v: want a positive duration such as 25s", o.stopTimeout)
 	}

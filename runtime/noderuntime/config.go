@@ -67,6 +67,9 @@ type Config struct {
 	CNIBinDir  string
 	// Snapshotter (default overlayfs).
 	Snapshotter string
+	// LazyPull: Snapshotter mounts eStargz layers lazily (stargz-snapshotter
+	// as a containerd proxy plugin); see nodeimage.Config.LazyPull.
+	LazyPull bool
 	// PidsLimit bounds processes per container (default 1024).
 	PidsLimit int64
 	// SeccompProfileRoot holds the seccomp profiles (OCI JSON) pods name

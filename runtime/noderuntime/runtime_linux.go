@@ -104,8 +104,12 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	}
 	r.deny = slices.Concat(sandboxnet.SpecialRanges, cfg.EgressDeny, r.self)
 	r.life, r.endLife = context.WithCancel(r.nsCtx(context.Background()))
+	if err := r.checkSnapshotter(ctx); err != nil {
+		r.endLife()
+		return nil, fmt.Errorf("containerd runtime: %w", err)
+	}
 	r.images, err = nodeimage.New(ctx, nodeimage.Config{
-		Client: cfg.Client, Namespace: cfg.Namespace, Node: cfg.Node, Snapshotter: cfg.Snapshotter,
+		Client: cfg.Client, Namespace: cfg.Namespace, Node: cfg.Node, Snapshotter: cfg.Snapshotter, LazyPull: cfg.LazyPull,
 		HostsDir: cfg.RegistryHostsDir, CacheBytes: cfg.ImageCacheBytes, PrePull: cfg.PrePull,
 		PrePullConcurrency: cfg.PrePullConcurrency, SnapshotRepositories: cfg.SnapshotRepositories, InUse: r.imagesInUse,
 		OnProgress: r.imageProgress, OnChange: r.imagesChanged, Logger: r.log, Clock: cfg.Clock,
@@ -329,4 +333,18 @@ func (r *Runtime) inventoryLocked() runtime.Inventory {
 	}
 	slices.SortFunc(inv.Slots, func(a, b runtime.Slot) int { return strings.Compare(a.ID, b.ID) })
 	return inv
+}
+
+// checkSnapshotter tells at start that a snapshotter other than containerd's
+// own does not answer (a proxy plugin not configured, or its daemon not
+// running), rather than at the first pull.
+func (r *Runtime) checkSnapshotter(ctx context.Context) error {
+	if r.cfg.Snapshotter == "overlayfs" {
+		return nil
+	}
+	_, err := r.client.SnapshotService(r.cfg.Snapshotter).Stat(r.nsCtx(ctx), "sandman-snapshotter-probe")
+	if err == nil || errdefs.IsNotFound(err) {
+		return nil
+	}
+	return fmt.Errorf("snapshotter %s does not answer (is it a containerd plugin or proxy_plugins entry, and its daemon running?): %w", r.cfg.Snapshotter, err)
 }

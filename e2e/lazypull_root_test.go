@@ -1,0 +1,223 @@
+//go:build root
+
+package e2e
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/errdefs"
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/opencontainers/go-digest"
+	krand "k8s.io/apimachinery/pkg/util/rand"
+
+	"github.com/sandman-dev/sandman/e2e/framework"
+	"github.com/sandman-dev/sandman/lazyimage"
+	"github.com/sandman-dev/sandman/runtime"
+	"github.com/sandman-dev/sandman/runtime/noderuntime"
+	"github.com/sandman-dev/sandman/runtime/runtimetest"
+)
+
+// TestRootLazyPull: a node runtime on the stack's stargz-snapshotter
+// (--snapshotter stargz --lazy-pull) starts a sandbox of an eStargz image
+// (lazyimage, as sandmanctl images convert makes it) without containerd
+// fetching its big layer: the sandbox answers, reads the layer's files
+// byte-identical to what was pushed, and a second sandbox of the image on the
+// node fetches nothing either. An image that is not eStargz still runs
+// (pulled whole). Deleting the image unmounts its lazy layers.
+func TestRootLazyPull(t *testing.T) {
+	s := framework.Get(t)
+	ctx := t.Context()
+
+	// busybox, then 32 MiB of random files in one layer, then an app file.
+	base, err := remote.Image(mustRef(t, s.BusyboxImage), remote.WithContext(ctx))
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string][]byte{}
+	sums := map[string]string{}
+	for i := range 4 {
+		b := make([]byte, 8<<20)
+		if _, err := rand.Read(b); err != nil {
+			t.Fatal(err)
+		}
+		n := fmt.Sprintf("data/blob%d", i)
+		files[n] = b
+		h := sha256.Sum256(b)
+		sums[n] = hex.EncodeToString(h[:])
+	}
+	big := tarLayerOf(t, files)
+	app := tarLayerOf(t, map[string][]byte{"app/hello.txt": []byte("hello lazy\n")})
+	img, err := mutate.AppendLayers(base, big, app)
+	if err != nil {
+		t.Fatal(err)
+	}
+	repo := s.Registry + "/lazy-test/" + krand.String(8)
+	src := mustRef(t, repo+":v1")
+	if err := remote.Write(src, img, remote.WithContext(ctx)); err != nil {
+		t.Fatal(err)
+	}
+	res, err := lazyimage.Convert(ctx, src, mustRef(t, repo+":v1-esgz"), lazyimage.Options{Prioritized: []string{"app/hello.txt"}, TempDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conv, err := remote.Image(res.Target, remote.WithContext(ctx))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := conv.Manifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bigest v1.Descriptor
+	for _, l := range m.Layers {
+		if l.Size > bigest.Size {
+			bigest = l
+		}
+	}
+	image := res.Target.String()
+
+	rt := newContainerdRuntime(t, s, 6, 1, func(c *noderuntime.Config) {
+		c.Snapshotter, c.LazyPull = "stargz", true
+	})
+	cc := s.Containerd(t, runtimeNamespace)
+	nsctx := namespaces.WithNamespace(ctx, runtimeNamespace)
+	start := time.Now()
+	first := bindAndWait(t, rt, "lazy-1", image)
+	t.Logf("eStargz image of %d MiB: first sandbox answering %v after its bind", res.Bytes>>20, time.Since(start).Round(time.Millisecond))
+	if out, err := sandboxExec(ctx, first, runtimetest.Token, "cat", "/app/hello.txt"); err != nil || out != "hello lazy\n" {
+		t.Fatalf("cat /app/hello.txt: %q, %v", out, err)
+	}
+	// containerd never fetched the big layer: the snapshotter mounted it.
+	if _, err := cc.ContentStore().Info(nsctx, digest.Digest(bigest.Digest.String())); !errdefs.IsNotFound(err) {
+		t.Fatalf("the %d MiB layer %s is in containerd's content store (%v): it was pulled, not mounted lazily", bigest.Size>>20, bigest.Digest, err)
+	}
+	for n, want := range sums {
+		out, err := sandboxExec(ctx, first, runtimetest.Token, "sha256sum", "/"+n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, _, _ := strings.Cut(out, " "); got != want {
+			t.Errorf("/%s reads %s in the sandbox, %s was pushed", n, got, want)
+		}
+	}
+	second := bindAndWait(t, rt, "lazy-2", image)
+	if out, err := sandboxExec(ctx, second, runtimetest.Token, "sha256sum", "/data/blob0"); err != nil || !strings.HasPrefix(out, sums["data/blob0"]) {
+		t.Errorf("second sandbox: sha256sum /data/blob0: %q, %v", out, err)
+	}
+	if _, err := cc.ContentStore().Info(nsctx, digest.Digest(bigest.Digest.String())); !errdefs.IsNotFound(err) {
+		t.Errorf("after the second bind the big layer is in the content store (%v)", err)
+	}
+	// An ordinary image on the same snapshotter is pulled and runs.
+	plain := bindAndWait(t, rt, "lazy-plain", src.String())
+	if out, err := sandboxExec(ctx, plain, runtimetest.Token, "cat", "/app/hello.txt"); err != nil || out != "hello lazy\n" {
+		t.Errorf("the image before conversion: cat /app/hello.txt: %q, %v", out, err)
+	}
+	if _, err := cc.ContentStore().Info(nsctx, digest.Digest(mustDigestOfBiggest(t, img).String())); err != nil {
+		t.Errorf("the image before conversion was not pulled whole: %v", err)
+	}
+
+	for _, uid := range []string{"lazy-1", "lazy-2", "lazy-plain"} {
+		if err := rt.Release(ctx, uid, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Once the images go, so do the snapshotter's mounts of them.
+	for _, ref := range []string{image, src.String()} {
+		framework.Eventually(t, time.Minute, "deleting "+ref, func(ctx context.Context) (bool, error) {
+			err := cc.ImageService().Delete(namespaces.WithNamespace(ctx, runtimeNamespace), ref, images.SynchronousDelete())
+			return err == nil || errdefs.IsNotFound(err), nil
+		})
+	}
+	root := filepath.Join(framework.StateDir(), "stargz") + "/"
+	framework.Eventually(t, time.Minute, "the lazy layers unmounted", func(context.Context) (bool, error) {
+		mi, _ := os.ReadFile("/proc/self/mountinfo")
+		return strings.Count(string(mi), root) == 0, nil
+	})
+}
+
+func mustRef(t *testing.T, s string) name.Reference {
+	t.Helper()
+	r, err := name.ParseReference(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func mustDigestOfBiggest(t *testing.T, img v1.Image) v1.Hash {
+	t.Helper()
+	m, err := img.Manifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var big v1.Descriptor
+	for _, l := range m.Layers {
+		if l.Size > big.Size {
+			big = l
+		}
+	}
+	return big.Digest
+}
+
+func tarLayerOf(t *testing.T, files map[string][]byte) v1.Layer {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	dirs := map[string]bool{}
+	for n, b := range files {
+		if d := filepath.Dir(n); !dirs[d] {
+			dirs[d] = true
+			if err := tw.WriteHeader(&tar.Header{Name: d + "/", Typeflag: tar.TypeDir, Mode: 0o755}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := tw.WriteHeader(&tar.Header{Name: n, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(b))}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	data := buf.Bytes()
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// bindAndWait binds uid to a sandbox of image that sleeps, and waits until
+// its daemon answers.
+func bindAndWait(t *testing.T, rt *noderuntime.Runtime, uid, image string) runtime.Slot {
+	t.Helper()
+	slot, err := rt.Bind(t.Context(), runtimetest.Request(uid, image, "sleep", "100000"))
+	if err != nil {
+		t.Fatalf("bind %s of %s: %v", uid, image, err)
+	}
+	framework.Eventually(t, time.Minute, uid+"'s daemon", func(ctx context.Context) (bool, error) {
+		_, err := sandboxExec(ctx, slot, runtimetest.Token, "true")
+		return err == nil, nil
+	})
+	return slot
+}
