@@ -9,6 +9,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -20,6 +21,7 @@ import (
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
+	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
@@ -46,52 +48,7 @@ func TestRootLazyPull(t *testing.T) {
 	s := framework.Get(t)
 	ctx := t.Context()
 
-	// busybox, then 32 MiB of random files in one layer, then an app file.
-	base, err := remote.Image(mustRef(t, s.BusyboxImage), remote.WithContext(ctx))
-	if err != nil {
-		t.Fatal(err)
-	}
-	files := map[string][]byte{}
-	sums := map[string]string{}
-	for i := range 4 {
-		b := make([]byte, 8<<20)
-		if _, err := rand.Read(b); err != nil {
-			t.Fatal(err)
-		}
-		n := fmt.Sprintf("data/blob%d", i)
-		files[n] = b
-		h := sha256.Sum256(b)
-		sums[n] = hex.EncodeToString(h[:])
-	}
-	big := tarLayerOf(t, files)
-	app := tarLayerOf(t, map[string][]byte{"app/hello.txt": []byte("hello lazy\n")})
-	img, err := mutate.AppendLayers(base, big, app)
-	if err != nil {
-		t.Fatal(err)
-	}
-	repo := s.Registry + "/lazy-test/" + krand.String(8)
-	src := mustRef(t, repo+":v1")
-	if err := remote.Write(src, img, remote.WithContext(ctx)); err != nil {
-		t.Fatal(err)
-	}
-	res, err := lazyimage.Convert(ctx, src, mustRef(t, repo+":v1-esgz"), lazyimage.Options{Prioritized: []string{"app/hello.txt"}, TempDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	conv, err := remote.Image(res.Target, remote.WithContext(ctx))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := conv.Manifest()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var bigest v1.Descriptor
-	for _, l := range m.Layers {
-		if l.Size > bigest.Size {
-			bigest = l
-		}
-	}
+	src, res, sums, bigest := pushLazyImage(t, s, s.Registry+"/lazy-test/"+krand.String(8))
 	image := res.Target.String()
 
 	rt := newContainerdRuntime(t, s, 6, 1, func(c *noderuntime.Config) {
@@ -130,7 +87,7 @@ func TestRootLazyPull(t *testing.T) {
 	if out, err := sandboxExec(ctx, plain, runtimetest.Token, "cat", "/app/hello.txt"); err != nil || out != "hello lazy\n" {
 		t.Errorf("the image before conversion: cat /app/hello.txt: %q, %v", out, err)
 	}
-	if _, err := cc.ContentStore().Info(nsctx, digest.Digest(mustDigestOfBiggest(t, img).String())); err != nil {
+	if _, err := cc.ContentStore().Info(nsctx, digest.Digest(mustDigestOfBiggest(t, mustImage(t, src)).String())); err != nil {
 		t.Errorf("the image before conversion was not pulled whole: %v", err)
 	}
 
@@ -151,6 +108,126 @@ func TestRootLazyPull(t *testing.T) {
 		mi, _ := os.ReadFile("/proc/self/mountinfo")
 		return strings.Count(string(mi), root) == 0, nil
 	})
+}
+
+// pushLazyImage pushes busybox, then 32 MiB of random files in one layer,
+// then an app file, as repo:v1, and its eStargz conversion as repo:v1-esgz;
+// it returns both, the files' SHA-256, and the conversion's biggest layer.
+func pushLazyImage(t *testing.T, s *framework.Stack, repo string, opts ...remote.Option) (name.Reference, lazyimage.Result, map[string]string, v1.Descriptor) {
+	t.Helper()
+	ctx := t.Context()
+	opts = append([]remote.Option{remote.WithContext(ctx)}, opts...)
+	base, err := remote.Image(mustRef(t, s.BusyboxImage), remote.WithContext(ctx))
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string][]byte{}
+	sums := map[string]string{}
+	for i := range 4 {
+		b := make([]byte, 8<<20)
+		if _, err := rand.Read(b); err != nil {
+			t.Fatal(err)
+		}
+		n := fmt.Sprintf("data/blob%d", i)
+		files[n] = b
+		h := sha256.Sum256(b)
+		sums[n] = hex.EncodeToString(h[:])
+	}
+	img, err := mutate.AppendLayers(base, tarLayerOf(t, files), tarLayerOf(t, map[string][]byte{"app/hello.txt": []byte("hello lazy\n")}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := mustRef(t, repo+":v1")
+	if err := remote.Write(src, img, opts...); err != nil {
+		t.Fatal(err)
+	}
+	res, err := lazyimage.Convert(ctx, src, mustRef(t, repo+":v1-esgz"), lazyimage.Options{Prioritized: []string{"app/hello.txt"}, TempDir: t.TempDir(), Remote: opts[1:]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conv, err := remote.Image(res.Target, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := conv.Manifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bigest v1.Descriptor
+	for _, l := range m.Layers {
+		if l.Size > bigest.Size {
+			bigest = l
+		}
+	}
+	return src, res, sums, bigest
+}
+
+func mustImage(t *testing.T, ref name.Reference, opts ...remote.Option) v1.Image {
+	t.Helper()
+	img, err := remote.Image(ref, append([]remote.Option{remote.WithContext(t.Context())}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return img
+}
+
+// TestRootLazyPullPrivate: a private eStargz image on a lazy node is served
+// only to pods whose pull secret its registry accepts — the node's access
+// check runs before the snapshotter is asked — and, since the snapshotter
+// has no pod's credentials, it is pulled whole with the pod's, not mounted
+// lazily: the pod reads the same files.
+func TestRootLazyPullPrivate(t *testing.T) {
+	s := framework.Get(t)
+	ctx := t.Context()
+	authHost := startAuthRegistry(t, s, "trainer", "s3cret")
+	auth := remote.WithAuth(&authn.Basic{Username: "trainer", Password: "s3cret"})
+	src, res, sums, bigest := pushLazyImage(t, s, authHost+"/private/lazy-"+krand.String(8), auth)
+	image := res.Target.String()
+	rt := newContainerdRuntime(t, s, 6, 1, func(c *noderuntime.Config) {
+		c.Snapshotter, c.LazyPull = "stargz", true
+	})
+	for who, secrets := range map[string][][]byte{
+		"lazy-priv-none":  nil,
+		"lazy-priv-wrong": {dockerConfig(authHost, "trainer", "wrong")},
+	} {
+		req := runtimetest.Request(who, image, "sleep", "100000")
+		req.PullSecrets = secrets
+		if _, err := rt.Bind(ctx, req); !errors.Is(err, runtime.ErrImagePull) || !errdefs.IsUnauthorized(err) {
+			t.Fatalf("%s: %v, want ErrImagePull unauthorized", who, err)
+		}
+	}
+	req := runtimetest.Request("lazy-priv-ok", image, "sleep", "100000")
+	req.PullSecrets = [][]byte{dockerConfig(authHost, "trainer", "s3cret")}
+	slot, err := rt.Bind(ctx, req)
+	if err != nil {
+		t.Fatalf("with the secret: %v", err)
+	}
+	framework.Eventually(t, time.Minute, "the private sandbox's daemon", func(ctx context.Context) (bool, error) {
+		_, err := sandboxExec(ctx, slot, runtimetest.Token, "true")
+		return err == nil, nil
+	})
+	for n, want := range sums {
+		out, err := sandboxExec(ctx, slot, runtimetest.Token, "sha256sum", "/"+n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, _, _ := strings.Cut(out, " "); got != want {
+			t.Errorf("/%s reads %s, %s was pushed", n, got, want)
+		}
+	}
+	cc := s.Containerd(t, runtimeNamespace)
+	nsctx := namespaces.WithNamespace(ctx, runtimeNamespace)
+	if _, err := cc.ContentStore().Info(nsctx, digest.Digest(bigest.Digest.String())); err != nil {
+		t.Errorf("the private image's big layer is not in the content store (%v): the snapshotter mounted it with credentials it should not have", err)
+	}
+	if err := rt.Release(ctx, "lazy-priv-ok", 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, ref := range []string{image, src.String()} {
+		if err := cc.ImageService().Delete(nsctx, ref, images.SynchronousDelete()); err != nil && !errdefs.IsNotFound(err) {
+			t.Errorf("delete %s: %v", ref, err)
+		}
+	}
 }
 
 func mustRef(t *testing.T, s string) name.Reference {
