@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The measurement behind issue 32's choice of a lazy-pulling snapshotter:
+# The measurement behind the choice of a lazy-pulling snapshotter:
 # stargz-snapshotter (eStargz) against soci-snapshotter (SOCI index v2) and
 # against today's full pull into overlayfs, on one image of LAZY_MIB (1024)
 # MiB of incompressible files, from a local registry behind a proxy that

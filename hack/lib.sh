@@ -25,7 +25,7 @@ RUNC_BIN=$SANDMAN_CACHE/runc-$RUNC_VERSION/runc
 GVISOR_DIR=$SANDMAN_CACHE/gvisor-$GVISOR_VERSION
 RUNSC_BIN=$GVISOR_DIR/runsc
 RUNSC_SHIM_BIN=$GVISOR_DIR/containerd-shim-runsc-v1
-# The lazy-pulling snapshotter (issue 32), from hack/tools/stargz's go.mod.
+# The lazy-pulling snapshotter, from hack/tools/stargz's go.mod.
 STARGZ_VERSION=v0.19.1
 STARGZ_BIN=$SANDMAN_CACHE/stargz-$STARGZ_VERSION/containerd-stargz-grpc
 METRICS_SERVER_VERSION=v0.8.0

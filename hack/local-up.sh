@@ -138,7 +138,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
 [plugins."io.containerd.internal.v1.opt"]
   path = "$SANDMAN_STATE/containerd/opt"
 
-# The lazy-pulling snapshotter (issue 32), a host process started below:
+# The lazy-pulling snapshotter, a host process started below:
 # node agents use it with --snapshotter stargz --lazy-pull.
 [proxy_plugins.stargz]
   type = "snapshot"

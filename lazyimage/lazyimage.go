@@ -1,6 +1,6 @@
 // Package lazyimage converts ordinary OCI images into eStargz, the format the
 // node agents' lazy-pulling snapshotter (stargz-snapshotter) mounts before the
-// pull ends (issue 32). Every layer is rebuilt as an eStargz blob: the same
+// pull ends. Every layer is rebuilt as an eStargz blob: the same
 // files in a gzip stream of per-file chunks with a table of contents, the
 // prioritized files (what a task reads first) at the front followed by the
 // prefetch landmark, and the TOC's digest in the layer descriptor's

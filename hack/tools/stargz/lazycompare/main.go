@@ -1,5 +1,5 @@
 // Command lazycompare is the driver of hack/lazy-compare.sh, which measured
-// the choice of a lazy-pulling snapshotter (issue 32): it makes a large test
+// the choice of a lazy-pulling snapshotter: it makes a large test
 // image, fronts the registry with a counting (and
 // optionally throttling) proxy, and pulls and runs an image through an
 // isolated containerd with a given snapshotter, printing how long the first
