@@ -87,7 +87,7 @@ func TestRootLazyPull(t *testing.T) {
 	if out, err := sandboxExec(ctx, plain, runtimetest.Token, "cat", "/app/hello.txt"); err != nil || out != "hello lazy\n" {
 		t.Errorf("the image before conversion: cat /app/hello.txt: %q, %v", out, err)
 	}
-	if _, err := cc.ContentStore().Info(nsctx, digest.Digest(mustDigestOfBiggest(t, mustImage(t, src)).String())); err != nil {
+	if _, err := cc.ContentStore().Info(nsctx, digest.Digest(biggestLayer(t, mustImage(t, src)).Digest.String())); err != nil {
 		t.Errorf("the image before conversion was not pulled whole: %v", err)
 	}
 
@@ -117,10 +117,7 @@ func pushLazyImage(t *testing.T, s *framework.Stack, repo string, opts ...remote
 	t.Helper()
 	ctx := t.Context()
 	opts = append([]remote.Option{remote.WithContext(ctx)}, opts...)
-	base, err := remote.Image(mustRef(t, s.BusyboxImage), remote.WithContext(ctx))
-	if err != nil {
-		t.Fatal(err)
-	}
+	base := mustImage(t, mustRef(t, s.BusyboxImage))
 	files := map[string][]byte{}
 	sums := map[string]string{}
 	for i := range 4 {
@@ -145,21 +142,7 @@ func pushLazyImage(t *testing.T, s *framework.Stack, repo string, opts ...remote
 	if err != nil {
 		t.Fatal(err)
 	}
-	conv, err := remote.Image(res.Target, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := conv.Manifest()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var bigest v1.Descriptor
-	for _, l := range m.Layers {
-		if l.Size > bigest.Size {
-			bigest = l
-		}
-	}
-	return src, res, sums, bigest
+	return src, res, sums, biggestLayer(t, mustImage(t, res.Target, opts[1:]...))
 }
 
 func mustImage(t *testing.T, ref name.Reference, opts ...remote.Option) v1.Image {
@@ -239,7 +222,8 @@ func mustRef(t *testing.T, s string) name.Reference {
 	return r
 }
 
-func mustDigestOfBiggest(t *testing.T, img v1.Image) v1.Hash {
+// biggestLayer is the descriptor of img's largest layer.
+func biggestLayer(t *testing.T, img v1.Image) v1.Descriptor {
 	t.Helper()
 	m, err := img.Manifest()
 	if err != nil {
@@ -251,7 +235,7 @@ func mustDigestOfBiggest(t *testing.T, img v1.Image) v1.Hash {
 			big = l
 		}
 	}
-	return big.Digest
+	return big
 }
 
 func tarLayerOf(t *testing.T, files map[string][]byte) v1.Layer {
