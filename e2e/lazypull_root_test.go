@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
@@ -32,6 +33,7 @@ import (
 
 	"github.com/sandman-dev/sandman/e2e/framework"
 	"github.com/sandman-dev/sandman/lazyimage"
+	"github.com/sandman-dev/sandman/nodeimage"
 	"github.com/sandman-dev/sandman/runtime"
 	"github.com/sandman-dev/sandman/runtime/noderuntime"
 	"github.com/sandman-dev/sandman/runtime/runtimetest"
@@ -97,26 +99,27 @@ func TestRootLazyPull(t *testing.T) {
 		}
 	}
 	// Once the images go, so do the snapshotter's mounts of them.
-	for _, ref := range []string{image, src.String()} {
-		framework.Eventually(t, time.Minute, "deleting "+ref, func(ctx context.Context) (bool, error) {
-			err := cc.ImageService().Delete(namespaces.WithNamespace(ctx, runtimeNamespace), ref, images.SynchronousDelete())
-			return err == nil || errdefs.IsNotFound(err), nil
-		})
-	}
-	root := filepath.Join(framework.StateDir(), "stargz") + "/"
-	framework.Eventually(t, time.Minute, "the lazy layers unmounted", func(context.Context) (bool, error) {
-		mi, _ := os.ReadFile("/proc/self/mountinfo")
-		return strings.Count(string(mi), root) == 0, nil
-	})
+	deleteImagesUnmounted(t, cc, true, image, src.String())
 }
 
-// pushLazyImage pushes busybox, then 32 MiB of random files in one layer,
-// then an app file, as repo:v1, and its eStargz conversion as repo:v1-esgz;
-// it returns both, the files' SHA-256, and the conversion's biggest layer.
+// pushLazyImage pushes pushPlainImage's image as repo:v1 and its eStargz
+// conversion as repo:v1-esgz; it returns both, the files' SHA-256, and the
+// conversion's biggest layer.
 func pushLazyImage(t *testing.T, s *framework.Stack, repo string, opts ...remote.Option) (name.Reference, lazyimage.Result, map[string]string, v1.Descriptor) {
 	t.Helper()
-	ctx := t.Context()
-	opts = append([]remote.Option{remote.WithContext(ctx)}, opts...)
+	src, sums := pushPlainImage(t, s, repo+":v1", opts...)
+	res, err := lazyimage.Convert(t.Context(), src, mustRef(t, repo+":v1-esgz"), lazyimage.Options{Prioritized: []string{"app/hello.txt"}, TempDir: t.TempDir(), Remote: opts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return src, res, sums, biggestLayer(t, mustImage(t, res.Target, opts...))
+}
+
+// pushPlainImage pushes busybox, then 32 MiB of random files in one layer
+// (data/blob0..3), then /app/hello.txt, as ref; it returns ref and the
+// files' SHA-256.
+func pushPlainImage(t *testing.T, s *framework.Stack, ref string, opts ...remote.Option) (name.Reference, map[string]string) {
+	t.Helper()
 	base := mustImage(t, mustRef(t, s.BusyboxImage))
 	files := map[string][]byte{}
 	sums := map[string]string{}
@@ -134,15 +137,113 @@ func pushLazyImage(t *testing.T, s *framework.Stack, repo string, opts ...remote
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := mustRef(t, repo+":v1")
-	if err := remote.Write(src, img, opts...); err != nil {
+	src := mustRef(t, ref)
+	if err := remote.Write(src, img, append([]remote.Option{remote.WithContext(t.Context())}, opts...)...); err != nil {
 		t.Fatal(err)
 	}
-	res, err := lazyimage.Convert(ctx, src, mustRef(t, repo+":v1-esgz"), lazyimage.Options{Prioritized: []string{"app/hello.txt"}, TempDir: t.TempDir(), Remote: opts[1:]})
+	return src, sums
+}
+
+// TestRootLazyConvert: a lazy node with a convert repository
+// (--lazy-convert-repository) pulls an ordinary public image whole the
+// first time, converts it from what it fetched and pushes the conversion to
+// the pool's repository; once the image is gone from the node, its next
+// bind mounts the conversion lazily (containerd fetches neither big layer),
+// and the sandbox reads the same bytes. Deleting the image unmounts it.
+func TestRootLazyConvert(t *testing.T) {
+	s := framework.Get(t)
+	ctx := t.Context()
+	src, sums := pushPlainImage(t, s, s.Registry+"/lazy-conv/"+krand.String(8)+":v1")
+	pool := s.Registry + "/lazy-pool-" + krand.String(6)
+	rt := newContainerdRuntime(t, s, 6, 1, func(c *noderuntime.Config) {
+		c.Snapshotter, c.LazyPull, c.LazyConvertRepository = "stargz", true, pool
+	})
+	cc := s.Containerd(t, runtimeNamespace)
+	nsctx := namespaces.WithNamespace(ctx, runtimeNamespace)
+	inStore := func(d v1.Hash) bool {
+		_, err := cc.ContentStore().Info(nsctx, digest.Digest(d.String()))
+		return err == nil
+	}
+	srcBig := biggestLayer(t, mustImage(t, src))
+
+	first := bindAndWait(t, rt, "conv-1", src.String())
+	if out, err := sandboxExec(ctx, first, runtimetest.Token, "cat", "/app/hello.txt"); err != nil || out != "hello lazy\n" {
+		t.Fatalf("cat /app/hello.txt: %q, %v", out, err)
+	}
+	if !inStore(srcBig.Digest) {
+		t.Fatalf("first pull: the big layer %s is not in the content store: with no conversion yet the image is pulled whole", srcBig.Digest)
+	}
+	// The node converts it in the background and pushes it to the pool.
+	head, err := remote.Head(src, remote.WithContext(ctx))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return src, res, sums, biggestLayer(t, mustImage(t, res.Target, opts[1:]...))
+	conv := mustRef(t, pool+"/"+strings.ReplaceAll(src.Context().RegistryStr(), ":", "-")+"/"+src.Context().RepositoryStr()+":"+head.Digest.Algorithm+"-"+head.Digest.Hex+"-esgz")
+	framework.Eventually(t, 2*time.Minute, "the conversion "+conv.String()+" in the pool's registry", func(ctx context.Context) (bool, error) {
+		_, err := remote.Head(conv, remote.WithContext(ctx))
+		return err == nil, nil
+	})
+	convImg := mustImage(t, conv)
+	cm, err := convImg.Manifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !lazyimage.IsLazy(cm) {
+		t.Fatalf("the pushed conversion is not eStargz: %+v", cm.Layers)
+	}
+	convBig := biggestLayer(t, convImg)
+
+	// Gone from the node, the image comes back from the conversion, lazily.
+	if err := rt.Release(ctx, "conv-1", 0); err != nil {
+		t.Fatal(err)
+	}
+	deleteImagesUnmounted(t, cc, false, src.String())
+	framework.Eventually(t, time.Minute, "the first pull's big layer collected", func(context.Context) (bool, error) {
+		return !inStore(srcBig.Digest), nil
+	})
+	second := bindAndWait(t, rt, "conv-2", src.String())
+	if inStore(convBig.Digest) || inStore(srcBig.Digest) {
+		t.Errorf("second pull: a big layer is in the content store (source %v, conversion %v): it was pulled, not mounted lazily", inStore(srcBig.Digest), inStore(convBig.Digest))
+	}
+	rec, err := cc.ImageService().Get(nsctx, src.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.Labels[nodeimage.LabelLazyFrom]; got != conv.String() {
+		t.Errorf("image %s: label %s = %q, want %q", src, nodeimage.LabelLazyFrom, got, conv)
+	}
+	for n, want := range sums {
+		out, err := sandboxExec(ctx, second, runtimetest.Token, "sha256sum", "/"+n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, _, _ := strings.Cut(out, " "); got != want {
+			t.Errorf("/%s reads %s from the conversion, %s was pushed", n, got, want)
+		}
+	}
+	if err := rt.Release(ctx, "conv-2", 0); err != nil {
+		t.Fatal(err)
+	}
+	deleteImagesUnmounted(t, cc, true, src.String())
+}
+
+// deleteImagesUnmounted deletes refs from the runtime namespace, then, with
+// wait, waits until the stack's stargz-snapshotter mounts nothing.
+func deleteImagesUnmounted(t *testing.T, cc *containerd.Client, wait bool, refs ...string) {
+	t.Helper()
+	for _, ref := range refs {
+		framework.Eventually(t, time.Minute, "deleting "+ref, func(ctx context.Context) (bool, error) {
+			err := cc.ImageService().Delete(namespaces.WithNamespace(ctx, runtimeNamespace), ref, images.SynchronousDelete())
+			return err == nil || errdefs.IsNotFound(err), nil
+		})
+	}
+	if wait {
+		root := filepath.Join(framework.StateDir(), "stargz") + "/"
+		framework.Eventually(t, time.Minute, "the lazy layers unmounted", func(context.Context) (bool, error) {
+			mi, _ := os.ReadFile("/proc/self/mountinfo")
+			return !strings.Contains(string(mi), root), nil
+		})
+	}
 }
 
 func mustImage(t *testing.T, ref name.Reference, opts ...remote.Option) v1.Image {

@@ -124,9 +124,6 @@ func IsLazy(m *v1.Manifest) bool {
 // Convert reads src, converts it and writes it as dst.
 func Convert(ctx context.Context, src, dst name.Reference, o Options) (Result, error) {
 	start := time.Now()
-	if o.CompressionLevel == 0 {
-		o.CompressionLevel = gzip.BestSpeed
-	}
 	ropts := append([]remote.Option{remote.WithContext(ctx)}, o.Remote...)
 	platform := v1.Platform{OS: "linux", Architecture: "amd64"}
 	if o.Platform != nil {
@@ -140,40 +137,82 @@ func Convert(ctx context.Context, src, dst name.Reference, o Options) (Result, e
 	if err != nil {
 		return Result{}, fmt.Errorf("read %s: %w", src, err)
 	}
+	if IsLazy(m) && src.Name() == dst.Name() {
+		d, err := img.Digest()
+		if err != nil {
+			return Result{}, err
+		}
+		res := Result{Target: dst.Context().Digest(d.String()), Layers: len(m.Layers), Already: true, Took: time.Since(start)}
+		for _, l := range m.Layers {
+			res.Bytes += l.Size
+		}
+		return res, nil
+	}
+	c, err := Build(ctx, img, o)
+	if err != nil {
+		return Result{}, fmt.Errorf("convert %s: %w", src, err)
+	}
+	defer c.Close()
+	if err := remote.Write(dst, c.Image, ropts...); err != nil {
+		return Result{}, fmt.Errorf("write %s: %w", dst, err)
+	}
+	d, err := c.Image.Digest()
+	if err != nil {
+		return Result{}, err
+	}
+	res := c.Result
+	res.Target = dst.Context().Digest(d.String())
+	res.Took = time.Since(start)
+	return res, nil
+}
+
+// Converted is an image Build made. Its new layers are files until Close.
+type Converted struct {
+	Image v1.Image
+	// Result says what was converted (Target and Took are left to the
+	// caller that writes it).
+	Result Result
+	dir    string
+}
+
+// Close removes the converted layers' files.
+func (c *Converted) Close() error { return os.RemoveAll(c.dir) }
+
+// Build converts img: every layer not eStargz already is rebuilt in
+// o.TempDir, the config is kept but for the new diff IDs. The caller writes
+// the result (remote.Write, or a containerd pusher) and closes it.
+func Build(ctx context.Context, img v1.Image, o Options) (_ *Converted, err error) {
+	if o.CompressionLevel == 0 {
+		o.CompressionLevel = gzip.BestSpeed
+	}
+	m, err := img.Manifest()
+	if err != nil {
+		return nil, err
+	}
 	cf, err := img.ConfigFile()
 	if err != nil {
-		return Result{}, fmt.Errorf("read %s's config: %w", src, err)
+		return nil, fmt.Errorf("read its config: %w", err)
 	}
 	layers, err := img.Layers()
 	if err != nil {
-		return Result{}, fmt.Errorf("read %s: %w", src, err)
+		return nil, err
 	}
 	if len(layers) != len(m.Layers) {
-		return Result{}, fmt.Errorf("read %s: %d layers, %d in its manifest", src, len(layers), len(m.Layers))
+		return nil, fmt.Errorf("%d layers, %d in its manifest", len(layers), len(m.Layers))
 	}
-	res := Result{Layers: len(layers)}
+	c := &Converted{Result: Result{Layers: len(layers), Already: IsLazy(m)}}
+	if c.dir, err = os.MkdirTemp(o.TempDir, "lazyimage-"); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			c.Close()
+		}
+	}()
 	var total int64
 	for _, d := range m.Layers {
 		total += d.Size
 	}
-	if IsLazy(m) {
-		res.Already = true
-		if src.Name() == dst.Name() {
-			d, err := img.Digest()
-			if err != nil {
-				return Result{}, err
-			}
-			res.Target = dst.Context().Digest(d.String())
-			res.Bytes, res.Took = total, time.Since(start)
-			return res, nil
-		}
-	}
-	dir, err := os.MkdirTemp(o.TempDir, "lazyimage-")
-	if err != nil {
-		return Result{}, err
-	}
-	defer os.RemoveAll(dir)
-
 	var adds []mutate.Addendum
 	var done int64
 	report := func(i int) {
@@ -184,18 +223,18 @@ func Convert(ctx context.Context, src, dst name.Reference, o Options) (Result, e
 	report(0)
 	for i, l := range layers {
 		if err := ctx.Err(); err != nil {
-			return Result{}, err
+			return nil, err
 		}
 		desc := m.Layers[i]
 		if toc := desc.Annotations[TOCDigestAnnotation]; toc != "" {
 			adds = append(adds, mutate.Addendum{Layer: l, MediaType: desc.MediaType, Annotations: desc.Annotations})
 		} else {
-			add, err := convertLayer(l, dir, i, o)
+			add, err := convertLayer(l, c.dir, i, o)
 			if err != nil {
-				return Result{}, fmt.Errorf("convert %s: layer %d (%s): %w", src, i, desc.Digest, err)
+				return nil, fmt.Errorf("layer %d (%s): %w", i, desc.Digest, err)
 			}
 			adds = append(adds, add)
-			res.Converted++
+			c.Result.Converted++
 		}
 		done += desc.Size
 		report(i + 1)
@@ -204,34 +243,26 @@ func Convert(ctx context.Context, src, dst name.Reference, o Options) (Result, e
 	base := mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), types.OCIConfigJSON)
 	out, err := mutate.Append(base, adds...)
 	if err != nil {
-		return Result{}, err
+		return nil, err
 	}
 	ncf, err := out.ConfigFile()
 	if err != nil {
-		return Result{}, err
+		return nil, err
 	}
 	keep := cf.DeepCopy()
 	keep.RootFS = ncf.RootFS // the new diff IDs; everything else as it was
 	if out, err = mutate.ConfigFile(out, keep); err != nil {
-		return Result{}, err
-	}
-	if err := remote.Write(dst, out, ropts...); err != nil {
-		return Result{}, fmt.Errorf("write %s: %w", dst, err)
-	}
-	d, err := out.Digest()
-	if err != nil {
-		return Result{}, err
+		return nil, err
 	}
 	om, err := out.Manifest()
 	if err != nil {
-		return Result{}, err
+		return nil, err
 	}
 	for _, l := range om.Layers {
-		res.Bytes += l.Size
+		c.Result.Bytes += l.Size
 	}
-	res.Target = dst.Context().Digest(d.String())
-	res.Took = time.Since(start)
-	return res, nil
+	c.Image = out
+	return c, nil
 }
 
 // convertLayer spools the layer's tar to a file (eStargz needs to read it

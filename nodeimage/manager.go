@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -42,6 +43,20 @@ type Config struct {
 	// is not fetched (the sandbox reads it over the network as it goes),
 	// any other layer is fetched and unpacked as usual.
 	LazyPull bool
+	// ConvertRepository (host[:port]/path; needs LazyPull), when set, is
+	// where the pool keeps eStargz conversions of ordinary images: a pull
+	// of a public image whose conversion is there mounts the conversion
+	// lazily; one whose conversion is not is pulled whole, then converted
+	// on this node from what it fetched and pushed there, for the pool's
+	// next pulls. Private images are never converted.
+	ConvertRepository string
+	// ConvertSecrets returns the credentials (docker config JSON) to read
+	// and push ConvertRepository (nil: anonymous).
+	ConvertSecrets func() ([][]byte, error)
+	// ConvertDir holds conversions in progress: room for an image's
+	// largest layer uncompressed plus the image compressed (default
+	// os.TempDir()).
+	ConvertDir string
 	// HostsDir holds per-registry settings in containerd's hosts.toml
 	// layout (<dir>/<host>/hosts.toml: mirrors, plain HTTP, CA files,
 	// skip_verify). Empty: defaults, where localhost and loopback
@@ -175,6 +190,10 @@ type Manager struct {
 	// wakePrePull and wakeGC nudge the loops.
 	wakePrePull chan struct{}
 	wakeGC      chan struct{}
+	// converting are the conversions queued or running, by target;
+	// convertSlot lets one run at a time.
+	converting  map[string]bool
+	convertSlot chan struct{}
 }
 
 type entry struct {
@@ -203,6 +222,16 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		cfg: cfg, metrics: newMetrics(cfg.Node),
 		images: map[string]*entry{}, pulls: map[string]*pull{}, failed: map[string]*Error{}, pinned: map[string]bool{},
 		wakePrePull: make(chan struct{}, 1), wakeGC: make(chan struct{}, 1),
+		converting: map[string]bool{}, convertSlot: make(chan struct{}, 1),
+	}
+	if cfg.ConvertRepository != "" && !cfg.LazyPull {
+		return nil, errors.New("nodeimage: a convert repository needs LazyPull")
+	}
+	if cfg.ConvertRepository != "" && cfg.ConvertDir != "" {
+		// Conversions cut short by an agent that died leave their files.
+		if err := errors.Join(os.RemoveAll(cfg.ConvertDir), os.MkdirAll(cfg.ConvertDir, 0o700)); err != nil {
+			return nil, fmt.Errorf("nodeimage: conversions directory: %w", err)
+		}
 	}
 	var err error
 	if m.snapshots, err = ParseSnapshotRepositories(cfg.SnapshotRepositories); err != nil {
@@ -449,13 +478,20 @@ func (m *Manager) pullOnce(ctx context.Context, name string, p *pull, creds map[
 		}
 	}()
 	var used atomic.Bool
+	ref, convertTo := m.lazySource(pctx, name, creds)
+	resolver := m.resolver(pctx, creds, &used)
+	if ref != name {
+		// The pool's conversion, read with the pool's credentials: the
+		// image is public (lazySource), the pod's credentials play no part.
+		resolver = m.newResolver(pctx, m.convertCreds(), nil, nil)
+	}
 	opts := []ctrd.RemoteOpt{ctrd.WithPullUnpack, ctrd.WithPullSnapshotter(m.cfg.Snapshotter),
-		ctrd.WithResolver(m.resolver(pctx, creds, &used)),
+		ctrd.WithResolver(resolver),
 		ctrd.WithImageHandler(tr.handler())}
 	if m.cfg.LazyPull {
-		opts = append(opts, ctrd.WithImageHandlerWrapper(snapshotters.AppendInfoHandlerWrapper(name)))
+		opts = append(opts, ctrd.WithImageHandlerWrapper(snapshotters.AppendInfoHandlerWrapper(ref)))
 	}
-	img, err := m.cfg.Client.Pull(pctx, name, opts...)
+	img, err := m.cfg.Client.Pull(pctx, ref, opts...)
 	cancel()
 	done, total := tr.progress(ctx)
 	m.mu.Lock()
@@ -467,7 +503,15 @@ func (m *Manager) pullOnce(ctx context.Context, name string, p *pull, creds map[
 	// Pull returns once content is fetched and layers are unpacked; check,
 	// so that a half-unpacked image is never handed out.
 	if ok, err := img.IsUnpacked(ctx, m.cfg.Snapshotter); err != nil || !ok {
-		return nil, false, fmt.Errorf("image %s is not unpacked after its pull (%v)", name, err)
+		return nil, false, fmt.Errorf("image %s is not unpacked after its pull (%v)", ref, err)
+	}
+	if ref != name {
+		if img, err = m.adoptConversion(ctx, name, ref, img); err != nil {
+			return nil, false, err
+		}
+		m.cfg.Logger.Info("image started from the pool's lazy conversion", "image", name, "conversion", ref)
+	} else if convertTo != "" && !used.Load() {
+		m.startConversion(name, convertTo, img)
 	}
 	return img, used.Load(), nil
 }

@@ -14,6 +14,8 @@ type metrics struct {
 	gcRemoved   prometheus.Counter
 	// accessChecks are registry checks of credentials for private images.
 	accessChecks *prometheus.CounterVec
+	// conversions are eStargz conversions this node made for its pool.
+	conversions *prometheus.CounterVec
 }
 
 func newMetrics(node string) *metrics {
@@ -40,6 +42,13 @@ func newMetrics(node string) *metrics {
 			Name: "sandman_node_image_access_checks_total", ConstLabels: l,
 			Help: "Registry checks (manifest HEAD) of whether credentials may read an image on the node, by result: allowed, refused, failed (no answer). Answers kept from earlier checks do not count.",
 		}, []string{"result"}),
+		conversions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sandman_node_image_conversions_total", ConstLabels: l,
+			Help: "eStargz conversions of images pulled whole, pushed to the pool's convert repository for lazy pulls elsewhere, by result: ok, failed, skipped (layers already eStargz).",
+		}, []string{"result"}),
+	}
+	for _, r := range []string{"ok", "failed", "skipped"} {
+		m.conversions.WithLabelValues(r)
 	}
 	for _, r := range []string{"allowed", "refused", "failed"} {
 		m.accessChecks.WithLabelValues(r)
@@ -76,6 +85,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	c.m.metrics.pullBytes.Describe(ch)
 	c.m.metrics.gcRemoved.Describe(ch)
 	c.m.metrics.accessChecks.Describe(ch)
+	c.m.metrics.conversions.Describe(ch)
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
@@ -91,4 +101,5 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	m.metrics.pullBytes.Collect(ch)
 	m.metrics.gcRemoved.Collect(ch)
 	m.metrics.accessChecks.Collect(ch)
+	m.metrics.conversions.Collect(ch)
 }

@@ -48,6 +48,7 @@ type options struct {
 	checkpointRepository                        string
 	snapshotter                                 string
 	lazyPull                                    bool
+	lazyConvertRepository                       string
 	snapshotRepositories                        []string
 	hotSlots                                    string
 	hotBudget                                   int
@@ -111,6 +112,7 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.lazyPull, "lazy-pull", false, "start sandboxes of eStargz images before their pull ends (sandmanctl images convert): --snapshotter mounts their layers lazily and fetches what is read; other images are pulled whole as before")
 	fs.StringVar(&o.checkpointRepository, "checkpoint-repository", "", "repository (host[:port]/path) where a drain pushes the gVisor sandboxes it moves to another worker, with their memory (keep it as private as the sandboxes; pushes use --snapshot-push-config); every node agent of the pool needs the same one to restore them (empty: a drain evicts them)")
 	fs.StringVar(&o.checkpointDir, "checkpoint-dir", "", "where paused gVisor sandboxes' checkpoints are kept, about their memory's size each (default <state-dir>/checkpoints)")
+	fs.StringVar(&o.lazyConvertRepository, "lazy-convert-repository", "", "repository (host[:port]/path; needs --lazy-pull) where the pool keeps eStargz conversions of ordinary public images: the first node to pull one pulls it whole, converts it and pushes it there, every later pull is lazy (read and pushed with --snapshot-push-config; private images are never converted; empty: only images converted ahead with sandmanctl images convert are lazy)")
 	fs.StringVar(&o.snapshotScratchDir, "snapshot-scratch-dir", "", "where a snapshot's uncompressed changes are written while the sandbox is frozen, then compressed (default <state-dir>/snapshots)")
 	fs.StringVar(&o.hostsDir, "registry-hosts-dir", "", "per-registry settings in containerd's hosts.toml layout (<dir>/<host>/hosts.toml: mirrors, plain HTTP, CA, skip_verify)")
 	fs.Func("prepull", "image kept unpacked on this node (repeatable, or comma-separated)", func(v string) error {
@@ -159,6 +161,9 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 func (o *options) validate() error {
 	if o.lazyPull && (o.snapshotter == "overlayfs" || o.snapshotter == "native") {
 		return fmt.Errorf("--lazy-pull needs a snapshotter that mounts layers lazily (--snapshotter stargz, stargz-snapshotter as a containerd proxy plugin), not %s", o.snapshotter)
+	}
+	if o.lazyConvertRepository != "" && !o.lazyPull {
+		return fmt.Errorf("--lazy-convert-repository needs --lazy-pull (and --snapshotter stargz)")
 	}
 	if o.stopTimeout <= 0 {
 		return fmt.Errorf("--stop-timeout %v: want a positive duration such as 25s", o.stopTimeout)

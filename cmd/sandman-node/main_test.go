@@ -21,3 +21,12 @@ func TestLazyPullNeedsALazySnapshotter(t *testing.T) {
 		t.Fatalf("run(--lazy-pull): %v, want a refusal naming --snapshotter stargz", err)
 	}
 }
+
+// TestLazyConvertNeedsLazyPull: a convert repository without lazy pulls is
+// refused at start: conversions nobody mounts lazily would only cost.
+func TestLazyConvertNeedsLazyPull(t *testing.T) {
+	err := run([]string{"--lazy-convert-repository", "registry.example/lazy"})
+	if err == nil || !strings.Contains(err.Error(), "needs --lazy-pull") {
+		t.Fatalf("run(--lazy-convert-repository): %v, want a refusal naming --lazy-pull", err)
+	}
+}

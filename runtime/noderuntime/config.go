@@ -70,6 +70,13 @@ type Config struct {
 	// LazyPull: Snapshotter mounts eStargz layers lazily (stargz-snapshotter
 	// as a containerd proxy plugin); see nodeimage.Config.LazyPull.
 	LazyPull bool
+	// LazyConvertRepository (host[:port]/path; needs LazyPull): the pool's
+	// eStargz conversions of ordinary public images, made by the first node
+	// that pulls one whole and pulled lazily by every later one (see
+	// nodeimage.Config.ConvertRepository). Read and pushed with the
+	// credentials of SnapshotPushConfig; conversions in progress are kept
+	// in <StateDir>/conversions.
+	LazyConvertRepository string
 	// PidsLimit bounds processes per container (default 1024).
 	PidsLimit int64
 	// SeccompProfileRoot holds the seccomp profiles (OCI JSON) pods name
@@ -290,6 +297,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.SnapshotScratchDir == "" {
 		c.SnapshotScratchDir = filepath.Join(c.StateDir, "snapshots")
+	}
+	if c.LazyConvertRepository != "" && !c.LazyPull {
+		return errors.New("containerd runtime: a lazy convert repository needs lazy pulls")
 	}
 	if c.Namespace == "" {
 		c.Namespace = "sandman"

@@ -20,6 +20,7 @@ import (
 	specs "github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/sandman-dev/sandman/nodeimage"
 	"github.com/sandman-dev/sandman/runtime"
 )
 
@@ -258,29 +259,11 @@ func pushFile(ctx context.Context, p remotes.Pusher, desc ocispec.Descriptor, fi
 		return err
 	}
 	defer f.Close()
-	return pushFrom(ctx, p, desc, f)
+	return nodeimage.PushBlob(ctx, p, desc, f)
 }
 
 func pushBytes(ctx context.Context, p remotes.Pusher, desc ocispec.Descriptor, b []byte) error {
-	return pushFrom(ctx, p, desc, bytes.NewReader(b))
-}
-
-func pushFrom(ctx context.Context, p remotes.Pusher, desc ocispec.Descriptor, in io.Reader) error {
-	w, err := p.Push(ctx, desc)
-	if errdefs.IsAlreadyExists(err) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	defer w.Close()
-	if _, err := io.CopyBuffer(w, in, make([]byte, 1<<20)); err != nil {
-		return err
-	}
-	if err := w.Commit(ctx, desc.Size, desc.Digest); err != nil && !errdefs.IsAlreadyExists(err) {
-		return err
-	}
-	return nil
+	return nodeimage.PushBlob(ctx, p, desc, bytes.NewReader(b))
 }
 
 // checkMovedRef refuses a moved sandbox's artifact outside the node's

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -113,6 +114,8 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		HostsDir: cfg.RegistryHostsDir, CacheBytes: cfg.ImageCacheBytes, PrePull: cfg.PrePull,
 		PrePullConcurrency: cfg.PrePullConcurrency, SnapshotRepositories: cfg.SnapshotRepositories, InUse: r.imagesInUse,
 		OnProgress: r.imageProgress, OnChange: r.imagesChanged, Logger: r.log, Clock: cfg.Clock,
+		ConvertRepository: cfg.LazyConvertRepository, ConvertSecrets: r.snapshotPushAuth,
+		ConvertDir: filepath.Join(cfg.StateDir, "conversions"),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("containerd runtime: %w", err)
