@@ -174,15 +174,7 @@ func TestRootLazyConvert(t *testing.T) {
 		t.Fatalf("first pull: the big layer %s is not in the content store: with no conversion yet the image is pulled whole", srcBig.Digest)
 	}
 	// The node converts it in the background and pushes it to the pool.
-	head, err := remote.Head(src, remote.WithContext(ctx))
-	if err != nil {
-		t.Fatal(err)
-	}
-	conv := mustRef(t, pool+"/"+strings.ReplaceAll(src.Context().RegistryStr(), ":", "-")+"/"+src.Context().RepositoryStr()+":"+head.Digest.Algorithm+"-"+head.Digest.Hex+"-esgz")
-	framework.Eventually(t, 2*time.Minute, "the conversion "+conv.String()+" in the pool's registry", func(ctx context.Context) (bool, error) {
-		_, err := remote.Head(conv, remote.WithContext(ctx))
-		return err == nil, nil
-	})
+	conv := waitConversion(t, pool, src)
 	convImg := mustImage(t, conv)
 	cm, err := convImg.Manifest()
 	if err != nil {
@@ -227,6 +219,28 @@ func TestRootLazyConvert(t *testing.T) {
 	deleteImagesUnmounted(t, cc, true, src.String())
 }
 
+// conversionOf names src's conversion in the pool's convert repository, as
+// the node agent does.
+func conversionOf(t *testing.T, pool string, src name.Reference, opts ...remote.Option) name.Reference {
+	t.Helper()
+	head, err := remote.Head(src, append([]remote.Option{remote.WithContext(t.Context())}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mustRef(t, pool+"/"+strings.ReplaceAll(src.Context().RegistryStr(), ":", "-")+"/"+src.Context().RepositoryStr()+":"+head.Digest.Algorithm+"-"+head.Digest.Hex+"-esgz")
+}
+
+// waitConversion waits until src's conversion is in the pool's registry.
+func waitConversion(t *testing.T, pool string, src name.Reference) name.Reference {
+	t.Helper()
+	conv := conversionOf(t, pool, src)
+	framework.Eventually(t, 2*time.Minute, "the conversion "+conv.String()+" in the pool's registry", func(ctx context.Context) (bool, error) {
+		_, err := remote.Head(conv, remote.WithContext(ctx))
+		return err == nil, nil
+	})
+	return conv
+}
+
 // deleteImagesUnmounted deletes refs from the runtime namespace, then, with
 // wait, waits until the stack's stargz-snapshotter mounts nothing.
 func deleteImagesUnmounted(t *testing.T, cc *containerd.Client, wait bool, refs ...string) {
@@ -267,8 +281,9 @@ func TestRootLazyPullPrivate(t *testing.T) {
 	auth := remote.WithAuth(&authn.Basic{Username: "trainer", Password: "s3cret"})
 	src, res, sums, bigest := pushLazyImage(t, s, authHost+"/private/lazy-"+krand.String(8), auth)
 	image := res.Target.String()
+	pool := s.Registry + "/lazy-pool-" + krand.String(6)
 	rt := newContainerdRuntime(t, s, 6, 1, func(c *noderuntime.Config) {
-		c.Snapshotter, c.LazyPull = "stargz", true
+		c.Snapshotter, c.LazyPull, c.LazyConvertRepository = "stargz", true, pool
 	})
 	for who, secrets := range map[string][][]byte{
 		"lazy-priv-none":  nil,
@@ -304,10 +319,27 @@ func TestRootLazyPullPrivate(t *testing.T) {
 	if _, err := cc.ContentStore().Info(nsctx, digest.Digest(bigest.Digest.String())); err != nil {
 		t.Errorf("the private image's big layer is not in the content store (%v): the snapshotter mounted it with credentials it should not have", err)
 	}
-	if err := rt.Release(ctx, "lazy-priv-ok", 0); err != nil {
-		t.Fatal(err)
+	// A private image is never converted into the pool's registry, where
+	// anyone could pull it: the public image pulled after it is (the node
+	// converts one image at a time, in order).
+	privSrc, _ := pushPlainImage(t, s, authHost+"/private/plain-"+krand.String(8)+":v1", auth)
+	req = runtimetest.Request("lazy-priv-plain", privSrc.String(), "sleep", "100000")
+	req.PullSecrets = [][]byte{dockerConfig(authHost, "trainer", "s3cret")}
+	if _, err := rt.Bind(ctx, req); err != nil {
+		t.Fatalf("private plain image: %v", err)
 	}
-	for _, ref := range []string{image, src.String()} {
+	pub, _ := pushPlainImage(t, s, s.Registry+"/lazy-conv/"+krand.String(8)+":v1")
+	bindAndWait(t, rt, "lazy-pub-plain", pub.String())
+	waitConversion(t, pool, pub)
+	if _, err := remote.Head(conversionOf(t, pool, privSrc, auth), remote.WithContext(ctx)); err == nil {
+		t.Errorf("the private image %s was converted into the pool's registry %s", privSrc, pool)
+	}
+	for _, uid := range []string{"lazy-priv-ok", "lazy-priv-plain", "lazy-pub-plain"} {
+		if err := rt.Release(ctx, uid, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, ref := range []string{image, src.String(), privSrc.String(), pub.String()} {
 		if err := cc.ImageService().Delete(nsctx, ref, images.SynchronousDelete()); err != nil && !errdefs.IsNotFound(err) {
 			t.Errorf("delete %s: %v", ref, err)
 		}
