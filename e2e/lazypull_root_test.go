@@ -415,3 +415,88 @@ func bindAndWait(t *testing.T, rt *noderuntime.Runtime, uid, image string) runti
 	})
 	return slot
 }
+
+// TestRootLazySnapshotterRestart: the lazy-pulling snapshotter killed under
+// running sandboxes. A sandbox of an ordinary image keeps answering all
+// along. A lazily pulled one cannot read its image's unfetched files any
+// more (its FUSE mounts died with the snapshotter): the node stops it with an
+// Evicted exit that says so, instead of leaving it failing reads. Once the
+// snapshotter is back, a new sandbox of the same image starts and reads it
+// byte-identical.
+func TestRootLazySnapshotterRestart(t *testing.T) {
+	s := framework.Get(t)
+	ctx := t.Context()
+	_, res, sums, _ := pushLazyImage(t, s, s.Registry+"/lazy-restart/"+krand.String(8))
+	image := res.Target.String()
+	rt := newContainerdRuntime(t, s, 6, 1, func(c *noderuntime.Config) {
+		c.Snapshotter, c.LazyPull = "stargz", true
+		c.DiskCheckInterval = 500 * time.Millisecond
+	})
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	_, events, err := rt.Watch(wctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lazy := bindAndWait(t, rt, "restart-lazy", image)
+	plain := bindAndWait(t, rt, "restart-plain", s.BusyboxImage)
+	if out, err := sandboxExec(ctx, lazy, runtimetest.Token, "cat", "/app/hello.txt"); err != nil || out != "hello lazy\n" {
+		t.Fatalf("cat /app/hello.txt: %q, %v", out, err)
+	}
+	stargz := s.Component(t, "stargz")
+	stargz.Kill(t)
+	t.Cleanup(func() { startStargz(t, stargz) })
+
+	waitExit(t, events, lazy.ID, func(ev runtime.Event) {
+		if ev.Reason != runtime.ReasonEvicted || !strings.Contains(ev.Message, "lazy-pulling snapshotter") {
+			t.Fatalf("lazy sandbox's exit %+v: want Evicted naming the lazy-pulling snapshotter", ev)
+		}
+		t.Logf("lazy sandbox stopped: %s", ev.Message)
+	})
+	if out, err := sandboxExec(ctx, plain, runtimetest.Token, "echo", "ok"); err != nil || out != "ok\n" {
+		t.Errorf("the ordinary sandbox with the snapshotter down: %q, %v", out, err)
+	}
+	if err := rt.Release(ctx, "restart-lazy", 0); err != nil {
+		t.Fatal(err)
+	}
+
+	startStargz(t, stargz)
+	again := bindAndWait(t, rt, "restart-again", image)
+	for n, want := range sums {
+		out, err := sandboxExec(ctx, again, runtimetest.Token, "sha256sum", "/"+n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, _, _ := strings.Cut(out, " "); got != want {
+			t.Errorf("after the restart /%s reads %s, %s was pushed", n, got, want)
+		}
+	}
+	if out, err := sandboxExec(ctx, plain, runtimetest.Token, "echo", "ok"); err != nil || out != "ok\n" {
+		t.Errorf("the ordinary sandbox after the restart: %q, %v", out, err)
+	}
+	for _, uid := range []string{"restart-again", "restart-plain"} {
+		if err := rt.Release(ctx, uid, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deleteImagesUnmounted(t, s.Containerd(t, runtimeNamespace), true, image)
+}
+
+// startStargz starts the stack's stargz-snapshotter again, if it is not
+// running, and waits until containerd reaches it through its proxy plugin.
+func startStargz(t *testing.T, c *framework.Component) {
+	t.Helper()
+	if !c.Running() {
+		c.Start(t)
+	}
+	cc := framework.Get(t).Containerd(t, runtimeNamespace)
+	framework.Eventually(t, time.Minute, "stargz-snapshotter to answer", func(ctx context.Context) (bool, error) {
+		// A Stat of an unknown key is answered by containerd alone.
+		ctx = namespaces.WithNamespace(ctx, runtimeNamespace)
+		snaps := cc.SnapshotService("stargz")
+		if _, err := snaps.Prepare(ctx, "sandman-test-probe", ""); err != nil {
+			return false, nil
+		}
+		return true, snaps.Remove(ctx, "sandman-test-probe")
+	})
+}

@@ -84,7 +84,7 @@ func (r *Runtime) Bind(ctx context.Context, req runtime.BindRequest) (runtime.Sl
 		// refuses them, and that pod never becomes Ready).
 		clearAssignment(s.dir)
 		s.Pod, s.Image, s.Resources, s.Ready, s.containers, s.assignToken = nil, "", runtime.Resources{}, false, nil, ""
-		s.diskLimits, s.diskUsed, s.evicted, s.earlyExits = nil, nil, "", nil
+		s.diskLimits, s.diskUsed, s.evicted, s.earlyExits, s.lazyLowers = nil, nil, "", nil, nil
 		if cleanupErr != nil {
 			// The hot sandbox this bind took over, if it was not removed.
 			s.Reason, s.leftovers = cleanupErr.Error(), append(ids, s.ID+hotSuffix)
@@ -365,6 +365,9 @@ func (r *Runtime) start(ctx context.Context, s *slot, req runtime.BindRequest) e
 		s.containers = append(s.containers, id)
 		r.setDiskLimitLocked(s, id, c.DiskBytes)
 		r.mu.Unlock()
+		if r.cfg.LazyPull {
+			r.recordLazyLowers(ctx, s, id)
+		}
 		r.metrics.observePhase("create", t)
 		t = time.Now()
 		if fork != nil {

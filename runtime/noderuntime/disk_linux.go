@@ -3,9 +3,6 @@ package noderuntime
 import (
 	"context"
 	"fmt"
-	"syscall"
-
-	ctrd "github.com/containerd/containerd/v2/client"
 
 	"github.com/sandman-dev/sandman/runtime"
 )
@@ -71,23 +68,8 @@ func (r *Runtime) watchDisk(ctx context.Context) {
 			if u.Size <= c.limit {
 				msg = fmt.Sprintf("container made %d files and directories in its filesystem, over its limit of %d", u.Inodes, r.cfg.DiskInodes)
 			}
-			r.mu.Lock()
-			if c.s.State != runtime.StateBound || c.s.evicted != "" {
-				r.mu.Unlock()
-				continue
-			}
-			c.s.evicted = msg
-			ids := append([]string(nil), c.s.containers...)
-			r.mu.Unlock()
 			r.log.Warn("stopping a sandbox over its disk limit", "slot", c.s.ID, "container", c.id, "bytes", u.Size, "limit", c.limit, "inodes", u.Inodes, "inode_limit", r.cfg.DiskInodes)
-			r.metrics.failures.WithLabelValues(runtime.ReasonEvicted).Inc()
-			for _, id := range ids {
-				if container, err := r.client.LoadContainer(ctx, id); err == nil {
-					if task, err := container.Task(ctx, nil); err == nil {
-						_ = task.Kill(ctx, syscall.SIGKILL, ctrd.WithKillAll)
-					}
-				}
-			}
+			r.evictBound(ctx, c.s, msg)
 		}
 	}
 }

@@ -306,6 +306,9 @@ func (r *Runtime) assignHot(ctx context.Context, s *slot, req runtime.BindReques
 	s.assignToken = ""
 	r.setDiskLimitLocked(s, id, c.DiskBytes)
 	r.mu.Unlock()
+	if r.cfg.LazyPull {
+		r.recordLazyLowers(ctx, s, id)
+	}
 	r.metrics.observePhase("assign", begin)
 	r.log.Debug("assigned hot sandbox", "slot", s.ID, "limits", tLimits.Sub(begin),
 		"hostname", tHost.Sub(tLimits), "assign", time.Since(tHost))

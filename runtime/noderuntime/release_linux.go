@@ -70,7 +70,7 @@ func (r *Runtime) Release(ctx context.Context, uid string, grace time.Duration) 
 	s.fwClean = clean
 	delete(r.byPod, uid)
 	s.Pod, s.Image, s.Resources, s.containers, s.assignToken = nil, "", runtime.Resources{}, nil, ""
-	s.diskLimits, s.diskUsed, s.evicted, s.fwReq, s.moving = nil, nil, "", nil, false
+	s.diskLimits, s.diskUsed, s.evicted, s.fwReq, s.moving, s.lazyLowers = nil, nil, "", nil, false, nil
 	clearAssignment(s.dir)
 	if cerr := r.removeCheckpoint(s); cerr != nil {
 		err = errors.Join(err, cerr)

@@ -176,6 +176,9 @@ func (r *Runtime) Run(ctx context.Context) error {
 	defer wg.Wait()
 	defer cancel() // before the wait: what runs stops first
 	wg.Go(func() { r.watchDisk(ctx) })
+	if r.cfg.LazyPull {
+		wg.Go(func() { r.watchLazyLayers(ctx) })
+	}
 	wg.Go(func() { r.images.Run(ctx) })
 	wg.Go(func() { r.runShimReaper(ctx) })
 	sem := make(chan struct{}, r.cfg.RefillConcurrency)
@@ -345,8 +348,17 @@ func (r *Runtime) checkSnapshotter(ctx context.Context) error {
 	if r.cfg.Snapshotter == "overlayfs" {
 		return nil
 	}
-	_, err := r.client.SnapshotService(r.cfg.Snapshotter).Stat(r.nsCtx(ctx), "sandman-snapshotter-probe")
-	if err == nil || errdefs.IsNotFound(err) {
+	// containerd answers a Stat of an unknown key from its own records:
+	// only making a snapshot reaches the snapshotter's daemon.
+	ctx = r.nsCtx(ctx)
+	snaps := r.client.SnapshotService(r.cfg.Snapshotter)
+	key := "sandman-snapshotter-probe-" + r.cfg.Node
+	_ = snaps.Remove(ctx, key) // a probe an agent that died left
+	_, err := snaps.Prepare(ctx, key, "")
+	if err == nil {
+		if err := snaps.Remove(ctx, key); err != nil {
+			r.log.Warn("remove the snapshotter probe", "key", key, "err", err)
+		}
 		return nil
 	}
 	return fmt.Errorf("snapshotter %s does not answer (is it a containerd plugin or proxy_plugins entry, and its daemon running?): %w", r.cfg.Snapshotter, err)

@@ -44,6 +44,9 @@ type slot struct {
 	diskLimits map[string]int64
 	diskUsed   map[string]int64
 	evicted    string
+	// lazyLowers are each container's lazily pulled layers, as the lazy
+	// check first found them (watchLazyLayers).
+	lazyLowers map[string][]lazyLower
 	// containers are the bound pod's containerd container IDs, in order.
 	containers []string
 	// stale is the hot sandbox of another image a bind took this slot
