@@ -500,3 +500,51 @@ func startStargz(t *testing.T, c *framework.Component) {
 		return true, snaps.Remove(ctx, "sandman-test-probe")
 	})
 }
+
+// TestRootLazyRegistryGone: the registry of a lazily pulled image goes away
+// under a running sandbox. What the sandbox read already (and what the image
+// prioritized, fetched when it was mounted) reads on; a file not fetched yet
+// fails with EIO once the snapshotter's retries are spent, rather than
+// hanging; the other sandboxes and the node's binds carry on.
+func TestRootLazyRegistryGone(t *testing.T) {
+	s := framework.Get(t)
+	ctx := t.Context()
+	host, stopRegistry := startTestRegistry(t, s, "", "")
+	_, res, sums, _ := pushLazyImage(t, s, host+"/lazy-gone/"+krand.String(8))
+	rt := newContainerdRuntime(t, s, 6, 1, func(c *noderuntime.Config) {
+		c.Snapshotter, c.LazyPull = "stargz", true
+	})
+	plain := bindAndWait(t, rt, "gone-plain", s.BusyboxImage)
+	lazy := bindAndWait(t, rt, "gone-lazy", res.Target.String())
+	// The shell the checks below run, read whole while the registry is up.
+	if _, err := sandboxExec(ctx, lazy, runtimetest.Token, "sh", "-c", "cat /bin/busybox >/dev/null"); err != nil {
+		t.Fatal(err)
+	}
+	stopRegistry()
+
+	if out, err := sandboxExec(ctx, lazy, runtimetest.Token, "cat", "/app/hello.txt"); err != nil || out != "hello lazy\n" {
+		t.Errorf("a prioritized file with the registry gone: %q, %v", out, err)
+	}
+	start := time.Now()
+	xctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	out, err := sandboxExec(xctx, lazy, runtimetest.Token, "sh", "-c", "sha256sum /data/blob3 2>&1; echo rc=$?")
+	if err != nil {
+		t.Fatalf("reading an unfetched file with the registry gone: %v (after %v)", err, time.Since(start))
+	}
+	if !strings.Contains(out, "I/O error") && !strings.Contains(out, "Input/output error") || strings.Contains(out, "rc=0") || strings.Contains(out, sums["data/blob3"]) {
+		t.Errorf("reading an unfetched file with the registry gone: %q, want an I/O error", out)
+	}
+	t.Logf("an unfetched file with the registry gone: %q after %v", strings.TrimSpace(out), time.Since(start).Round(time.Millisecond))
+
+	if out, err := sandboxExec(ctx, plain, runtimetest.Token, "echo", "ok"); err != nil || out != "ok\n" {
+		t.Errorf("the other sandbox: %q, %v", out, err)
+	}
+	bindAndWait(t, rt, "gone-other", s.BusyboxImage)
+	for _, uid := range []string{"gone-lazy", "gone-plain", "gone-other"} {
+		if err := rt.Release(ctx, uid, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deleteImagesUnmounted(t, s.Containerd(t, runtimeNamespace), true, res.Target.String())
+}

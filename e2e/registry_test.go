@@ -220,6 +220,16 @@ func (s *slowReader) Close() error { return s.r.Close() }
 // binary, that wants user/pass (htpasswd, bcrypt). It returns its host.
 func startAuthRegistry(t testing.TB, s *framework.Stack, user, pass string) string {
 	t.Helper()
+	host, _ := startTestRegistry(t, s, user, pass)
+	return host
+}
+
+// startTestRegistry starts a registry of the test's own, from the stack's
+// registry binary: one that wants user/pass (htpasswd, bcrypt), or anyone's
+// when user is empty. It returns its host and a stop that kills it (the
+// test's end does too).
+func startTestRegistry(t testing.TB, s *framework.Stack, user, pass string) (string, func()) {
+	t.Helper()
 	bin := s.Env["REGISTRY_BIN"]
 	if bin == "" {
 		matches, _ := filepath.Glob("/var/cache/sandman/registry-*/registry")
@@ -229,12 +239,16 @@ func startAuthRegistry(t testing.TB, s *framework.Stack, user, pass string) stri
 		bin = matches[0]
 	}
 	dir := t.TempDir()
-	hash, err := bcrypt.GenerateFromPassword([]byte(pass), bcrypt.MinCost)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "htpasswd"), []byte(user+":"+string(hash)+"\n"), 0o600); err != nil {
-		t.Fatal(err)
+	auth, ready := "", http.StatusOK
+	if user != "" {
+		hash, err := bcrypt.GenerateFromPassword([]byte(pass), bcrypt.MinCost)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "htpasswd"), []byte(user+":"+string(hash)+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		auth, ready = fmt.Sprintf("auth:\n  htpasswd:\n    realm: sandman-test\n    path: %s/htpasswd\n", dir), http.StatusUnauthorized
 	}
 	port := freePort(t)
 	host := "127.0.0.1:" + strconv.Itoa(port)
@@ -246,13 +260,9 @@ log:
 storage:
   filesystem:
     rootdirectory: %s/data
-auth:
-  htpasswd:
-    realm: sandman-test
-    path: %s/htpasswd
-http:
+%shttp:
   addr: %s
-`, dir, dir, host)
+`, dir, auth, host)
 	if err := os.WriteFile(filepath.Join(dir, "config.yml"), []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -263,22 +273,28 @@ http:
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		})
+	}
 	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
+		stop()
 		if t.Failed() {
-			t.Logf("auth registry output:\n%s", out.String())
+			t.Logf("test registry output:\n%s", out.String())
 		}
 	})
-	framework.Eventually(t, 30*time.Second, "the auth registry to answer", func(ctx context.Context) (bool, error) {
+	framework.Eventually(t, 30*time.Second, "the test registry to answer", func(ctx context.Context) (bool, error) {
 		resp, err := http.Get("http://" + host + "/v2/")
 		if err != nil {
 			return false, nil
 		}
 		resp.Body.Close()
-		return resp.StatusCode == http.StatusUnauthorized, nil
+		return resp.StatusCode == ready, nil
 	})
-	return host
+	return host, stop
 }
 
 // dockerConfig is a kubernetes.io/dockerconfigjson secret's payload.
