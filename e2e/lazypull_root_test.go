@@ -9,6 +9,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -28,6 +29,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/opencontainers/go-digest"
 	krand "k8s.io/apimachinery/pkg/util/rand"
 
@@ -509,8 +511,8 @@ func startStargz(t *testing.T, c *framework.Component) {
 func TestRootLazyRegistryGone(t *testing.T) {
 	s := framework.Get(t)
 	ctx := t.Context()
-	host, stopRegistry := startTestRegistry(t, s, "", "")
-	_, res, sums, _ := pushLazyImage(t, s, host+"/lazy-gone/"+krand.String(8))
+	reg := startTestRegistry(t, s, "", "")
+	_, res, sums, _ := pushLazyImage(t, s, reg.Host+"/lazy-gone/"+krand.String(8))
 	rt := newContainerdRuntime(t, s, 6, 1, func(c *noderuntime.Config) {
 		c.Snapshotter, c.LazyPull = "stargz", true
 	})
@@ -520,7 +522,7 @@ func TestRootLazyRegistryGone(t *testing.T) {
 	if _, err := sandboxExec(ctx, lazy, runtimetest.Token, "sh", "-c", "cat /bin/busybox >/dev/null"); err != nil {
 		t.Fatal(err)
 	}
-	stopRegistry()
+	reg.Stop()
 
 	if out, err := sandboxExec(ctx, lazy, runtimetest.Token, "cat", "/app/hello.txt"); err != nil || out != "hello lazy\n" {
 		t.Errorf("a prioritized file with the registry gone: %q, %v", out, err)
@@ -548,3 +550,110 @@ func TestRootLazyRegistryGone(t *testing.T) {
 	}
 	deleteImagesUnmounted(t, s.Containerd(t, runtimeNamespace), true, res.Target.String())
 }
+
+// TestRootLazyCorrupt: lazily pulled layers that are not what they say.
+// A layer whose table of contents does not match the digest its manifest
+// gives is refused by the snapshotter and pulled whole (verified against
+// its digest by containerd): the sandbox reads the right bytes. A layer
+// whose bytes were damaged in the registry after it was pushed is mounted
+// (its table of contents is intact) but a file in the damaged part fails
+// to read with EIO: never wrong bytes.
+func TestRootLazyCorrupt(t *testing.T) {
+	s := framework.Get(t)
+	ctx := t.Context()
+	reg := startTestRegistry(t, s, "", "")
+	rt := newContainerdRuntime(t, s, 6, 1, func(c *noderuntime.Config) {
+		c.Snapshotter, c.LazyPull = "stargz", true
+	})
+	cc := s.Containerd(t, runtimeNamespace)
+	nsctx := namespaces.WithNamespace(ctx, runtimeNamespace)
+
+	// A wrong TOC digest: refused, pulled whole.
+	_, res, sums, big := pushLazyImage(t, s, reg.Host+"/lazy-badtoc/"+krand.String(8))
+	desc, err := remote.Get(res.Target, remote.WithContext(ctx))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m v1.Manifest
+	if err := json.Unmarshal(desc.Manifest, &m); err != nil {
+		t.Fatal(err)
+	}
+	for i := range m.Layers {
+		if m.Layers[i].Digest == big.Digest {
+			m.Layers[i].Annotations[lazyimage.TOCDigestAnnotation] = digest.FromString("not the TOC").String()
+		}
+	}
+	raw, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	badTOC := res.Target.Context().Tag("badtoc")
+	if err := remote.Put(badTOC, rawManifest(raw), remote.WithContext(ctx)); err != nil {
+		t.Fatal(err)
+	}
+	badRef := badTOC.Context().Digest(digest.FromBytes(raw).String()).String()
+	sl := bindAndWait(t, rt, "corrupt-toc", badRef)
+	if _, err := cc.ContentStore().Info(nsctx, digest.Digest(big.Digest.String())); err != nil {
+		t.Errorf("a layer with a wrong TOC digest was not pulled whole (%v): the snapshotter mounted what it could not verify", err)
+	}
+	for n, want := range sums {
+		out, err := sandboxExec(ctx, sl, runtimetest.Token, "sha256sum", "/"+n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, _, _ := strings.Cut(out, " "); got != want {
+			t.Errorf("wrong TOC digest: /%s reads %s, %s was pushed", n, got, want)
+		}
+	}
+
+	// Damaged bytes in the registry: EIO for the damaged file, never
+	// other bytes.
+	_, res2, sums2, big2 := pushLazyImage(t, s, reg.Host+"/lazy-damaged/"+krand.String(8))
+	blob := filepath.Join(reg.Dir, "data/docker/registry/v2/blobs", big2.Digest.Algorithm, big2.Digest.Hex[:2], big2.Digest.Hex, "data")
+	f, err := os.OpenFile(blob, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	junk := make([]byte, 256<<10)
+	if _, err := rand.Read(junk); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(junk, big2.Size/3); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	dmg := bindAndWait(t, rt, "corrupt-damaged", res2.Target.String())
+	failed := 0
+	for n, want := range sums2 {
+		out, err := sandboxExec(ctx, dmg, runtimetest.Token, "sh", "-c", "sha256sum /"+n+" 2>&1; echo rc=$?")
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch got, _, _ := strings.Cut(out, " "); {
+		case got == want:
+		case strings.Contains(out, "Input/output error") && !strings.Contains(out, "rc=0"):
+			failed++
+		default:
+			t.Errorf("damaged layer: /%s: %q, want its pushed sum %s or an I/O error", n, out, want)
+		}
+	}
+	if failed == 0 {
+		t.Errorf("damaged layer: every file read back whole: the damage at offset %d was not read", big2.Size/3)
+	}
+	t.Logf("damaged layer: %d of %d files failed with EIO, the others read their pushed bytes", failed, len(sums2))
+	for _, uid := range []string{"corrupt-toc", "corrupt-damaged"} {
+		if err := rt.Release(ctx, uid, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deleteImagesUnmounted(t, cc, true, badRef, res2.Target.String())
+}
+
+// rawManifest is a manifest to remote.Put as it is.
+type rawManifest []byte
+
+func (r rawManifest) RawManifest() ([]byte, error) { return r, nil }
+
+func (r rawManifest) MediaType() (types.MediaType, error) { return types.OCIManifestSchema1, nil }

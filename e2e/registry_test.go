@@ -220,15 +220,22 @@ func (s *slowReader) Close() error { return s.r.Close() }
 // binary, that wants user/pass (htpasswd, bcrypt). It returns its host.
 func startAuthRegistry(t testing.TB, s *framework.Stack, user, pass string) string {
 	t.Helper()
-	host, _ := startTestRegistry(t, s, user, pass)
-	return host
+	return startTestRegistry(t, s, user, pass).Host
+}
+
+// testRegistry is a registry process of a test's own.
+type testRegistry struct {
+	Host string
+	// Dir holds its storage (Dir/data) and configuration.
+	Dir string
+	// Stop kills it (the test's end does too).
+	Stop func()
 }
 
 // startTestRegistry starts a registry of the test's own, from the stack's
 // registry binary: one that wants user/pass (htpasswd, bcrypt), or anyone's
-// when user is empty. It returns its host and a stop that kills it (the
-// test's end does too).
-func startTestRegistry(t testing.TB, s *framework.Stack, user, pass string) (string, func()) {
+// when user is empty.
+func startTestRegistry(t testing.TB, s *framework.Stack, user, pass string) testRegistry {
 	t.Helper()
 	bin := s.Env["REGISTRY_BIN"]
 	if bin == "" {
@@ -294,7 +301,7 @@ storage:
 		resp.Body.Close()
 		return resp.StatusCode == ready, nil
 	})
-	return host, stop
+	return testRegistry{Host: host, Dir: dir, Stop: stop}
 }
 
 // dockerConfig is a kubernetes.io/dockerconfigjson secret's payload.
