@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -31,6 +32,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
 
 	"github.com/sandman-dev/sandman/daemon/api"
 	"github.com/sandman-dev/sandman/daemon/client"
@@ -888,4 +890,58 @@ func (d *deployed) gvisor(t *testing.T) {
 		t.Fatalf("kubectl exec guest -- uname -r: %q, want gVisor's kernel", out)
 	}
 	d.kubectl(t, "-n", d.ns, "delete", "pod", "guest", "--wait", "--timeout=1m")
+}
+
+// TestDeployLazyPullComponent: deploy/components/lazy-pull composes with the
+// base: the agent unpacks with stargz and pulls lazily, stargz-snapshotter
+// runs beside it from the agent's image, and both see its root (the
+// snapshotter's mounts reach the host, Bidirectional; the agent sees them).
+func TestDeployLazyPullComponent(t *testing.T) {
+	s := framework.Get(t)
+	dir := t.TempDir()
+	rel, err := filepath.Rel(dir, filepath.Join(s.Root, "deploy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n" +
+		"resources: [" + rel + "/base]\ncomponents: [" + rel + "/components/lazy-pull]\n"
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := kubectl(t, s, "", "kustomize", "--load-restrictor=LoadRestrictionsNone", dir)
+	if code != 0 {
+		t.Fatalf("kubectl kustomize: exit %d: %s", code, errOut)
+	}
+	var ds appsv1.DaemonSet
+	for doc := range strings.SplitSeq(out, "\n---\n") {
+		if strings.Contains(doc, "kind: DaemonSet") {
+			if err := yaml.Unmarshal([]byte(doc), &ds); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	cs := ds.Spec.Template.Spec.Containers
+	if len(cs) != 2 || cs[0].Name != "sandman-node" || cs[1].Name != "stargz-snapshotter" {
+		t.Fatalf("containers %v: want sandman-node and stargz-snapshotter", cs)
+	}
+	args := strings.Join(cs[0].Args, " ")
+	for _, want := range []string{"--snapshotter=stargz", "--lazy-pull", "--namespace=sandman"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("the agent's args %q lack %s", args, want)
+		}
+	}
+	if cs[1].Image != cs[0].Image || !strings.HasSuffix(cs[1].Command[0], "/containerd-stargz-grpc") {
+		t.Errorf("snapshotter: image %s command %v, want the agent's image %s running containerd-stargz-grpc", cs[1].Image, cs[1].Command, cs[0].Image)
+	}
+	propagation := func(c corev1.Container) corev1.MountPropagationMode {
+		for _, m := range c.VolumeMounts {
+			if m.MountPath == "/var/lib/containerd-stargz-grpc" && m.MountPropagation != nil {
+				return *m.MountPropagation
+			}
+		}
+		return ""
+	}
+	if propagation(cs[1]) != corev1.MountPropagationBidirectional || propagation(cs[0]) != corev1.MountPropagationHostToContainer {
+		t.Errorf("stargz root propagation: snapshotter %q, agent %q; want Bidirectional and HostToContainer", propagation(cs[1]), propagation(cs[0]))
+	}
 }

@@ -28,4 +28,7 @@ need "$RUNSC_BIN" "hack/build-tools.sh gvisor (the sandman-node image carries it
 # The binaries' --version: the commit (and -dirty for a changed tree); the
 # images build without VCS info, so nothing else would say it.
 version=${VERSION:-$(git -C "$SANDMAN_ROOT" describe --tags --always --dirty 2>/dev/null || echo dev)}
-go run ./hack/imagebuild -registry "$REGISTRY" -tag "$tags" -version "$version" -images "${IMAGES:-all}" -runc "$RUNC_BIN" -runsc "$RUNSC_BIN" -print-digests "$@"
+# stargz-snapshotter (deploy/components/lazy-pull) when it was built.
+stargz=()
+[ -x "$STARGZ_BIN" ] && stargz=(-stargz "$STARGZ_BIN")
+go run ./hack/imagebuild -registry "$REGISTRY" -tag "$tags" -version "$version" -images "${IMAGES:-all}" -runc "$RUNC_BIN" -runsc "$RUNSC_BIN" "${stargz[@]}" -print-digests "$@"

@@ -5,7 +5,8 @@
 //	sandman/sandman-node  /usr/local/bin/sandman-node and the daemon it hands
 //	                      to sandboxes, /usr/local/lib/sandman/sandman-daemon, and
 //	                      the runc it runs them with (-runc), /usr/local/lib/sandman/runc,
-//	                      and gVisor's runsc (-runsc), /usr/local/lib/sandman/runsc; user root
+//	                      and gVisor's runsc (-runsc), /usr/local/lib/sandman/runsc, and
+//	                      stargz-snapshotter (-stargz), /usr/local/bin/containerd-stargz-grpc; user root
 //	sandman/sandman-gateway /usr/local/bin/sandman-gateway, the E2B-compatible API; user 65532
 //	sandman/sandmanctl    /usr/local/bin/sandmanctl; user 65532
 //	sandman/pause         /pause, the pod sandbox image for the kubelet; user 65535

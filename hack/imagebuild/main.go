@@ -98,6 +98,7 @@ type options struct {
 	printDigests bool
 	runc         string
 	runsc        string
+	stargz       string
 	version      string
 }
 
@@ -108,6 +109,10 @@ const runcPath = "/usr/local/lib/sandman/runc"
 // runscPath is where it carries gVisor's runsc (-runsc; sandman-node
 // --runsc-source), for pods of RuntimeClass handler runsc.
 const runscPath = "/usr/local/lib/sandman/runsc"
+
+// stargzPath is where it carries stargz-snapshotter (-stargz), which
+// deploy/components/lazy-pull runs beside the agent.
+const stargzPath = "/usr/local/bin/containerd-stargz-grpc"
 
 func main() {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -122,6 +127,7 @@ func main() {
 	fs.StringVar(&o.runc, "runc", "", "runc binary (hack/build-tools.sh runc) the sandman-node image carries at "+runcPath+" for the node's sandboxes (required for sandman-node)")
 	fs.StringVar(&o.version, "version", "", "version stamped into every binary (-X main.version, which their --version prints); empty: the build info's, \"(devel)\" for these VCS-less builds")
 	fs.StringVar(&o.runsc, "runsc", "", "gVisor's runsc (hack/build-tools.sh gvisor) the sandman-node image carries at "+runscPath+" (optional: without it the image's agents run no gVisor pods)")
+	fs.StringVar(&o.stargz, "stargz", "", "stargz-snapshotter's containerd-stargz-grpc (hack/build-tools.sh stargz) the sandman-node image carries at "+stargzPath+" for lazy pulling (optional)")
 	_ = fs.Parse(os.Args[1:])
 	if len(o.tags) == 0 {
 		o.tags = listFlag{"dev"}
@@ -195,6 +201,9 @@ func run(ctx context.Context, log *slog.Logger, o options) error {
 			files = append(files, File{Path: runcPath, Source: o.runc, Mode: 0o755})
 			if o.runsc != "" {
 				files = append(files, File{Path: runscPath, Source: o.runsc, Mode: 0o755})
+			}
+			if o.stargz != "" {
+				files = append(files, File{Path: stargzPath, Source: o.stargz, Mode: 0o755})
 			}
 		}
 		cfg := s.cfg
