@@ -31,6 +31,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/opencontainers/go-digest"
+	"github.com/prometheus/client_golang/prometheus"
 	krand "k8s.io/apimachinery/pkg/util/rand"
 
 	"github.com/sandman-dev/sandman/e2e/framework"
@@ -56,10 +57,11 @@ func TestRootLazyPull(t *testing.T) {
 	image := res.Target.String()
 
 	rt := newContainerdRuntime(t, s, 6, 1, func(c *noderuntime.Config) {
-		c.Snapshotter, c.LazyPull = "stargz", true
+		c.Snapshotter, c.LazyPull, c.LazyMetricsURL = "stargz", true, s.Env["STARGZ_METRICS_URL"]
 	})
 	cc := s.Containerd(t, runtimeNamespace)
 	nsctx := namespaces.WithNamespace(ctx, runtimeNamespace)
+	before := metricValues(t, rt)
 	start := time.Now()
 	first := bindAndWait(t, rt, "lazy-1", image)
 	t.Logf("eStargz image of %d MiB: first sandbox answering %v after its bind", res.Bytes>>20, time.Since(start).Round(time.Millisecond))
@@ -78,6 +80,20 @@ func TestRootLazyPull(t *testing.T) {
 		if got, _, _ := strings.Cut(out, " "); got != want {
 			t.Errorf("/%s reads %s in the sandbox, %s was pushed", n, got, want)
 		}
+	}
+	// The node's metrics tell what was fetched lazily and eagerly.
+	after := metricValues(t, rt)
+	if after["sandman_node_image_lazy_up"] != 1 {
+		t.Errorf("sandman_node_image_lazy_up = %v: the snapshotter's metrics did not answer", after["sandman_node_image_lazy_up"])
+	}
+	if d := after["sandman_node_image_lazy_fetched_bytes"] - before["sandman_node_image_lazy_fetched_bytes"]; d < float64(bigest.Size)*0.9 {
+		t.Errorf("sandman_node_image_lazy_fetched_bytes grew by %.0f reading the %d-byte layer's files whole", d, bigest.Size)
+	}
+	if after["sandman_node_image_lazy_fetch_duration_seconds"] <= before["sandman_node_image_lazy_fetch_duration_seconds"] {
+		t.Errorf("no lazy fetch was timed (sandman_node_image_lazy_fetch_duration_seconds count %v)", after["sandman_node_image_lazy_fetch_duration_seconds"])
+	}
+	if d := after["sandman_node_image_pulled_bytes_total"] - before["sandman_node_image_pulled_bytes_total"]; d >= float64(bigest.Size) {
+		t.Errorf("sandman_node_image_pulled_bytes_total grew by %.0f: the lazily mounted %d-byte layer counted as fetched eagerly", d, bigest.Size)
 	}
 	second := bindAndWait(t, rt, "lazy-2", image)
 	if out, err := sandboxExec(ctx, second, runtimetest.Token, "sha256sum", "/data/blob0"); err != nil || !strings.HasPrefix(out, sums["data/blob0"]) {
@@ -219,6 +235,32 @@ func TestRootLazyConvert(t *testing.T) {
 		t.Fatal(err)
 	}
 	deleteImagesUnmounted(t, cc, true, src.String())
+}
+
+// metricValues reads rt's metrics: each family's sum over its series (a
+// histogram's: its sample count).
+func metricValues(t *testing.T, rt *noderuntime.Runtime) map[string]float64 {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(rt.Collector())
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			switch {
+			case m.Gauge != nil:
+				out[f.GetName()] += m.GetGauge().GetValue()
+			case m.Counter != nil:
+				out[f.GetName()] += m.GetCounter().GetValue()
+			case m.Histogram != nil:
+				out[f.GetName()] += float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return out
 }
 
 // conversionOf names src's conversion in the pool's convert repository, as

@@ -65,6 +65,8 @@ BRIDGE_IP=${BRIDGE_IP:-10.213.0.1}
 CONTAINERD_ADDRESS=$SANDMAN_STATE/containerd/containerd.sock
 # The lazy-pulling snapshotter's socket: containerd's proxy plugin "stargz".
 STARGZ_ADDRESS=$SANDMAN_STATE/stargz/stargz.sock
+# Its Prometheus metrics (node agents: --lazy-metrics-url).
+STARGZ_METRICS_PORT=${STARGZ_METRICS_PORT:-15066}
 CNI_CONF_DIR=$SANDMAN_STATE/cni/net.d
 CNI_BIN_DIR=${CNI_BIN_DIR:-/usr/lib/cni}
 

@@ -199,7 +199,7 @@ HOSTS
 # stargz-snapshotter fetches eStargz layers in 1 MiB chunks (50 KB by default:
 # reading a large file on demand took 1.4x as long; docs/benchmarks.md).
 mkdir -p "$SANDMAN_STATE/stargz"
-printf '[blob]\nchunk_size = 1048576\n' >"$SANDMAN_STATE/stargz/config.toml"
+printf 'metrics_address = "127.0.0.1:%s"\n[blob]\nchunk_size = 1048576\n' "$STARGZ_METRICS_PORT" >"$SANDMAN_STATE/stargz/config.toml"
 start stargz "test -S $STARGZ_ADDRESS" \
 	"$STARGZ_BIN" --address "$STARGZ_ADDRESS" --root "$SANDMAN_STATE/stargz/root" \
 	--config "$SANDMAN_STATE/stargz/config.toml" --log-level warn
@@ -319,6 +319,7 @@ BRIDGE_IP=$BRIDGE_IP
 REGISTRY_BIN=$REGISTRY_BIN/registry
 RUNC_BIN=$RUNC_BIN
 RUNSC_BIN=$RUNSC_BIN
+STARGZ_METRICS_URL=http://127.0.0.1:$STARGZ_METRICS_PORT/metrics
 BUSYBOX_IMAGE=127.0.0.1:$REGISTRY_PORT/$BUSYBOX_REPO
 NOSHELL_IMAGE=127.0.0.1:$REGISTRY_PORT/$NOSHELL_REPO
 DEBIAN_IMAGE=127.0.0.1:$REGISTRY_PORT/$DEBIAN_REPO

@@ -57,6 +57,11 @@ type Config struct {
 	// largest layer uncompressed plus the image compressed (default
 	// os.TempDir()).
 	ConvertDir string
+	// LazyMetricsURL is the lazy-pulling snapshotter's Prometheus endpoint
+	// (stargz-snapshotter's metrics_address, http://host:port/metrics):
+	// the image metrics add what it fetched on demand and how long its
+	// fetches took (sandman_node_image_lazy_*). Empty: none.
+	LazyMetricsURL string
 	// HostsDir holds per-registry settings in containerd's hosts.toml
 	// layout (<dir>/<host>/hosts.toml: mirrors, plain HTTP, CA files,
 	// skip_verify). Empty: defaults, where localhost and loopback
@@ -440,7 +445,7 @@ func (m *Manager) run(ctx context.Context, name string, p *pull, creds map[strin
 		m.images[name] = &entry{lastUsed: m.cfg.Clock.Now(), access: access}
 		m.metrics.pulls.WithLabelValues("ok").Inc()
 		m.metrics.pullSeconds.Observe(elapsed.Seconds())
-		m.metrics.pullBytes.Add(float64(final.BytesTotal))
+		m.metrics.pullBytes.Add(float64(final.BytesDone))
 	}
 	close(p.done)
 	m.mu.Unlock()

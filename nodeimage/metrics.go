@@ -32,7 +32,7 @@ func newMetrics(node string) *metrics {
 		}),
 		pullBytes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sandman_node_image_pulled_bytes_total", ConstLabels: l,
-			Help: "Compressed bytes of images pulled successfully (bytes).",
+			Help: "Compressed bytes of images pulled successfully that are in containerd's content store after the pull: fetched eagerly (or there before). Layers mounted lazily do not count: see sandman_node_image_lazy_fetched_bytes.",
 		}),
 		gcRemoved: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sandman_node_image_gc_removed_total", ConstLabels: l,
@@ -86,6 +86,11 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	c.m.metrics.gcRemoved.Describe(ch)
 	c.m.metrics.accessChecks.Describe(ch)
 	c.m.metrics.conversions.Describe(ch)
+	if c.m.cfg.LazyMetricsURL != "" {
+		for _, d := range []*prometheus.Desc{lazyUpDesc, lazyFetchedDesc, lazyServedDesc, lazyFetchDesc, lazyMountDesc} {
+			ch <- d
+		}
+	}
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
@@ -102,4 +107,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	m.metrics.gcRemoved.Collect(ch)
 	m.metrics.accessChecks.Collect(ch)
 	m.metrics.conversions.Collect(ch)
+	if m.cfg.LazyMetricsURL != "" {
+		m.collectLazy(ch)
+	}
 }

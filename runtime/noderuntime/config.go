@@ -77,6 +77,9 @@ type Config struct {
 	// credentials of SnapshotPushConfig; conversions in progress are kept
 	// in <StateDir>/conversions.
 	LazyConvertRepository string
+	// LazyMetricsURL is the lazy-pulling snapshotter's metrics endpoint
+	// (see nodeimage.Config.LazyMetricsURL).
+	LazyMetricsURL string
 	// PidsLimit bounds processes per container (default 1024).
 	PidsLimit int64
 	// SeccompProfileRoot holds the seccomp profiles (OCI JSON) pods name

@@ -115,7 +115,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		PrePullConcurrency: cfg.PrePullConcurrency, SnapshotRepositories: cfg.SnapshotRepositories, InUse: r.imagesInUse,
 		OnProgress: r.imageProgress, OnChange: r.imagesChanged, Logger: r.log, Clock: cfg.Clock,
 		ConvertRepository: cfg.LazyConvertRepository, ConvertSecrets: r.snapshotPushAuth,
-		ConvertDir: filepath.Join(cfg.StateDir, "conversions"),
+		ConvertDir: filepath.Join(cfg.StateDir, "conversions"), LazyMetricsURL: cfg.LazyMetricsURL,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("containerd runtime: %w", err)
