@@ -237,12 +237,12 @@ func TestRootLazyConvert(t *testing.T) {
 	deleteImagesUnmounted(t, cc, true, src.String())
 }
 
-// metricValues reads rt's metrics: each family's sum over its series (a
+// metricValues reads rt's metrics and its images': each family's sum over its series (a
 // histogram's: its sample count).
 func metricValues(t *testing.T, rt *noderuntime.Runtime) map[string]float64 {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(rt.Collector())
+	reg.MustRegister(rt.Collector(), rt.Images().Collector())
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
