@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -138,11 +139,17 @@ func pushLazyImage(t *testing.T, s *framework.Stack, repo string, opts ...remote
 // files' SHA-256.
 func pushPlainImage(t *testing.T, s *framework.Stack, ref string, opts ...remote.Option) (name.Reference, map[string]string) {
 	t.Helper()
+	return pushImageOf(t, s, ref, 4, 8<<20, opts...)
+}
+
+// pushImageOf is pushPlainImage with n random files of size bytes.
+func pushImageOf(t *testing.T, s *framework.Stack, ref string, n, size int, opts ...remote.Option) (name.Reference, map[string]string) {
+	t.Helper()
 	base := mustImage(t, mustRef(t, s.BusyboxImage))
 	files := map[string][]byte{}
 	sums := map[string]string{}
-	for i := range 4 {
-		b := make([]byte, 8<<20)
+	for i := range n {
+		b := make([]byte, size)
 		if _, err := rand.Read(b); err != nil {
 			t.Fatal(err)
 		}
@@ -699,3 +706,97 @@ type rawManifest []byte
 func (r rawManifest) RawManifest() ([]byte, error) { return r, nil }
 
 func (r rawManifest) MediaType() (types.MediaType, error) { return types.OCIManifestSchema1, nil }
+
+// TestRootLazyWorkingSet: a worker serves more distinct lazily pulled images
+// than its disk budget holds whole. 30 images of 8 MiB, a budget of 10 of
+// them; each sandbox reads a quarter of its image. Every bind succeeds; the
+// lazy cache counts against the budget, so the image GC removes cold images
+// (their cached reads go with them) and the disk stays within the budget,
+// with more images on the node than the budget would hold pulled whole.
+func TestRootLazyWorkingSet(t *testing.T) {
+	s := framework.Get(t)
+	ctx := t.Context()
+	const (
+		images    = 30
+		files     = 8
+		fileBytes = 1 << 20
+		budget    = 10 * files * fileBytes
+	)
+	refs := make([]string, images)
+	sums := make([]map[string]string, images)
+	repo := s.Registry + "/lazy-ws-" + krand.String(6)
+	for i := range images {
+		src, sum := pushImageOf(t, s, fmt.Sprintf("%s/img%d:v1", repo, i), files, fileBytes)
+		res, err := lazyimage.Convert(ctx, src, mustRef(t, fmt.Sprintf("%s/img%d:v1-esgz", repo, i)), lazyimage.Options{TempDir: t.TempDir()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		refs[i], sums[i] = res.Target.String(), sum
+	}
+	cacheDir := s.Env["STARGZ_CACHE_DIR"]
+	rt := newContainerdRuntime(t, s, 6, 1, func(c *noderuntime.Config) {
+		c.Snapshotter, c.LazyPull = "stargz", true
+		c.LazyMetricsURL, c.LazyCacheDir = s.Env["STARGZ_METRICS_URL"], cacheDir
+		c.ImageCacheBytes = budget
+	})
+	for i, ref := range refs {
+		uid := fmt.Sprintf("ws-%d", i)
+		sl := bindAndWait(t, rt, uid, ref)
+		for _, n := range []string{"data/blob0", "data/blob1"} {
+			out, err := sandboxExec(ctx, sl, runtimetest.Token, "sha256sum", "/"+n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, _, _ := strings.Cut(out, " "); got != sums[i][n] {
+				t.Fatalf("image %d: /%s reads %s, %s was pushed", i, n, got, sums[i][n])
+			}
+		}
+		if err := rt.Release(ctx, uid, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Within the budget, once the snapshotter dropped the cache of the
+	// layers the GC removed (it does 10 s after their last mount).
+	var u nodeimage.Usage
+	framework.Eventually(t, time.Minute, "the image cache and the lazy cache within the budget", func(ctx context.Context) (bool, error) {
+		if _, err := rt.Images().GC(ctx); err != nil {
+			return false, err
+		}
+		u = rt.Images().Usage(ctx)
+		return u.Bytes <= budget && dirBytes(t, cacheDir) <= budget, nil
+	})
+	t.Logf("after %d images on a budget of %d MiB: %d images (%d lazy) on the node, %d MiB used of which %d MiB lazy cache; lazy cache on disk %d MiB",
+		images, budget>>20, u.Images, u.LazyImages, u.Bytes>>20, u.LazyBytes>>20, dirBytes(t, cacheDir)>>20)
+	if u.LazyBytes == 0 {
+		t.Errorf("the lazy cache measured 0 bytes after 30 sandboxes read %d MiB each", 2*fileBytes>>20)
+	}
+	if u.Images >= images {
+		t.Errorf("%d images on the node: the GC removed none while the reads outgrew the budget", u.Images)
+	}
+	if u.LazyImages <= 10 {
+		t.Errorf("%d lazy images on the node: no more than the budget holds pulled whole", u.LazyImages)
+	}
+	if got := metricValues(t, rt)["sandman_node_image_lazy_cache_bytes"]; got != float64(u.LazyBytes) {
+		t.Errorf("sandman_node_image_lazy_cache_bytes = %v, usage says %d", got, u.LazyBytes)
+	}
+	deleteImagesUnmounted(t, s.Containerd(t, runtimeNamespace), true, refs...)
+}
+
+// dirBytes is the disk the files under dir use.
+func dirBytes(t *testing.T, dir string) int64 {
+	t.Helper()
+	var n int64
+	err := filepath.WalkDir(dir, func(_ string, d os.DirEntry, err error) error {
+		if err != nil {
+			return nil // a cache dropped while we walk
+		}
+		if info, err := d.Info(); err == nil && info.Mode().IsRegular() {
+			n += info.Sys().(*syscall.Stat_t).Blocks * 512
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}

@@ -199,7 +199,12 @@ HOSTS
 # stargz-snapshotter fetches eStargz layers in 1 MiB chunks (50 KB by default:
 # reading a large file on demand took 1.4x as long; docs/benchmarks.md).
 mkdir -p "$SANDMAN_STATE/stargz"
-printf 'metrics_address = "127.0.0.1:%s"\n[blob]\nchunk_size = 1048576\n' "$STARGZ_METRICS_PORT" >"$SANDMAN_STATE/stargz/config.toml"
+# No background fetch: a lazily pulled layer holds on disk only what its
+# sandboxes read, so a worker serves more images than its disk holds whole
+# (docs/architecture.md, "Lazy pulling").
+# A layer no mount uses is dropped, its cache with it, 10 s after (2 min by
+# default: the disk budget would count it that long).
+printf 'metrics_address = "127.0.0.1:%s"\nno_background_fetch = true\nresolve_result_entry_ttl_sec = 10\n[blob]\nchunk_size = 1048576\n' "$STARGZ_METRICS_PORT" >"$SANDMAN_STATE/stargz/config.toml"
 start stargz "test -S $STARGZ_ADDRESS" \
 	"$STARGZ_BIN" --address "$STARGZ_ADDRESS" --root "$SANDMAN_STATE/stargz/root" \
 	--config "$SANDMAN_STATE/stargz/config.toml" --log-level warn
@@ -320,6 +325,7 @@ REGISTRY_BIN=$REGISTRY_BIN/registry
 RUNC_BIN=$RUNC_BIN
 RUNSC_BIN=$RUNSC_BIN
 STARGZ_METRICS_URL=http://127.0.0.1:$STARGZ_METRICS_PORT/metrics
+STARGZ_CACHE_DIR=$SANDMAN_STATE/stargz/root/stargz
 BUSYBOX_IMAGE=127.0.0.1:$REGISTRY_PORT/$BUSYBOX_REPO
 NOSHELL_IMAGE=127.0.0.1:$REGISTRY_PORT/$NOSHELL_REPO
 DEBIAN_IMAGE=127.0.0.1:$REGISTRY_PORT/$DEBIAN_REPO

@@ -4,8 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"path/filepath"
 	"slices"
+	"syscall"
 	"time"
+
+	"github.com/containerd/platforms"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	ctrd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/images"
@@ -14,10 +20,18 @@ import (
 
 // Usage is the image cache's size.
 type Usage struct {
-	Images  int
-	Bytes   int64
-	Budget  int64
-	Pulling int
+	Images int
+	// Bytes on disk: the images' content and unpacked layers, plus the lazy
+	// cache.
+	Bytes int64
+	// LazyBytes of Bytes are the lazy-pulling snapshotter's cache of what
+	// sandboxes read from lazily pulled layers (Config.LazyCacheDir), as
+	// last measured.
+	LazyBytes int64
+	// LazyImages of Images have layers mounted lazily.
+	LazyImages int
+	Budget     int64
+	Pulling    int
 }
 
 // Usage returns the cache's size as last measured (images pulled since the
@@ -25,9 +39,13 @@ type Usage struct {
 func (m *Manager) Usage(context.Context) Usage {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	u := Usage{Images: len(m.images), Budget: m.cfg.CacheBytes, Pulling: len(m.pulls)}
+	u := Usage{Images: len(m.images), Budget: m.cfg.CacheBytes, Pulling: len(m.pulls), LazyBytes: m.lazyBytes}
+	u.Bytes = u.LazyBytes
 	for _, e := range m.images {
 		u.Bytes += e.size
+		if len(e.lazyLayers) > 0 {
+			u.LazyImages++
+		}
 	}
 	return u
 }
@@ -77,7 +95,7 @@ func (m *Manager) GC(ctx context.Context) ([]string, error) {
 		if inUse[name] || m.pinned[name] || m.pulls[name] != nil {
 			continue
 		}
-		cands = append(cands, cand{name, e.size, e.lastUsed})
+		cands = append(cands, cand{name, e.size + m.lazyShareLocked(e), e.lastUsed})
 	}
 	m.mu.Unlock()
 	slices.SortFunc(cands, func(a, b cand) int { return a.lastUsed.Compare(b.lastUsed) })
@@ -118,9 +136,35 @@ func (m *Manager) GC(ctx context.Context) ([]string, error) {
 	return removed, errors.Join(errs...)
 }
 
+// lazyShareLocked estimates what removing lazy image e frees of the lazy
+// cache: what the snapshotter fetched on demand for its layers, twice (the
+// compressed chunks and the files' decompressed ones are both cached), or,
+// with no such figures, all its lazily mounted layers, so that one pass
+// never removes more images than it has to (the next pass measures again).
+func (m *Manager) lazyShareLocked(e *entry) int64 {
+	var fetched, whole int64
+	for _, l := range e.lazyLayers {
+		fetched += m.lazyFetched[l.Digest.String()]
+		whole += l.Size
+	}
+	if fetched > 0 {
+		return min(2*fetched, m.lazyBytes)
+	}
+	return min(whole, m.lazyBytes)
+}
+
 // measure sizes the images not measured yet: content plus unpacked
-// snapshots. Layers shared between images count once per image.
+// snapshots (layers shared between images count once per image), and which
+// of their layers are mounted lazily (not in the content store). The lazy
+// cache is measured anew every time: it grows as sandboxes read.
 func (m *Manager) measure(ctx context.Context) {
+	if m.cfg.LazyCacheDir != "" {
+		size := dirSize(m.cfg.LazyCacheDir)
+		fetched := m.lazyFetchedByLayer()
+		m.mu.Lock()
+		m.lazyBytes, m.lazyFetched = size, fetched
+		m.mu.Unlock()
+	}
 	m.mu.Lock()
 	var todo []string
 	for name, e := range m.images {
@@ -143,10 +187,40 @@ func (m *Manager) measure(ctx context.Context) {
 		if err != nil || size == 0 {
 			continue
 		}
+		var lazy []ocispec.Descriptor
+		if m.cfg.LazyPull {
+			if mf, err := images.Manifest(ctx, m.cfg.Client.ContentStore(), img.Target(), platforms.Default()); err == nil {
+				for _, l := range mf.Layers {
+					if _, err := m.cfg.Client.ContentStore().Info(ctx, l.Digest); errdefs.IsNotFound(err) {
+						lazy = append(lazy, l)
+					}
+				}
+			}
+		}
 		m.mu.Lock()
 		if e, ok := m.images[name]; ok {
-			e.size = size
+			e.size, e.lazyLayers = size, lazy
 		}
 		m.mu.Unlock()
 	}
+}
+
+// dirSize is the disk used by the files under dir (0 when it cannot be
+// read).
+func dirSize(dir string) int64 {
+	var n int64
+	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		if info, err := d.Info(); err == nil && info.Mode().IsRegular() {
+			if st, ok := info.Sys().(*syscall.Stat_t); ok {
+				n += st.Blocks * 512
+			} else {
+				n += info.Size()
+			}
+		}
+		return nil
+	})
+	return n
 }

@@ -118,3 +118,24 @@ func label(m *dto.Metric, name string) string {
 	}
 	return ""
 }
+
+// lazyFetchedByLayer is what the snapshotter fetched on demand, by layer
+// digest (nil when its metrics are not configured or do not answer).
+func (m *Manager) lazyFetchedByLayer() map[string]int64 {
+	if m.cfg.LazyMetricsURL == "" {
+		return nil
+	}
+	families, err := m.scrapeLazy()
+	if err != nil {
+		return nil
+	}
+	out := map[string]int64{}
+	if f := families[stargzBytes]; f != nil {
+		for _, mt := range f.GetMetric() {
+			if label(mt, "operation_type") == stargzFetched {
+				out[label(mt, "layer")] += int64(mt.GetGauge().GetValue())
+			}
+		}
+	}
+	return out
+}

@@ -19,6 +19,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/pkg/snapshotters"
 	"github.com/containerd/errdefs"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"k8s.io/utils/clock"
 
 	"github.com/sandman-dev/sandman/internal/lifecycle"
@@ -62,6 +63,11 @@ type Config struct {
 	// the image metrics add what it fetched on demand and how long its
 	// fetches took (sandman_node_image_lazy_*). Empty: none.
 	LazyMetricsURL string
+	// LazyCacheDir holds the lazy-pulling snapshotter's cache of what
+	// sandboxes read (stargz-snapshotter: <root>/stargz). It counts against
+	// CacheBytes: removing a lazy image lets the snapshotter drop its
+	// layers' cache (once their mounts go). Empty: not counted.
+	LazyCacheDir string
 	// HostsDir holds per-registry settings in containerd's hosts.toml
 	// layout (<dir>/<host>/hosts.toml: mirrors, plain HTTP, CA files,
 	// skip_verify). Empty: defaults, where localhost and loopback
@@ -199,12 +205,19 @@ type Manager struct {
 	// convertSlot lets one run at a time.
 	converting  map[string]bool
 	convertSlot chan struct{}
+	// lazyBytes is the lazy cache's size and lazyFetched what the
+	// snapshotter fetched on demand by layer digest, as GC last measured.
+	lazyBytes   int64
+	lazyFetched map[string]int64
 }
 
 type entry struct {
 	size     int64 // bytes on disk: content plus unpacked snapshots; 0 until measured
 	lastUsed time.Time
 	access   Access
+	// lazyLayers are the layers the snapshotter mounted lazily (measured
+	// with size): what they cost is in the lazy cache.
+	lazyLayers []ocispec.Descriptor
 }
 
 // pull is one pull in flight; every Ensure of its image waits on done.

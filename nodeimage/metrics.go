@@ -67,6 +67,10 @@ var (
 		"Disk used by cached images, content and unpacked layers (bytes; images not measured yet count 0).", []string{"node"}, nil)
 	budgetDesc = prometheus.NewDesc("sandman_node_image_cache_budget_bytes",
 		"The image cache's disk budget (bytes; 0: none).", []string{"node"}, nil)
+	lazyCacheDesc = prometheus.NewDesc("sandman_node_image_lazy_cache_bytes",
+		"Disk used by the lazy-pulling snapshotter's cache of what sandboxes read from lazily pulled layers, as the last image GC measured it (bytes; part of sandman_node_image_cache_bytes).", []string{"node"}, nil)
+	lazyImagesDesc = prometheus.NewDesc("sandman_node_images_lazy",
+		"Images on the node with layers mounted lazily (part of sandman_node_images_cached).", []string{"node"}, nil)
 	pullingDesc = prometheus.NewDesc("sandman_node_image_pulls_in_flight",
 		"Image pulls in progress.", []string{"node"}, nil)
 )
@@ -77,7 +81,7 @@ func (m *Manager) Collector() prometheus.Collector { return &collector{m: m} }
 type collector struct{ m *Manager }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{cachedDesc, cacheBytesDesc, budgetDesc, pullingDesc} {
+	for _, d := range []*prometheus.Desc{cachedDesc, cacheBytesDesc, budgetDesc, pullingDesc, lazyCacheDesc, lazyImagesDesc} {
 		ch <- d
 	}
 	c.m.metrics.pulls.Describe(ch)
@@ -101,6 +105,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(cacheBytesDesc, prometheus.GaugeValue, float64(u.Bytes), node)
 	ch <- prometheus.MustNewConstMetric(budgetDesc, prometheus.GaugeValue, float64(m.cfg.CacheBytes), node)
 	ch <- prometheus.MustNewConstMetric(pullingDesc, prometheus.GaugeValue, float64(u.Pulling), node)
+	ch <- prometheus.MustNewConstMetric(lazyCacheDesc, prometheus.GaugeValue, float64(u.LazyBytes), node)
+	ch <- prometheus.MustNewConstMetric(lazyImagesDesc, prometheus.GaugeValue, float64(u.LazyImages), node)
 	m.metrics.pulls.Collect(ch)
 	m.metrics.pullSeconds.Collect(ch)
 	m.metrics.pullBytes.Collect(ch)

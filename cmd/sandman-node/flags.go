@@ -50,6 +50,7 @@ type options struct {
 	lazyPull                                    bool
 	lazyConvertRepository                       string
 	lazyMetricsURL                              string
+	lazyCacheDir                                string
 	snapshotRepositories                        []string
 	hotSlots                                    string
 	hotBudget                                   int
@@ -115,6 +116,7 @@ func (o *options) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.checkpointDir, "checkpoint-dir", "", "where paused gVisor sandboxes' checkpoints are kept, about their memory's size each (default <state-dir>/checkpoints)")
 	fs.StringVar(&o.lazyConvertRepository, "lazy-convert-repository", "", "repository (host[:port]/path; needs --lazy-pull) where the pool keeps eStargz conversions of ordinary public images: the first node to pull one pulls it whole, converts it and pushes it there, every later pull is lazy (read and pushed with --snapshot-push-config; private images are never converted; empty: only images converted ahead with sandmanctl images convert are lazy)")
 	fs.StringVar(&o.lazyMetricsURL, "lazy-metrics-url", "", "the lazy-pulling snapshotter's Prometheus endpoint (stargz-snapshotter's metrics_address, http://127.0.0.1:PORT/metrics): the node's image metrics add the bytes it fetched on demand and its fetch and mount times (sandman_node_image_lazy_*)")
+	fs.StringVar(&o.lazyCacheDir, "lazy-cache-dir", "", "the lazy-pulling snapshotter's cache of what sandboxes read (stargz-snapshotter: <its --root>/stargz): it counts against --image-cache-bytes, and the images that hold it are removed like the others (empty: not counted)")
 	fs.StringVar(&o.snapshotScratchDir, "snapshot-scratch-dir", "", "where a snapshot's uncompressed changes are written while the sandbox is frozen, then compressed (default <state-dir>/snapshots)")
 	fs.StringVar(&o.hostsDir, "registry-hosts-dir", "", "per-registry settings in containerd's hosts.toml layout (<dir>/<host>/hosts.toml: mirrors, plain HTTP, CA, skip_verify)")
 	fs.Func("prepull", "image kept unpacked on this node (repeatable, or comma-separated)", func(v string) error {

@@ -121,7 +121,7 @@ func connect(ctx context.Context, o options, res runtime.Resources, cacheBytes i
 		ShimGroupSize:      o.shimGroupSize,
 		RuncPath:           o.runc, RunscPath: o.runsc, RunscPlatform: o.runscPlatform, UserNamespaces: noderuntime.UserNamespaces(o.userNS), UserNamespaceBase: uint32(o.userNSBase),
 		RegistryHostsDir: o.hostsDir, ImageCacheBytes: cacheBytes, PrePull: o.prePull, PrePullConcurrency: o.prePullConcurrency,
-		SnapshotRegistry: o.snapshotRegistry, SnapshotPushConfig: o.snapshotPushConfig, SnapshotScratchDir: o.snapshotScratchDir, CheckpointDir: o.checkpointDir, CheckpointRepository: o.checkpointRepository, Snapshotter: o.snapshotter, LazyPull: o.lazyPull, LazyConvertRepository: o.lazyConvertRepository, LazyMetricsURL: o.lazyMetricsURL, SnapshotRepositories: o.snapshotRepositories,
+		SnapshotRegistry: o.snapshotRegistry, SnapshotPushConfig: o.snapshotPushConfig, SnapshotScratchDir: o.snapshotScratchDir, CheckpointDir: o.checkpointDir, CheckpointRepository: o.checkpointRepository, Snapshotter: o.snapshotter, LazyPull: o.lazyPull, LazyConvertRepository: o.lazyConvertRepository, LazyMetricsURL: o.lazyMetricsURL, LazyCacheDir: o.lazyCacheDir, SnapshotRepositories: o.snapshotRepositories,
 		HotSlots: o.hotBudget, HotImages: o.hotImages, HotMixWindow: o.hotMixWindow, HotMixHalfLife: o.hotMixHalfLife,
 	}
 	if dns != nil {

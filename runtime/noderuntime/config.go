@@ -80,6 +80,9 @@ type Config struct {
 	// LazyMetricsURL is the lazy-pulling snapshotter's metrics endpoint
 	// (see nodeimage.Config.LazyMetricsURL).
 	LazyMetricsURL string
+	// LazyCacheDir is the lazy-pulling snapshotter's cache (see
+	// nodeimage.Config.LazyCacheDir): it counts against ImageCacheBytes.
+	LazyCacheDir string
 	// PidsLimit bounds processes per container (default 1024).
 	PidsLimit int64
 	// SeccompProfileRoot holds the seccomp profiles (OCI JSON) pods name

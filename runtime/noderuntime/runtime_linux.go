@@ -116,6 +116,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		OnProgress: r.imageProgress, OnChange: r.imagesChanged, Logger: r.log, Clock: cfg.Clock,
 		ConvertRepository: cfg.LazyConvertRepository, ConvertSecrets: r.snapshotPushAuth,
 		ConvertDir: filepath.Join(cfg.StateDir, "conversions"), LazyMetricsURL: cfg.LazyMetricsURL,
+		LazyCacheDir: cfg.LazyCacheDir,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("containerd runtime: %w", err)
