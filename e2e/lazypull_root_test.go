@@ -800,3 +800,123 @@ func dirBytes(t *testing.T, dir string) int64 {
 	}
 	return n
 }
+
+// TestRootLazyPytest: a task image as SWE sets ship them — Debian with
+// Python and pytest, 64 MiB of incompressible data, a Python project —
+// converted to eStargz with the project prioritized. On a cold lazy node its
+// first sandbox is ready and passes the project's pytest before the image
+// is fetched (most of its bytes never are); a second sandbox of it on the
+// node runs pytest fetching nothing; its files are byte-identical to a full
+// pull of the same image.
+func TestRootLazyPytest(t *testing.T) {
+	s := framework.Get(t)
+	ctx := t.Context()
+	base := mustImage(t, mustRef(t, s.DebianImage))
+	files := map[string][]byte{}
+	for i := range 8 {
+		b := make([]byte, 8<<20)
+		if _, err := rand.Read(b); err != nil {
+			t.Fatal(err)
+		}
+		files[fmt.Sprintf("data/blob%d", i)] = b
+	}
+	project := map[string][]byte{
+		"app/calc.py":      []byte("def add(a, b):\n    return a + b\n"),
+		"app/test_calc.py": []byte("from calc import add\n\ndef test_add():\n    assert add(2, 3) == 5\n"),
+	}
+	img, err := mutate.AppendLayers(base, tarLayerOf(t, files), tarLayerOf(t, project))
+	if err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	repo := s.Registry + "/lazy-pytest/" + krand.String(8)
+	src := mustRef(t, repo+":v1")
+	if err := remote.Write(src, img, remote.WithContext(ctx)); err != nil {
+		t.Fatal(err)
+	}
+	res, err := lazyimage.Convert(ctx, src, mustRef(t, repo+":v1-esgz"), lazyimage.Options{
+		Prioritized: []string{"app/calc.py", "app/test_calc.py"}, TempDir: t.TempDir(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("image pushed and converted in %v", time.Since(began).Round(time.Millisecond))
+	rt := newContainerdRuntime(t, s, 6, 1, func(c *noderuntime.Config) {
+		c.Snapshotter, c.LazyPull, c.LazyMetricsURL = "stargz", true, s.Env["STARGZ_METRICS_URL"]
+	})
+	pytest := func(sl runtime.Slot) {
+		t.Helper()
+		out, err := sandboxExec(ctx, sl, runtimetest.Token, "sh", "-c", "cd /app && python3 -m pytest -q -p no:cacheprovider 2>&1")
+		if err != nil || !strings.Contains(out, "1 passed") {
+			t.Fatalf("pytest: %q, %v", out, err)
+		}
+	}
+	fetched := func() float64 { return metricValues(t, rt)["sandman_node_image_lazy_fetched_bytes"] }
+
+	before := fetched()
+	start := time.Now()
+	first := bindAndWait(t, rt, "pytest-1", res.Target.String())
+	pytest(first)
+	took, got := time.Since(start), fetched()-before
+	t.Logf("cold lazy bind → pytest passed in %v, %.1f MiB fetched of the image's %d MiB", took.Round(time.Millisecond), got/(1<<20), res.Bytes>>20)
+	if got <= 0 || got >= float64(res.Bytes)/2 {
+		t.Errorf("the first pytest fetched %.0f bytes of the image's %d: want some, and well under the whole", got, res.Bytes)
+	}
+
+	before = fetched()
+	second := bindAndWait(t, rt, "pytest-2", res.Target.String())
+	pytest(second)
+	if d := fetched() - before; d != 0 {
+		t.Errorf("the second sandbox of the image on the node fetched %.0f bytes: want none", d)
+	}
+
+	// The same files as a full pull of the plain image (in sandboxes that
+	// ran nothing: pytest writes bytecode beside the sources).
+	began = time.Now()
+	full := bindAndWait(t, rt, "pytest-full", src.String())
+	t.Logf("full pull and bind of the plain image: %v", time.Since(began).Round(time.Millisecond))
+	tree := bindAndWait(t, rt, "pytest-tree", res.Target.String())
+	const list = "find /usr/bin /usr/lib/python3 /usr/lib/python3.11 /app /data -xdev -type f 2>/dev/null | sort | xargs -d '\\n' sha256sum"
+	lazySums, err := sandboxExec(ctx, tree, runtimetest.Token, "sh", "-c", list)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fullSums, err := sandboxExec(ctx, full, runtimetest.Token, "sh", "-c", list)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lazySums != fullSums || strings.Count(lazySums, "\n") < 1000 {
+		l, f := strings.Split(lazySums, "\n"), strings.Split(fullSums, "\n")
+		t.Errorf("the lazily pulled tree (%d files) differs from the full pull's (%d files): %v", len(l), len(f), lineDiff(l, f, 10))
+	}
+	for _, uid := range []string{"pytest-1", "pytest-2", "pytest-full", "pytest-tree"} {
+		if err := rt.Release(ctx, uid, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deleteImagesUnmounted(t, s.Containerd(t, runtimeNamespace), true, res.Target.String(), src.String())
+}
+
+// lineDiff lists up to n lines in only one of a and b (- for a, + for b).
+func lineDiff(a, b []string, n int) []string {
+	in := func(l []string) map[string]bool {
+		m := map[string]bool{}
+		for _, x := range l {
+			m[x] = true
+		}
+		return m
+	}
+	ia, ib := in(a), in(b)
+	var out []string
+	for _, x := range a {
+		if !ib[x] && len(out) < n {
+			out = append(out, "-"+x)
+		}
+	}
+	for _, x := range b {
+		if !ia[x] && len(out) < n {
+			out = append(out, "+"+x)
+		}
+	}
+	return out
+}
