@@ -52,6 +52,7 @@ var suites = []suite{
 	{"snapshot", false, "prepared environments: snapshot, fork and bind, about 2.5 minutes", benchSnapshot},
 	{"pause", false, "pause and resume of gVisor sandboxes holding 64 MiB to 1 GiB, a few minutes", benchPause},
 	{"move", false, "moves of gVisor sandboxes between two nodes through the registry, and the memory pausing frees, a few minutes", benchMove},
+	{"lazy", false, "lazy pulling (stargz) against full pulls: a cold 2 GiB image, warm binds, git and pytest, a Zipf trace of 200 binds, about 15 minutes (BENCH_LAZY_*)", benchLazy},
 	{"scale", false, "20,000 sandboxes, bursts and scheduler load, many minutes (BENCH_SCALE_*)", benchScale},
 }
 
