@@ -807,7 +807,7 @@ func dirBytes(t *testing.T, dir string) int64 {
 // first sandbox is ready and passes the project's pytest before the image
 // is fetched (most of its bytes never are); a second sandbox of it on the
 // node runs pytest fetching nothing; its files are byte-identical to a full
-// pull of the same image.
+// pull of the same image, with the same modes and modification times.
 func TestRootLazyPytest(t *testing.T) {
 	s := framework.Get(t)
 	ctx := t.Context()
@@ -876,7 +876,10 @@ func TestRootLazyPytest(t *testing.T) {
 	full := bindAndWait(t, rt, "pytest-full", src.String())
 	t.Logf("full pull and bind of the plain image: %v", time.Since(began).Round(time.Millisecond))
 	tree := bindAndWait(t, rt, "pytest-tree", res.Target.String())
-	const list = "find /usr/bin /usr/lib/python3 /usr/lib/python3.11 /app /data -xdev -type f 2>/dev/null | sort | xargs -d '\\n' sha256sum"
+	// Modes and modification times too: the test layers' files have the
+	// Unix epoch's, which eStargz records as no time at all.
+	const dirs = "/usr/bin /usr/lib/python3 /usr/lib/python3.11 /app /data"
+	const list = "find " + dirs + " -xdev -printf '%p %T@ %m\\n' 2>/dev/null | sort; find " + dirs + " -xdev -type f 2>/dev/null | sort | xargs -d '\\n' sha256sum"
 	lazySums, err := sandboxExec(ctx, tree, runtimetest.Token, "sh", "-c", list)
 	if err != nil {
 		t.Fatal(err)

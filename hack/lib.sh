@@ -27,7 +27,9 @@ RUNSC_BIN=$GVISOR_DIR/runsc
 RUNSC_SHIM_BIN=$GVISOR_DIR/containerd-shim-runsc-v1
 # The lazy-pulling snapshotter, from hack/tools/stargz's go.mod.
 STARGZ_VERSION=v0.19.1
-STARGZ_BIN=$SANDMAN_CACHE/stargz-$STARGZ_VERSION/containerd-stargz-grpc
+# Our own main (hack/tools/stargz): its cache entry changes with its source.
+STARGZ_SRC=$(cat "$SANDMAN_ROOT"/hack/tools/stargz/{main.go,go.mod,go.sum} 2>/dev/null | sha256sum | cut -c1-8)
+STARGZ_BIN=$SANDMAN_CACHE/stargz-$STARGZ_VERSION-$STARGZ_SRC/containerd-stargz-grpc
 METRICS_SERVER_VERSION=v0.8.0
 METRICS_SERVER_BIN=$SANDMAN_CACHE/metrics-server-$METRICS_SERVER_VERSION
 METRICS_SERVER_PORT=14443

@@ -204,7 +204,9 @@ mkdir -p "$SANDMAN_STATE/stargz"
 # (docs/architecture.md, "Lazy pulling").
 # A layer no mount uses is dropped, its cache with it, 10 s after (2 min by
 # default: the disk budget would count it that long).
-printf 'metrics_address = "127.0.0.1:%s"\nno_background_fetch = true\nresolve_result_entry_ttl_sec = 10\n[blob]\nchunk_size = 1048576\n' "$STARGZ_METRICS_PORT" >"$SANDMAN_STATE/stargz/config.toml"
+# Layers never change: the kernel keeps their attributes and names an hour
+# (1 s by default: git status over 5,000 files took 34x overlayfs's time).
+printf 'metrics_address = "127.0.0.1:%s"\nno_background_fetch = true\nresolve_result_entry_ttl_sec = 10\n[blob]\nchunk_size = 1048576\n[fuse]\nattr_timeout = 3600\nentry_timeout = 3600\n' "$STARGZ_METRICS_PORT" >"$SANDMAN_STATE/stargz/config.toml"
 start stargz "test -S $STARGZ_ADDRESS" \
 	"$STARGZ_BIN" --address "$STARGZ_ADDRESS" --root "$SANDMAN_STATE/stargz/root" \
 	--config "$SANDMAN_STATE/stargz/config.toml" --log-level warn

@@ -2,8 +2,10 @@ package main
 
 import (
 	"archive/tar"
+	"bytes"
 	"compress/gzip"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -56,6 +58,8 @@ const lazyNamespace = "sandman-bench-lazy"
 //     images of 64 MiB with Zipf popularity on one node whose disk budget
 //     holds 10 of them pulled whole: mean and p99 bind → first command, and
 //     the bytes fetched (the CDF is drawn to docs/lazy-zipf-bind.svg).
+//
+// BENCH_LAZY_ONLY=cold,throughput,zipf runs only those parts.
 func benchLazy(cfg config) ([]row, error) {
 	ctx := context.Background()
 	be, closeEnv, err := openBenchEnv(cfg, lazyNamespace)
@@ -81,11 +85,18 @@ func benchLazy(cfg config) ([]row, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(l.tmp)
-	defer l.deleteImages()
+	defer func() { _ = l.deleteImages() }()
 
 	var rows []row
-	for _, part := range []func(context.Context) ([]row, error){l.cold, l.throughput, l.zipf} {
-		r, err := part(ctx)
+	only := os.Getenv("BENCH_LAZY_ONLY")
+	for _, part := range []struct {
+		name string
+		run  func(context.Context) ([]row, error)
+	}{{"cold", l.cold}, {"throughput", l.throughput}, {"zipf", l.zipf}} {
+		if only != "" && !slices.Contains(strings.Split(only, ","), part.name) {
+			continue
+		}
+		r, err := part.run(ctx)
 		rows = append(rows, r...)
 		if err != nil {
 			return rows, err
@@ -206,6 +217,10 @@ func (l *lazyBench) cold(ctx context.Context) ([]row, error) {
 				if err := mode.rt.Release(ctx, uid, 0); err != nil {
 					return rows, err
 				}
+				// The next run starts cold: no content, no snapshot.
+				if err := l.deleteImages(); err != nil {
+					return rows, err
+				}
 				if k == 0 {
 					fullWarm = ref
 				} else {
@@ -234,6 +249,11 @@ func (l *lazyBench) cold(ctx context.Context) ([]row, error) {
 				return err
 			}
 			return rt.Release(ctx, uid, 0)
+		}
+	}
+	for _, f := range []func() error{bind(lazyRT, lazyWarm), bind(fullRT, fullWarm)} {
+		if err := f(); err != nil { // pulls it again
+			return rows, err
 		}
 	}
 	lz, fl, err := timeInterleaved(20, bind(lazyRT, lazyWarm), bind(fullRT, fullWarm))
@@ -405,6 +425,9 @@ func (l *lazyBench) zipf(ctx context.Context) ([]row, error) {
 	for i := range trace {
 		trace[i] = int(zf.Uint64())
 	}
+	if err := l.deleteImages(); err != nil {
+		return nil, err
+	}
 	lazyRT, fullRT, stop, err := l.runtimes(ctx, budget)
 	if err != nil {
 		return nil, err
@@ -454,19 +477,22 @@ func (l *lazyBench) zipf(ctx context.Context) ([]row, error) {
 	return rows, nil
 }
 
-// deleteImages removes every image of the suite's namespace.
-func (l *lazyBench) deleteImages() {
+// deleteImages removes every image of the suite's namespace, with its
+// content and snapshots (containerd's synchronous GC).
+func (l *lazyBench) deleteImages() error {
 	ctx := namespaces.WithNamespace(context.Background(), lazyNamespace)
 	is := l.be.client.ImageService()
 	imgs, err := is.List(ctx)
 	if err != nil {
-		return
+		return err
 	}
+	var errs []error
 	for _, img := range imgs {
 		if err := is.Delete(ctx, img.Name, images.SynchronousDelete()); err != nil && !errdefs.IsNotFound(err) {
-			fmt.Fprintf(os.Stderr, "lazy: delete %s: %v\n", img.Name, err)
+			errs = append(errs, fmt.Errorf("delete %s: %w", img.Name, err))
 		}
 	}
+	return errors.Join(errs...)
 }
 
 func remoteImage(ctx context.Context, ref string) (v1.Image, error) {
@@ -559,49 +585,45 @@ func gitRepoLayer(dir string, n int) (v1.Layer, error) {
 			return nil, fmt.Errorf("git %v: %v: %s", args, err, out)
 		}
 	}
-	open := func() (io.ReadCloser, error) {
-		pr, pw := io.Pipe()
-		go func() {
-			tw := tar.NewWriter(pw)
-			err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
-				if err != nil {
-					return err
-				}
-				rel, _ := filepath.Rel(dir, p)
-				info, err := d.Info()
-				if err != nil {
-					return err
-				}
-				hdr, err := tar.FileInfoHeader(info, "")
-				if err != nil {
-					return err
-				}
-				hdr.Name, hdr.ModTime = filepath.Join("repo", rel), time.Unix(0, 0)
-				hdr.Uid, hdr.Gid, hdr.Uname, hdr.Gname = 0, 0, "", ""
-				if d.IsDir() {
-					hdr.Name += "/"
-				}
-				if err := tw.WriteHeader(hdr); err != nil {
-					return err
-				}
-				if info.Mode().IsRegular() {
-					f, err := os.Open(p)
-					if err != nil {
-						return err
-					}
-					defer f.Close()
-					_, err = io.Copy(tw, f)
-					return err
-				}
-				return nil
-			})
-			if err == nil {
-				err = tw.Close()
-			}
-			pw.CloseWithError(err)
-		}()
-		return pr, nil
+	// Tarred once, in memory: reading the files changes their atime.
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		hdr := &tar.Header{Name: filepath.Join("repo", rel), Mode: int64(info.Mode().Perm()), Typeflag: tar.TypeReg, Size: info.Size()}
+		if d.IsDir() {
+			hdr.Name, hdr.Typeflag, hdr.Size = hdr.Name+"/", tar.TypeDir, 0
+		} else if !info.Mode().IsRegular() {
+			return nil
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		if d.IsDir() {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		_, err = tw.Write(b)
+		return err
+	})
+	if err == nil {
+		err = tw.Close()
 	}
+	if err != nil {
+		return nil, err
+	}
+	data := buf.Bytes()
+	open := func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil }
 	return tarball.LayerFromOpener(open)
 }
 

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -27,6 +28,7 @@ import (
 	"github.com/containerd/containerd/v2/contrib/snapshotservice"
 	"github.com/containerd/log"
 	"github.com/containerd/stargz-snapshotter/fs"
+	"github.com/containerd/stargz-snapshotter/metadata"
 	memorymetadata "github.com/containerd/stargz-snapshotter/metadata/memory"
 	"github.com/containerd/stargz-snapshotter/service"
 	"github.com/containerd/stargz-snapshotter/service/keychain/dockerconfig"
@@ -83,7 +85,7 @@ func run(address, root, configPath string) error {
 		service.WithCredsFuncs(dockerconfig.NewDockerconfigKeychain(ctx)),
 		service.WithFilesystemOptions(
 			fs.WithMetricsLogLevel(log.InfoLevel),
-			fs.WithMetadataStore(memorymetadata.NewReader),
+			fs.WithMetadataStore(epochStore),
 		))
 	if err != nil {
 		return fmt.Errorf("snapshotter: %w", err)
@@ -123,4 +125,45 @@ func run(address, root, configPath string) error {
 	case err := <-errc:
 		return err
 	}
+}
+
+// epochStore is the in-memory metadata store, with epochReader over it.
+func epochStore(sr *io.SectionReader, opts ...metadata.Option) (metadata.Reader, error) {
+	r, err := memorymetadata.NewReader(sr, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return epochReader{r}, nil
+}
+
+// epochReader gives files that eStargz records with no modification time the
+// Unix epoch, as a full pull unpacks them. The estargz writer leaves the time
+// out for the epoch — the time reproducible builds give every file — and its
+// reader turns an absent time into Go's zero time, the year 1: git then
+// finds every file racily clean and reads them all at each git status.
+type epochReader struct{ metadata.Reader }
+
+func epochAttr(a metadata.Attr) metadata.Attr {
+	if a.ModTime.IsZero() {
+		a.ModTime = time.Unix(0, 0)
+	}
+	return a
+}
+
+func (r epochReader) GetAttr(id uint32) (metadata.Attr, error) {
+	a, err := r.Reader.GetAttr(id)
+	return epochAttr(a), err
+}
+
+func (r epochReader) GetChild(pid uint32, base string) (uint32, metadata.Attr, error) {
+	id, a, err := r.Reader.GetChild(pid, base)
+	return id, epochAttr(a), err
+}
+
+func (r epochReader) Clone(sr *io.SectionReader) (metadata.Reader, error) {
+	c, err := r.Reader.Clone(sr)
+	if err != nil {
+		return nil, err
+	}
+	return epochReader{c}, nil
 }
