@@ -47,19 +47,25 @@ const lazyNamespace = "sandman-bench-lazy"
 // benchLazy measures lazy pulling (the stack's stargz-snapshotter, node
 // runtimes with --lazy-pull) against today's full pulls into overlayfs, from
 // the stack's registry behind a proxy that counts bytes and, throttled,
-// paces them to BENCH_LAZY_MIBPS (100) MiB/s:
-//   - a cold first bind → first command answered, for an image of
-//     BENCH_LAZY_MIB (2048) MiB of incompressible files, BENCH_LAZY_RUNS (3)
-//     runs each, throttled and not, and the bytes fetched;
-//   - warm binds of that image, lazy against overlayfs;
-//   - git status over a 5,000-file repository and a pytest run in a Debian
-//     task image once its files were read, lazy against fully pulled;
-//   - a trace of BENCH_LAZY_TRACE (200) binds over BENCH_LAZY_IMAGES (50)
-//     images of 64 MiB with Zipf popularity on one node whose disk budget
-//     holds 10 of them pulled whole: mean and p99 bind → first command, and
-//     the bytes fetched (the CDF is drawn to docs/lazy-zipf-bind.svg).
+// paces them to BENCH_LAZY_MIBPS (100) MiB/s. Its parts:
 //
-// BENCH_LAZY_ONLY=cold,throughput,zipf runs only those parts.
+//   - cold: a first bind → first command answered, for an image of
+//     BENCH_LAZY_MIB (2048) MiB of incompressible files, BENCH_LAZY_RUNS (3)
+//     runs each, throttled and not, and the bytes fetched; then warm binds
+//     of that image, lazy against overlayfs;
+//   - throughput: git status over a 5,000-file repository and a pytest run
+//     in a Debian task image once its files were read, lazy against fully
+//     pulled;
+//   - prefetch: a cold bind → pytest in a Debian task image with 256 MiB of
+//     data, converted with nothing prioritized and with the files pytest read
+//     in a full pull's sandbox prioritized (recorded by their access times);
+//   - zipf: a trace of BENCH_LAZY_TRACE (200) binds over BENCH_LAZY_IMAGES
+//     (50) images of 64 MiB with Zipf popularity on one node whose disk
+//     budget holds 10 of them pulled whole: mean and p99 bind → first
+//     command, and the bytes fetched (the CDF is drawn to
+//     docs/lazy-zipf-bind.svg).
+//
+// BENCH_LAZY_ONLY=cold,throughput,prefetch,zipf runs only those parts.
 func benchLazy(cfg config) ([]row, error) {
 	ctx := context.Background()
 	be, closeEnv, err := openBenchEnv(cfg, lazyNamespace)
@@ -92,7 +98,7 @@ func benchLazy(cfg config) ([]row, error) {
 	for _, part := range []struct {
 		name string
 		run  func(context.Context) ([]row, error)
-	}{{"cold", l.cold}, {"throughput", l.throughput}, {"zipf", l.zipf}} {
+	}{{"cold", l.cold}, {"throughput", l.throughput}, {"prefetch", l.prefetch}, {"zipf", l.zipf}} {
 		if only != "" && !slices.Contains(strings.Split(only, ","), part.name) {
 			continue
 		}
@@ -294,27 +300,32 @@ func (l *lazyBench) bigImage(ctx context.Context) (src, conv v1.Image, err error
 // pushAndConvert pushes img as bench-lazy/NAME:v1 and its conversion as
 // :v1-esgz, and reads both back from the registry.
 func (l *lazyBench) pushAndConvert(ctx context.Context, img v1.Image, tag string, prioritized []string) (src, conv v1.Image, err error) {
+	src, conv, _, err = l.pushAndConvertRef(ctx, img, tag, prioritized)
+	return src, conv, err
+}
+
+// pushAndConvertRef is pushAndConvert that also names the source.
+func (l *lazyBench) pushAndConvertRef(ctx context.Context, img v1.Image, tag string, prioritized []string) (src, conv v1.Image, sref name.Reference, err error) {
 	repo := fmt.Sprintf("%s/bench-lazy/%s-%d", l.stack.Registry, tag, time.Now().UnixNano())
-	sref, err := name.ParseReference(repo + ":v1")
-	if err != nil {
-		return nil, nil, err
+	if sref, err = name.ParseReference(repo + ":v1"); err != nil {
+		return nil, nil, nil, err
 	}
 	if err := remote.Write(sref, img, remote.WithContext(ctx)); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	cref, err := name.ParseReference(repo + ":v1-esgz")
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	res, err := lazyimage.Convert(ctx, sref, cref, lazyimage.Options{Prioritized: prioritized, TempDir: l.tmp})
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if src, err = remote.Image(sref, remote.WithContext(ctx)); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	conv, err = remote.Image(res.Target, remote.WithContext(ctx))
-	return src, conv, err
+	return src, conv, sref, err
 }
 
 // throughput: git status over a 5,000-file repository and pytest in a
@@ -388,6 +399,111 @@ func (l *lazyBench) throughput(ctx context.Context) ([]row, error) {
 			baseline: "fully pulled (overlayfs) " + ms(fl.p50()), ratio: ratio(lz.p50(), fl.p50()), note: "goal ≤ 1.2×"})
 	}
 	return rows, nil
+}
+
+// prefetch: what prioritizing the files a task reads first saves. The reads
+// are recorded in a sandbox of the fully pulled image: containerd unpacks
+// files with their access time at their modification time, so a read moves
+// it (relatime), and find -anewer lists what the task read.
+func (l *lazyBench) prefetch(ctx context.Context) ([]row, error) {
+	if err := l.deleteImages(); err != nil {
+		return nil, err
+	}
+	base, err := remoteImage(ctx, l.stack.DebianImage)
+	if err != nil {
+		return nil, err
+	}
+	layers, err := appendRandomLayer(nil, "data", 32, 8<<20, 77)
+	if err != nil {
+		return nil, err
+	}
+	project := map[string]string{"app/calc.py": "def add(a, b):\n    return a + b\n"}
+	for i := range 50 {
+		project[fmt.Sprintf("app/test_calc%d.py", i)] = fmt.Sprintf("import json, email.parser, http.client\nfrom calc import add\n\ndef test_add():\n    assert add(%d, 1) == %d\n", i, i+1)
+	}
+	app, err := tarLayer(project)
+	if err != nil {
+		return nil, err
+	}
+	img, err := mutateAppend(base, append(layers, app)...)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintln(os.Stderr, "lazy: prefetch: a Debian task image with 256 MiB of data, converted with nothing prioritized")
+	src, plain, srcRef, err := l.pushAndConvertRef(ctx, img, "prefetch", nil)
+	if err != nil {
+		return nil, err
+	}
+	lazyRT, fullRT, stop, err := l.runtimes(ctx, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+	const task = "cd /app && python3 -m pytest -q -p no:cacheprovider >/dev/null"
+	ref, err := l.copyTo(ctx, src, l.direct)
+	if err != nil {
+		return nil, err
+	}
+	_, c, err := firstCommand(ctx, fullRT, "prefetch-record", ref, "true")
+	if err != nil {
+		return nil, err
+	}
+	r, err := c.Exec(ctx, api.ExecRequest{Shell: "touch /tmp/.mark && sleep 1.1 && " + task + " && find / -xdev -type f -anewer /tmp/.mark ! -path '/tmp/*' 2>/dev/null", ShellPath: "/bin/sh"})
+	if err == nil && r.ExitCode != 0 {
+		err = fmt.Errorf("recording the task's reads: exit %d: %s", r.ExitCode, r.Stderr)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var read []string
+	for _, f := range strings.Fields(string(r.Stdout)) {
+		read = append(read, strings.TrimPrefix(f, "/"))
+	}
+	if err := fullRT.Release(ctx, "prefetch-record", 0); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(os.Stderr, "lazy: prefetch: the task read %d files; converting with them prioritized\n", len(read))
+	sref, err := name.ParseReference(fmt.Sprintf("%s/bench-lazy/prefetch-rec-%d:v1-esgz", l.stack.Registry, time.Now().UnixNano()))
+	if err != nil {
+		return nil, err
+	}
+	res, err := lazyimage.Convert(ctx, srcRef, sref, lazyimage.Options{Prioritized: read, TempDir: l.tmp})
+	if err != nil {
+		return nil, err
+	}
+	prio, err := remote.Image(res.Target, remote.WithContext(ctx))
+	if err != nil {
+		return nil, err
+	}
+	var times [2]durations
+	var fetched [2]int64
+	for i := range l.runs {
+		for k, conv := range []v1.Image{plain, prio} {
+			if err := l.deleteImages(); err != nil {
+				return nil, err
+			}
+			ref, err := l.copyTo(ctx, conv, l.throttled)
+			if err != nil {
+				return nil, err
+			}
+			l.throttled.reset()
+			uid := fmt.Sprintf("prefetch-%d-%d", k, i)
+			d, _, err := firstCommand(ctx, lazyRT, uid, ref, "sh", "-c", task)
+			if err != nil {
+				return nil, err
+			}
+			times[k], fetched[k] = append(times[k], d), fetched[k]+l.throttled.bytes.Load()
+			if err := lazyRT.Release(ctx, uid, 0); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return []row{{
+		name: fmt.Sprintf("lazy: cold bind → pytest, Debian task image, registry at %d MiB/s, the %d files it read prioritized", l.throttled.mibps, len(read)),
+		n:    l.runs, p50: ms(times[1].p50()), p99: ms(times[1].p99()),
+		baseline: "nothing prioritized " + ms(times[0].p50()), ratio: ratio(times[1].p50(), times[0].p50()),
+		note: fmt.Sprintf("fetched by then: %.1f MB prioritized, %.1f MB not (per run)", float64(fetched[1])/float64(l.runs)/1e6, float64(fetched[0])/float64(l.runs)/1e6),
+	}}, nil
 }
 
 // zipf: BENCH_LAZY_TRACE binds over BENCH_LAZY_IMAGES images of 64 MiB,
@@ -470,7 +586,8 @@ func (l *lazyBench) zipf(ctx context.Context) ([]row, error) {
 	}
 	rows[len(rows)-1].baseline = "full pull, mean " + ms(means[0])
 	rows[len(rows)-1].ratio = ratio(means[1], means[0])
-	svg := cdfSVG(fmt.Sprintf("Zipf trace: %d binds over %d images of 64 MiB, budget 10 images, registry at %d MiB/s — bind → first command, cumulative", l.trace, l.images, l.throttled.mibps), series)
+	svg := cdfSVGAxes(fmt.Sprintf("Zipf trace: %d binds over %d images of 64 MiB, budget 10 images, registry at %d MiB/s — bind → first command, cumulative", l.trace, l.images, l.throttled.mibps),
+		"bind → first command answered", "binds", series)
 	if err := os.WriteFile(filepath.Join(l.stack.Root, "docs", "lazy-zipf-bind.svg"), []byte(svg), 0o644); err != nil {
 		return rows, err
 	}

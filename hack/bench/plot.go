@@ -12,6 +12,12 @@ import (
 // cdfSVG draws the cumulative distribution of each series (log time axis)
 // as a self-contained SVG.
 func cdfSVG(title string, series map[string]durations) string {
+	return cdfSVGAxes(title, "create → Ready", "pods Ready", series)
+}
+
+// cdfSVGAxes is cdfSVG with its axes named: what is timed (x) and what
+// counts (y).
+func cdfSVGAxes(title, timed, counted string, series map[string]durations) string {
 	const (
 		w, h                     = 1200, 520
 		left, right, top, bottom = 70, 470, 50, 60
@@ -51,8 +57,8 @@ func cdfSVG(title string, series map[string]durations) string {
 		fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#eee"/>`+"\n", left, y(f), w-right, y(f))
 		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end">%g%%</text>`+"\n", left-6, y(f)+4, f*100)
 	}
-	fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">create → Ready (log scale)</text>`+"\n", left+pw/2, h-15)
-	fmt.Fprintf(&b, `<text x="18" y="%.1f" transform="rotate(-90 18 %.1f)" text-anchor="middle">pods Ready</text>`+"\n", top+ph/2, top+ph/2)
+	fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s (log scale)</text>`+"\n", left+pw/2, h-15, escape(timed))
+	fmt.Fprintf(&b, `<text x="18" y="%.1f" transform="rotate(-90 18 %.1f)" text-anchor="middle">%s</text>`+"\n", top+ph/2, top+ph/2, escape(counted))
 	colors := []string{"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"}
 	names := make([]string, 0, len(series))
 	for name := range series {
