@@ -27,7 +27,8 @@ type lazyLower struct {
 // were there when it started: when the snapshotter dies they fail every
 // read (ENOTCONN), and a restarted one mounts new ones the container never
 // sees. Each DiskCheckInterval the FUSE mounts under every bound
-// container are checked against the ones recorded when it was made; a
+// container are checked (statfs, which always reaches the daemon) against
+// the ones recorded when it was made; a
 // sandbox whose mount is dead or replaced is stopped with an Evicted exit
 // that says why, rather than left failing reads of its own files. A
 // snapshotter that hangs holds up this loop only.
@@ -65,8 +66,15 @@ func (r *Runtime) watchLazyLayers(ctx context.Context) {
 			}
 			dead := ""
 			for _, l := range c.lowers {
+				// statfs always asks the FUSE daemon (stat may be answered
+				// from the kernel's attribute cache, an hour long).
+				var fs unix.Statfs_t
 				var st unix.Stat_t
-				if err := unix.Stat(l.dir, &st); err != nil {
+				err := unix.Statfs(l.dir, &fs)
+				if err == nil {
+					err = unix.Stat(l.dir, &st)
+				}
+				if err != nil {
 					dead = fmt.Sprintf("its image layer mounted lazily at %s cannot be read (%v)", l.dir, err)
 					break
 				}
