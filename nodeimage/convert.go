@@ -51,8 +51,9 @@ func (m *Manager) conversionRef(name string, d digest.Digest) (string, error) {
 // lazySource says what a pull of name fetches on a node that converts
 // (Config.ConvertRepository): pull, name's conversion when the pool's
 // registry has it; else name, and convertTo where a conversion of it goes
-// once it is pulled. A private image (its registry asked for credentials)
-// is never converted: the pool's registry would serve it to anyone.
+// once it is pulled. A private image (one its registry does not serve
+// anonymously) is never converted: the pool's registry would serve it to
+// anyone.
 func (m *Manager) lazySource(ctx context.Context, name string, creds map[string][2]string) (pull, convertTo string) {
 	if !m.cfg.LazyPull || m.cfg.ConvertRepository == "" || strings.HasPrefix(name, m.cfg.ConvertRepository+"/") {
 		return name, ""
@@ -61,8 +62,14 @@ func (m *Manager) lazySource(ctx context.Context, name string, creds map[string]
 	rctx, cancel := context.WithTimeout(ctx, checkTimeout)
 	defer cancel()
 	_, desc, err := m.resolver(rctx, creds, &used).Resolve(rctx, name)
-	if err != nil || used.Load() {
-		return name, "" // the pull says why; a private image is pulled whole
+	if err != nil {
+		return name, "" // the pull says why
+	}
+	if used.Load() && m.check(rctx, name, nil) != nil {
+		// The pod's credentials were asked for and the registry does not
+		// answer without them: private, pulled whole with them. (Registries
+		// ask for credentials of public images too, Docker Hub always.)
+		return name, ""
 	}
 	ref, err := m.conversionRef(name, desc.Digest)
 	if err != nil {

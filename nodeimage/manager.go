@@ -528,7 +528,7 @@ func (m *Manager) pullOnce(ctx context.Context, name string, p *pull, creds map[
 			return nil, false, err
 		}
 		m.cfg.Logger.Info("image started from the pool's lazy conversion", "image", name, "conversion", ref)
-	} else if convertTo != "" && !used.Load() {
+	} else if convertTo != "" { // public: lazySource checked
 		m.startConversion(name, convertTo, img)
 	}
 	return img, used.Load(), nil
