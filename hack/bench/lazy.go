@@ -290,7 +290,7 @@ func (l *lazyBench) bigImage(ctx context.Context) (src, conv v1.Image, err error
 	if err != nil {
 		return nil, nil, err
 	}
-	img, err := mutateAppend(base, append(layers, app)...)
+	img, err := mutate.AppendLayers(base, append(layers, app)...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -339,16 +339,12 @@ func (l *lazyBench) throughput(ctx context.Context) ([]row, error) {
 	if err != nil {
 		return nil, err
 	}
-	project := map[string]string{"app/calc.py": "def add(a, b):\n    return a + b\n"}
-	for i := range 50 {
-		project[fmt.Sprintf("app/test_calc%d.py", i)] = fmt.Sprintf("from calc import add\n\ndef test_add():\n    assert add(%d, 1) == %d\n", i, i+1)
-	}
-	app, err := tarLayer(project)
+	app, err := pytestProject("")
 	if err != nil {
 		return nil, err
 	}
 	fmt.Fprintln(os.Stderr, "lazy: building a Debian task image (a git repository, a Python project) and its conversion")
-	img, err := mutateAppend(base, repo, app)
+	img, err := mutate.AppendLayers(base, repo, app)
 	if err != nil {
 		return nil, err
 	}
@@ -417,15 +413,11 @@ func (l *lazyBench) prefetch(ctx context.Context) ([]row, error) {
 	if err != nil {
 		return nil, err
 	}
-	project := map[string]string{"app/calc.py": "def add(a, b):\n    return a + b\n"}
-	for i := range 50 {
-		project[fmt.Sprintf("app/test_calc%d.py", i)] = fmt.Sprintf("import json, email.parser, http.client\nfrom calc import add\n\ndef test_add():\n    assert add(%d, 1) == %d\n", i, i+1)
-	}
-	app, err := tarLayer(project)
+	app, err := pytestProject("import json, email.parser, http.client\n")
 	if err != nil {
 		return nil, err
 	}
-	img, err := mutateAppend(base, append(layers, app)...)
+	img, err := mutate.AppendLayers(base, append(layers, app)...)
 	if err != nil {
 		return nil, err
 	}
@@ -526,7 +518,7 @@ func (l *lazyBench) zipf(ctx context.Context) ([]row, error) {
 		if err != nil {
 			return nil, err
 		}
-		img, err := mutateAppend(base, append(layers, app)...)
+		img, err := mutate.AppendLayers(base, append(layers, app)...)
 		if err != nil {
 			return nil, err
 		}
@@ -620,8 +612,14 @@ func remoteImage(ctx context.Context, ref string) (v1.Image, error) {
 	return remote.Image(r, remote.WithContext(ctx))
 }
 
-func mutateAppend(base v1.Image, layers ...v1.Layer) (v1.Image, error) {
-	return mutate.AppendLayers(base, layers...)
+// pytestProject is a layer with /app/calc.py and 50 pytest files testing
+// it, each starting with header (imports that make pytest read more).
+func pytestProject(header string) (v1.Layer, error) {
+	project := map[string]string{"app/calc.py": "def add(a, b):\n    return a + b\n"}
+	for i := range 50 {
+		project[fmt.Sprintf("app/test_calc%d.py", i)] = fmt.Sprintf("%sfrom calc import add\n\ndef test_add():\n    assert add(%d, 1) == %d\n", header, i, i+1)
+	}
+	return tarLayer(project)
 }
 
 // appendRandomLayer appends a layer of n files dir/0..n-1 of size bytes of
