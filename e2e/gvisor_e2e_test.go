@@ -108,25 +108,7 @@ func TestGVisorSandboxes(t *testing.T) {
 	if _, err := daemonAt(t, guest2.Status.PodIP, trainerToken).Exec(ctx, api.ExecRequest{Shell: "b() { b | b & }; b", TimeoutSeconds: 10}); err != nil {
 		t.Logf("fork bomb exec: %v", err)
 	}
-	outcome := ""
-	framework.Eventually(t, 2*time.Minute, "guest-2 to end, or to serve again, after its fork bomb", func(ctx context.Context) (bool, error) {
-		pod, err := s.Kube.CoreV1().Pods(p.ns).Get(ctx, "guest-2", metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		if pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded {
-			outcome = "ended with"
-			return true, nil
-		}
-		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		r, err := daemonAt(t, guest2.Status.PodIP, trainerToken).Exec(cctx, api.ExecRequest{Cmd: []string{"true"}})
-		if err == nil && r.ExitCode == 0 {
-			outcome = "survived"
-			return true, nil
-		}
-		return false, nil
-	})
+	outcome := endedOrServing(t, s, p, guest2, "its fork bomb", func(*corev1.Pod) error { return nil })
 	t.Logf("the gVisor sandbox %s its fork bomb", outcome)
 	if r, err := daemonAt(t, victim.Status.PodIP, trainerToken).Exec(ctx, api.ExecRequest{Cmd: []string{"true"}}); err != nil || r.ExitCode != 0 {
 		t.Errorf("the victim after the gVisor fork bomb: %v", err)
@@ -151,34 +133,18 @@ func TestGVisorSandboxes(t *testing.T) {
 	// picks by size, so either the bomb's process dies and the daemon
 	// serves again, or the Sentry dies and the sandbox ends as OOMKilled
 	// (gVisor's issue 2533). Either way only that sandbox is touched.
-	b := daemonAt(t, after.Status.PodIP, trainerToken)
-	if r, err := b.Exec(ctx, api.ExecRequest{Cmd: []string{"python3", "-c", "x = []\nwhile True: x.append(bytearray(16 << 20))"}, TimeoutSeconds: 60}); err == nil && r.ExitCode == 0 {
+	if r, err := daemonAt(t, after.Status.PodIP, trainerToken).Exec(ctx, api.ExecRequest{Cmd: []string{"python3", "-c", "x = []\nwhile True: x.append(bytearray(16 << 20))"}, TimeoutSeconds: 60}); err == nil && r.ExitCode == 0 {
 		t.Errorf("memory bomb: %+v, want killed", r)
 	}
-	framework.Eventually(t, 2*time.Minute, "the memory bomb's sandbox to serve again, or to end OOMKilled", func(ctx context.Context) (bool, error) {
-		pod, err := s.Kube.CoreV1().Pods(p.ns).Get(ctx, "after", metav1.GetOptions{})
-		if err != nil {
-			return false, nil
+	outcome = endedOrServing(t, s, p, after, "its memory bomb", func(pod *corev1.Pod) error {
+		var term *corev1.ContainerStateTerminated
+		if len(pod.Status.ContainerStatuses) > 0 {
+			term = pod.Status.ContainerStatuses[0].State.Terminated
 		}
-		if pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded {
-			var term *corev1.ContainerStateTerminated
-			if len(pod.Status.ContainerStatuses) > 0 {
-				term = pod.Status.ContainerStatuses[0].State.Terminated
-			}
-			if term == nil || term.Reason != runtime.ReasonOOMKilled {
-				return false, fmt.Errorf("the memory bomb's sandbox ended %s (%+v), want OOMKilled", pod.Status.Phase, term)
-			}
-			outcome = "ended OOMKilled after"
-			return true, nil
+		if term == nil || term.Reason != runtime.ReasonOOMKilled {
+			return fmt.Errorf("the memory bomb's sandbox ended %s (%+v), want OOMKilled", pod.Status.Phase, term)
 		}
-		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		r, err := b.Exec(cctx, api.ExecRequest{Cmd: []string{"cat", "/proc/1/comm"}})
-		if err == nil && strings.TrimSpace(string(r.Stdout)) == "sandman-daemon" {
-			outcome = "survived"
-			return true, nil
-		}
-		return false, nil
+		return nil
 	})
 	t.Logf("the gVisor sandbox %s its memory bomb", outcome)
 	if r, err := daemonAt(t, victim.Status.PodIP, trainerToken).Exec(ctx, api.ExecRequest{Cmd: []string{"true"}}); err != nil || r.ExitCode != 0 {
@@ -189,4 +155,33 @@ func TestGVisorSandboxes(t *testing.T) {
 	if kata.Status.Reason != runtime.ReasonInvalidSpec || !strings.Contains(kata.Status.Message, `"kata-qemu"`) {
 		t.Errorf("a pod of RuntimeClass handler kata-qemu: %s %q, want InvalidSpec naming the handler", kata.Status.Reason, kata.Status.Message)
 	}
+}
+
+// endedOrServing waits for sandbox pod, after what it did to itself, to end
+// (ended says whether its end is one the test allows) or to serve again
+// (its daemon answers exec as PID 1), and says which ("ended with" or
+// "survived").
+func endedOrServing(t *testing.T, s *framework.Stack, p *vpool, pod *corev1.Pod, what string, ended func(*corev1.Pod) error) string {
+	t.Helper()
+	c := daemonAt(t, pod.Status.PodIP, trainerToken)
+	outcome := ""
+	framework.Eventually(t, 2*time.Minute, pod.Name+" to end, or to serve again, after "+what, func(ctx context.Context) (bool, error) {
+		cur, err := s.Kube.CoreV1().Pods(p.ns).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		if cur.Status.Phase == corev1.PodFailed || cur.Status.Phase == corev1.PodSucceeded {
+			outcome = "ended with"
+			return true, ended(cur)
+		}
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		r, err := c.Exec(cctx, api.ExecRequest{Cmd: []string{"cat", "/proc/1/comm"}})
+		if err == nil && strings.TrimSpace(string(r.Stdout)) == "sandman-daemon" {
+			outcome = "survived"
+			return true, nil
+		}
+		return false, nil
+	})
+	return outcome
 }
