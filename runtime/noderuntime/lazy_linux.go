@@ -26,12 +26,11 @@ type lazyLower struct {
 // A container's overlay holds the FUSE mounts of stargz-snapshotter that
 // were there when it started: when the snapshotter dies they fail every
 // read (ENOTCONN), and a restarted one mounts new ones the container never
-// sees. Each DiskCheckInterval the FUSE mounts under every bound
-// container are checked (statfs, which always reaches the daemon) against
-// the ones recorded when it was made; a
-// sandbox whose mount is dead or replaced is stopped with an Evicted exit
-// that says why, rather than left failing reads of its own files. A
-// snapshotter that hangs holds up this loop only.
+// sees. Each DiskCheckInterval the FUSE mounts under every bound container
+// are checked (statfs, which always reaches the daemon) against the ones
+// recorded when it was made; a sandbox whose mount is dead or replaced is
+// stopped with an Evicted exit that says why, rather than left failing
+// reads of its own files. A snapshotter that hangs holds up this loop only.
 func (r *Runtime) watchLazyLayers(ctx context.Context) {
 	t := r.cfg.Clock.NewTicker(r.cfg.DiskCheckInterval)
 	defer t.Stop()
