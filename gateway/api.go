@@ -50,39 +50,31 @@ var unsupported = []struct{ pattern, what string }{
 	{"/teams/", "teams"},
 }
 
-// ControlHandler serves E2B's control API only.
+// ControlHandler serves E2B's control API only: the table's routes
+// (routes.go), each behind the authorization point (authz.go).
 func (g *Gateway) ControlHandler() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", g.serveHealthz)
-	mux.Handle("POST /v2/sandboxes", g.auth(func(w http.ResponseWriter, r *http.Request, k Key) { g.serveCreate(w, r, k, g.cfg.DefaultTimeout) }))
-	mux.Handle("POST /sandboxes", g.auth(func(w http.ResponseWriter, r *http.Request, k Key) { g.serveCreate(w, r, k, v1DefaultTimeout) }))
-	mux.Handle("GET /v2/sandboxes", g.auth(g.serveList))
-	mux.Handle("GET /sandboxes", g.auth(g.serveListV1))
-	mux.Handle("GET /sandboxes/{sandboxID}", g.auth(g.serveGet))
-	mux.Handle("DELETE /sandboxes/{sandboxID}", g.auth(g.serveKill))
-	mux.Handle("POST /sandboxes/{sandboxID}/timeout", g.auth(g.serveSetTimeout))
-	mux.Handle("POST /sandboxes/{sandboxID}/refreshes", g.auth(g.serveRefresh))
-	mux.Handle("POST /sandboxes/{sandboxID}/snapshots", g.auth(g.serveSnapshot))
-	mux.Handle("POST /sandboxes/{sandboxID}/pause", g.auth(g.servePause))
-	mux.Handle("POST /sandboxes/{sandboxID}/resume", g.auth(g.serveResume))
-	mux.Handle("POST /sandboxes/{sandboxID}/fork", g.auth(g.serveFork))
-	mux.Handle("PUT /sandboxes/{sandboxID}/network", g.auth(g.serveNetworkUpdate))
-	mux.Handle("POST /v2/sandboxes/{sandboxID}/connect", g.auth(func(w http.ResponseWriter, r *http.Request, k Key) { g.serveConnect(w, r, k, g.cfg.DefaultTimeout) }))
-	mux.Handle("POST /sandboxes/{sandboxID}/connect", g.auth(func(w http.ResponseWriter, r *http.Request, k Key) { g.serveConnect(w, r, k, g.cfg.DefaultTimeout) }))
-	g.buildRoutes(mux)
-	g.metricsRoutes(mux)
-	g.snapshotRoutes(mux)
-	g.templateRoutes(mux)
-	g.sandboxLogsRoutes(mux)
-	for _, u := range unsupported {
-		mux.Handle(u.pattern, g.auth(func(w http.ResponseWriter, r *http.Request, _ Key) {
-			writeError(w, errorf(errdefs.ErrNotImplemented, "%s is not supported by sandman's E2B gateway", u.what))
-		}))
+	mux, streamed := http.NewServeMux(), http.NewServeMux()
+	for _, rt := range g.routes() {
+		switch {
+		case rt.serve == nil: // sandbox traffic: the proxy's
+		case rt.streamed:
+			streamed.Handle(rt.pattern, g.authorize(rt))
+		default:
+			mux.Handle(rt.pattern, g.authorize(rt))
+		}
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errorf(errdefs.ErrNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path))
 	})
-	return g.withUploads(g.readBody(instrument(mux)))
+	control, up := instrument(mux), instrument(streamed)
+	// Uploads are larger than the body cap, and stream to disk.
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, pattern := streamed.Handler(r); pattern != "" {
+			up.ServeHTTP(w, r)
+			return
+		}
+		control.ServeHTTP(w, r)
+	})
 }
 
 // maxBodyBytes bounds a control API request's body.
@@ -124,28 +116,6 @@ func (g *Gateway) readBody(h http.Handler) http.Handler {
 		_ = rc.SetReadDeadline(time.Time{})
 		r.Body = io.NopCloser(bytes.NewReader(b))
 		h.ServeHTTP(w, r)
-	})
-}
-
-// auth finds the caller's key, or answers 401 as E2B does (the SDK turns
-// 401 into AuthenticationError: dist/index.js apiErrorFromCode).
-func (g *Gateway) auth(h func(http.ResponseWriter, *http.Request, Key)) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !g.Ready() {
-			writeError(w, errorf(errdefs.ErrUnavailable, "the gateway is starting: retry in a moment"))
-			return
-		}
-		raw := r.Header.Get(headerAPIKey)
-		if raw == "" {
-			writeError(w, errorf(errdefs.ErrUnauthenticated, "missing API key: send it in the X-API-Key header (E2B_API_KEY)"))
-			return
-		}
-		key, ok := g.keys.lookup(raw)
-		if !ok {
-			writeError(w, errorf(errdefs.ErrUnauthenticated, "invalid API key"))
-			return
-		}
-		h(w, r, key)
 	})
 }
 
@@ -432,9 +402,10 @@ func failed(id, image, reason, msg string) error {
 	return withCode(codeCreateFailed, errors.New(text))
 }
 
-// sandboxPod is the caller's sandbox id: a live gateway-made pod in the
-// key's namespace. Anything else, another namespace's sandbox included, is
-// not found.
+// sandboxPod is the caller's sandbox id: a live pod of the key's
+// namespace that the gateway proves it made (Gateway.proven). Anything
+// else, another namespace's sandbox or a look-alike pod of the caller's
+// own included, is not found.
 func (g *Gateway) sandboxPod(ctx context.Context, key Key, id string) (*corev1.Pod, error) {
 	notFound := errorf(errdefs.ErrNotFound, "sandbox %s not found", id)
 	if len(validation.IsDNS1123Label(id)) > 0 {
@@ -447,7 +418,7 @@ func (g *Gateway) sandboxPod(ctx context.Context, key Key, id string) (*corev1.P
 	if err != nil {
 		return nil, kubeError("get sandbox "+id, err)
 	}
-	if !isSandboxPod(pod, id) || !alive(pod) {
+	if !g.proven(pod, id) || !alive(pod) {
 		return nil, notFound
 	}
 	return pod, nil

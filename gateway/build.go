@@ -56,27 +56,6 @@ func newBuildID() string {
 	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
 }
 
-// buildRoutes adds the template build API to the control API's mux.
-func (g *Gateway) buildRoutes(mux *http.ServeMux) {
-	mux.Handle("POST /v3/templates", g.auth(g.serveRequestBuild))
-	mux.Handle("POST /v2/templates/{templateID}/builds/{buildID}", g.auth(g.serveStartBuild))
-	mux.Handle("GET /templates/{templateID}/builds/{buildID}/status", g.auth(g.serveBuildStatus))
-	mux.Handle("GET /templates/{templateID}/files/{hash}", g.auth(g.serveFileUpload))
-	mux.Handle("GET /templates/aliases/{alias}", g.auth(g.serveAlias))
-	mux.Handle("POST /templates/tags", g.auth(g.serveAssignTags))
-	mux.Handle("DELETE /templates/tags", g.auth(g.serveDeleteTags))
-	// GET /templates/{templateID}/tags, spelled so that it does not
-	// overlap GET /templates/aliases/{alias} (ServeMux refuses two
-	// patterns neither of which is more specific).
-	mux.Handle("GET /templates/{templateID}/{what}", g.auth(func(w http.ResponseWriter, r *http.Request, key Key) {
-		if r.PathValue("what") != "tags" {
-			writeError(w, errorf(errdefs.ErrNotImplemented, "GET %s is not supported by sandman's E2B gateway", r.URL.Path))
-			return
-		}
-		g.serveTags(w, r, key)
-	}))
-}
-
 // serveRequestBuild is POST /v3/templates {name, tags, cpuCount,
 // memoryMB}: the template of that name in the key's namespace (made if
 // new: a name already there is built again), and a new build of it,

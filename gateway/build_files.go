@@ -106,40 +106,31 @@ func (g *Gateway) serveFileUpload(w http.ResponseWriter, r *http.Request, key Ke
 	writeJSON(w, http.StatusCreated, fileUpload{Present: false, URL: &s})
 }
 
-// withUploads serves the upload route ahead of the control API's body
-// reader (uploads are larger than its cap, and stream to disk).
-func (g *Gateway) withUploads(next http.Handler) http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("PUT /templates/{templateID}/files/{hash}/upload", g.serveUpload)
-	up := instrument(mux)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if _, pattern := mux.Handler(r); pattern != "" {
-			up.ServeHTTP(w, r)
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
-}
-
-// serveUpload is the PUT of a signed upload URL: the body (a tar, gzipped
-// or not) is kept as the files of that hash for the URL's namespace.
-func (g *Gateway) serveUpload(w http.ResponseWriter, r *http.Request) {
+// uploadURLNamespace checks a signed upload URL (serveFileUpload's) and
+// says the namespace it was handed to.
+func (g *Gateway) uploadURLNamespace(r *http.Request) (string, error) {
 	if !g.Ready() {
-		writeError(w, errorf(errdefs.ErrUnavailable, "the gateway is starting: retry in a moment"))
-		return
+		return "", errorf(errdefs.ErrUnavailable, "the gateway is starting: retry in a moment")
 	}
 	templateID, hash := r.PathValue("templateID"), r.PathValue("hash")
 	q := r.URL.Query()
 	ns := q.Get("namespace")
 	exp, err := strconv.ParseInt(q.Get("expires"), 10, 64)
-	if err != nil || !filesHashRE.MatchString(hash) || !g.cfg.Tokens.Verify(ns, "template upload\x00"+templateID+"\x00"+hash+"\x00"+q.Get("expires"), q.Get("signature")) {
-		writeError(w, errorf(errdefs.ErrUnauthenticated, "upload URL: missing or wrong signature; ask GET /templates/{templateID}/files/{hash} for a new one"))
-		return
+	if err != nil || !filesHashRE.MatchString(hash) || !g.keys.hasNamespace(ns) ||
+		!g.cfg.Tokens.Verify(ns, "template upload\x00"+templateID+"\x00"+hash+"\x00"+q.Get("expires"), q.Get("signature")) {
+		return "", errorf(errdefs.ErrUnauthenticated, "upload URL: missing or wrong signature; ask GET /templates/{templateID}/files/{hash} for a new one")
 	}
 	if g.cfg.Now().Unix() > exp {
-		writeError(w, errorf(errdefs.ErrUnauthenticated, "upload URL: expired at %s; ask for a new one", time.Unix(exp, 0).UTC().Format(time.RFC3339)))
-		return
+		return "", errorf(errdefs.ErrUnauthenticated, "upload URL: expired at %s; ask for a new one", time.Unix(exp, 0).UTC().Format(time.RFC3339))
 	}
+	return ns, nil
+}
+
+// serveUpload is the PUT of a signed upload URL (authorized by
+// uploadURLNamespace): the body (a tar, gzipped or not) is kept as the
+// files of that hash for the URL's namespace.
+func (g *Gateway) serveUpload(w http.ResponseWriter, r *http.Request, key Key) {
+	templateID, hash, ns := r.PathValue("templateID"), r.PathValue("hash"), key.Namespace
 	if r.ContentLength > g.cfg.MaxUploadBytes {
 		w.Header().Set("Connection", "close")
 		writeJSON(w, http.StatusRequestEntityTooLarge, apiError{Code: http.StatusRequestEntityTooLarge,

@@ -114,6 +114,10 @@ type Config struct {
 	// ten times what a snapshot of a small change costs; negative: never).
 	BuildCheckpointAfter time.Duration
 
+	// Budgets bound what the gateway holds for one namespace at once
+	// (zero fields: the defaults in Budgets.fill).
+	Budgets Budgets
+
 	// Logger gets the gateway's lines as given: the caller names the
 	// component (cmd/sandman-gateway adds component=gateway), so the
 	// gateway adds no attribute of its own that would repeat it.
@@ -138,6 +142,7 @@ type Gateway struct {
 	waiters waiters
 	tomb    tombstones
 	builds  builds
+	budgets budgets
 	// snapshotsBackfilled: namespaces whose live pods' snapshots were
 	// added to the snapshot catalogue (snapshotcatalog.go).
 	snapshotsBackfilled sync.Map
@@ -200,6 +205,7 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.BuildCheckpointAfter == 0 {
 		cfg.BuildCheckpointAfter = 30 * time.Second
 	}
+	cfg.Budgets.fill()
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -215,6 +221,7 @@ func New(cfg Config) (*Gateway, error) {
 		}
 	}
 	g := &Gateway{cfg: cfg, log: cfg.Logger}
+	g.budgets.limits = &g.cfg.Budgets
 	g.waiters.m = map[string]map[chan struct{}]struct{}{}
 	g.tomb.m = map[string]time.Time{}
 	if cfg.KeysSecret.Name == "" {
@@ -458,7 +465,7 @@ func (g *Gateway) podChanged(obj any, deleted bool) {
 		return
 	}
 	id := pod.Labels[podcontract.LabelE2BSandbox]
-	if deleted && id != "" && gatewayMade(pod, id) && g.keys.hasNamespace(pod.Namespace) {
+	if deleted && id != "" && g.proven(pod, id) {
 		g.tomb.add(id, g.cfg.Now())
 	}
 	g.waiters.wake(pod.Namespace + "/" + pod.Name)

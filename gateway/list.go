@@ -157,7 +157,7 @@ func (g *Gateway) matching(namespace string, lq listQuery) []listedSandbox {
 	out := []listedSandbox{}
 	for _, obj := range objs {
 		pod, ok := obj.(*corev1.Pod)
-		if !ok || !isSandboxPod(pod, pod.Name) || !alive(pod) || pod.Labels[podcontract.LabelE2BBuild] != "" {
+		if !ok || !g.proven(pod, pod.Name) || !alive(pod) || pod.Labels[podcontract.LabelE2BBuild] != "" {
 			// A template build's sandbox is the gateway's, not the
 			// caller's (as in E2B, builds are not listed).
 			continue

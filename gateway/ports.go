@@ -147,11 +147,12 @@ func (g *Gateway) portFail(w http.ResponseWriter, status int, id string, port in
 }
 
 // trafficCheck is the podCheck of a request to a sandbox port carrying
-// traffic token ("" when none): the pod must be the gateway's sandbox in
-// a key's namespace (as for daemon calls), and the token its traffic
-// access token unless it allows public traffic.
+// traffic token ("" when none): the pod must be a proven sandbox
+// (Gateway.proven: a look-alike pod of any namespace is never reached),
+// and the token its traffic access token unless it allows public
+// traffic.
 func (g *Gateway) trafficCheck(pod *corev1.Pod, id, token string) verdict {
-	if !gatewayMade(pod, id) || !g.keys.hasNamespace(pod.Namespace) {
+	if !g.proven(pod, id) {
 		return notOurs
 	}
 	if publicTraffic(pod) {
@@ -172,7 +173,7 @@ func (g *Gateway) servePort(w http.ResponseWriter, r *http.Request, t target) {
 		return
 	}
 	token := r.Header.Get(headerTrafficToken)
-	pod, res := g.route(r.Context(), t.id, token, g.trafficCheck)
+	pod, res := g.route(r.Context(), t.id, token, g.trafficCheck, true)
 	switch res {
 	case routed:
 	case routeRefused:
@@ -192,6 +193,12 @@ func (g *Gateway) servePort(w http.ResponseWriter, r *http.Request, t target) {
 		g.portFail(w, http.StatusBadGateway, t.id, t.port, "sandbox "+t.id+" was not found or is not running")
 		return
 	}
+	release, err := g.budgets.take(pod.Namespace, budgetProxy, 1)
+	if err != nil {
+		g.portFail(w, http.StatusTooManyRequests, t.id, t.port, message(err))
+		return
+	}
+	defer release()
 	d := portDest{addr: net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(t.port)), host: r.Host, id: t.id, port: t.port,
 		https: slices.Contains(httpsPorts(pod), t.port)}
 	if mask := pod.Annotations[podcontract.AnnotationE2BMaskRequestHost]; mask != "" {

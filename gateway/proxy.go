@@ -71,19 +71,16 @@ const (
 // when it carries none) may reach pod.
 type podCheck func(pod *corev1.Pod, id, token string) verdict
 
-// tokenCheck is the proxy's podCheck. A pod is the gateway's sandbox when
-// it looks as the gateway makes one (gatewayMade) and lives in a namespace
-// some API key names. A token is that sandbox's when it is the HMAC token
-// of <the pod's namespace>/<id> (Tokens.Verify) and its SHA-256 is the
-// pod's sandman.io/token-sha256: a pod made to look like another
-// namespace's sandbox fails the first (its namespace is not the token's),
-// a pod of the right namespace not made with this token the second.
+// tokenCheck is the podCheck of daemon calls. A pod is the gateway's
+// sandbox only when it is proven (Gateway.proven). A token is that
+// sandbox's when it is the HMAC token of <the pod's namespace>/<id>
+// (Tokens.Verify) and its SHA-256 is the pod's sandman.io/token-sha256.
 func (g *Gateway) tokenCheck(pod *corev1.Pod, id, token string) verdict {
-	if !gatewayMade(pod, id) || !g.keys.hasNamespace(pod.Namespace) {
+	if !g.proven(pod, id) {
 		return notOurs
 	}
 	if token == "" {
-		return tokenMatches // only for tokenless calls; see routeRequest
+		return tokenMatches // only for GET /health (classHealth)
 	}
 	if g.cfg.Tokens.Verify(pod.Namespace, id, token) && hashMatches(token, pod.Annotations[podcontract.AnnotationTokenSHA256]) {
 		return tokenMatches
@@ -142,12 +139,15 @@ func (g *Gateway) newProxy(check podCheck) http.Handler {
 		}
 		id := t.id
 		token := accessToken(r)
-		check := check
-		if token == "" && signed(r) {
+		check, class := check, classDaemon
+		switch {
+		case token == "" && signed(r):
 			// A signed file URL: the gateway checks the signature with
 			// the token it derives and forwards with that token.
-			check = g.signatureCheck(r, g.cfg.Now())
-		} else if token == "" && !tokenless(r) {
+			check, class = g.signatureCheck(r, g.cfg.Now()), classSigned
+		case token == "" && tokenless(r):
+			class = classHealth
+		case token == "":
 			g.proxyRefuse(w, r, id, "sandbox "+id+": no access token: send the envdAccessToken that create or connect returned in the "+headerAccessToken+" header")
 			return
 		}
@@ -155,7 +155,9 @@ func (g *Gateway) newProxy(check podCheck) http.Handler {
 			g.proxyFail(w, http.StatusServiceUnavailable, id, "the gateway is starting: retry in a moment")
 			return
 		}
-		pod, res := g.route(r.Context(), id, token, check)
+		// A tokenless health check learns whether the sandbox runs; it
+		// never wakes one.
+		pod, res := g.route(r.Context(), id, token, check, class != classHealth)
 		switch res {
 		case routed:
 		case routeRefused:
@@ -175,6 +177,18 @@ func (g *Gateway) newProxy(check podCheck) http.Handler {
 			g.proxyFail(w, http.StatusBadGateway, id, "sandbox "+id+" was not found or is not running")
 			return
 		}
+		if class == classHealth && paused(pod) {
+			g.proxyFail(w, http.StatusBadGateway, id, "sandbox "+id+" is paused")
+			return
+		}
+		release, err := g.budgets.take(pod.Namespace, budgetProxy, 1)
+		if err != nil {
+			metricProxied.WithLabelValues(strconv.Itoa(http.StatusTooManyRequests)).Inc()
+			g.bound(w)
+			writeJSON(w, http.StatusTooManyRequests, proxyError{Code: http.StatusTooManyRequests, Message: message(err), SandboxID: id})
+			return
+		}
+		defer release()
 		addr := net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(daemonPort))
 		if token == "" && signed(r) {
 			tok, ok := g.cfg.Tokens.Recover(pod.Namespace, pod.Name, pod.Annotations[podcontract.AnnotationTokenSHA256])
@@ -247,7 +261,10 @@ const (
 // gone is not. A token that opens none of the pods named id is refused at
 // once; so is a request without a token when more than one pod could be
 // the sandbox.
-func (g *Gateway) route(ctx context.Context, id, token string, check podCheck) (*corev1.Pod, routeResult) {
+//
+// A sandbox its virtual node paused while idle is resumed first when
+// resume is set (traffic that proved itself), else returned as it is.
+func (g *Gateway) route(ctx context.Context, id, token string, check podCheck, resume bool) (*corev1.Pod, routeResult) {
 	changed, stop := g.waiters.watch("id/" + id)
 	defer stop()
 	var timer <-chan time.Time
@@ -283,6 +300,8 @@ func (g *Gateway) route(ctx context.Context, id, token string, check podCheck) (
 		switch {
 		case matched > 1 && token == "":
 			return nil, routeRefused // which one? only a token tells
+		case found != nil && !resume:
+			return found, routed
 		case found != nil:
 			return g.resumeIdle(ctx, found), routed
 		case refused && !waiting:

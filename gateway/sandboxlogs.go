@@ -45,12 +45,6 @@ type sandboxLogLine struct {
 	Line      string    `json:"line"`
 }
 
-// sandboxLogsRoutes adds the sandbox log calls to the control API's mux.
-func (g *Gateway) sandboxLogsRoutes(mux *http.ServeMux) {
-	mux.Handle("GET /v2/sandboxes/{sandboxID}/logs", g.auth(g.serveSandboxLogs))
-	mux.Handle("GET /sandboxes/{sandboxID}/logs", g.auth(g.serveSandboxLogsV1))
-}
-
 // logQuery is what a log call asks for.
 type logQuery struct {
 	cursor   time.Time

@@ -55,12 +55,6 @@ func virtualNodeUsage(client kubernetes.Interface) func(context.Context, string,
 	}
 }
 
-// metricsRoutes adds E2B's metrics calls.
-func (g *Gateway) metricsRoutes(mux *http.ServeMux) {
-	mux.Handle("GET /sandboxes/{sandboxID}/metrics", g.auth(g.serveSandboxMetrics))
-	mux.Handle("GET /sandboxes/metrics", g.auth(g.serveSandboxesMetrics))
-}
-
 func metricOf(s vkapi.UsageSample) sandboxMetric {
 	return sandboxMetric{
 		Timestamp: s.Time.UTC(), TimestampUnix: s.Time.Unix(), CPUCount: s.CPUCount, CPUUsedPct: s.CPUUsedPct,
@@ -151,7 +145,7 @@ func (g *Gateway) serveSandboxesMetrics(w http.ResponseWriter, r *http.Request, 
 	byNode := map[string][]string{}
 	for _, id := range ids {
 		pod, ok := g.pods.get(key.Namespace, id)
-		if !ok || !gatewayMade(pod, id) || !alive(pod) || pod.Spec.NodeName == "" || pod.Status.Phase != corev1.PodRunning {
+		if !ok || !g.proven(pod, id) || !alive(pod) || pod.Spec.NodeName == "" || pod.Status.Phase != corev1.PodRunning {
 			continue
 		}
 		byNode[pod.Spec.NodeName] = append(byNode[pod.Spec.NodeName], id)

@@ -100,7 +100,7 @@ func readSigned(r *http.Request, now time.Time) signedParams {
 func (g *Gateway) signatureCheck(r *http.Request, now time.Time) podCheck {
 	p := readSigned(r, now)
 	return func(pod *corev1.Pod, id, _ string) verdict {
-		if !gatewayMade(pod, id) || !g.keys.hasNamespace(pod.Namespace) {
+		if !g.proven(pod, id) {
 			return notOurs
 		}
 		if p.bad != "" || p.expired {

@@ -76,13 +76,6 @@ func (c catalogedSnapshot) info() snapshotInfo {
 	return snapshotInfo{SnapshotID: c.Image + "@" + c.Digest, Names: []string{c.Image}}
 }
 
-// snapshotRoutes adds E2B's snapshot list call (create is in
-// ControlHandler; delete shares DELETE /templates/{templateID} with
-// templates: template_api.go).
-func (g *Gateway) snapshotRoutes(mux *http.ServeMux) {
-	mux.Handle("GET /snapshots", g.auth(g.serveListSnapshots))
-}
-
 func shortHash(s string) string {
 	sum := sha256.Sum256([]byte(s))
 	return hex.EncodeToString(sum[:20])
@@ -370,7 +363,7 @@ func (g *Gateway) backfillSnapshots(ctx context.Context, ns string) {
 	}
 	for _, obj := range g.pods.inNamespace(ns) {
 		pod, ok := obj.(*corev1.Pod)
-		if !ok || !gatewayMade(pod, pod.Name) {
+		if !ok || !g.proven(pod, pod.Name) {
 			continue
 		}
 		for _, rec := range podSnapshotRecords(pod) {

@@ -84,17 +84,6 @@ type templateUpdate struct {
 	Public *bool `json:"public"`
 }
 
-// templateRoutes adds the template calls to the control API's mux.
-func (g *Gateway) templateRoutes(mux *http.ServeMux) {
-	mux.Handle("GET /templates", g.auth(g.serveListTemplates))
-	mux.Handle("GET /v2/templates", g.auth(g.serveListTemplates))
-	mux.Handle("GET /templates/{templateID}", g.auth(g.serveTemplateBuilds))
-	mux.Handle("PATCH /templates/{templateID}", g.auth(g.serveUpdateTemplate))
-	mux.Handle("PATCH /v2/templates/{templateID}", g.auth(g.serveUpdateTemplate))
-	mux.Handle("DELETE /templates/{templateID}", g.auth(g.serveDeleteTemplate))
-	mux.Handle("GET /templates/{templateID}/builds/{buildID}/logs", g.auth(g.serveBuildLogs))
-}
-
 // templateBuilds are a namespace's builds as their ConfigMaps keep them,
 // by template ID, newest first.
 func (g *Gateway) templateBuilds(ctx context.Context, namespace, templateID string) (map[string][]buildRecord, error) {
