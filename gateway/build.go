@@ -318,6 +318,9 @@ func (g *Gateway) startBuild(ctx context.Context, key Key, templateID, buildID s
 			}
 		}
 	}
+	if err := g.checkRunningBuilds(ctx, key.Namespace); err != nil {
+		return err
+	}
 	// Building now: the resourceVersion guard lets one call, on one
 	// replica, start it.
 	rec.Status = buildBuilding
@@ -335,9 +338,32 @@ func (g *Gateway) startBuild(ctx context.Context, key Key, templateID, buildID s
 		return kubeError("start build "+buildID, err)
 	}
 	bctx, cancel := context.WithCancelCause(g.builds.context())
-	run := &buildRun{namespace: key.Namespace, rec: *rec, written: out.ResourceVersion, ctx: bctx, cancel: cancel}
+	run := &buildRun{namespace: key.Namespace, logLimit: g.cfg.Budgets.BuildLogBytes, rec: *rec, written: out.ResourceVersion, ctx: bctx, cancel: cancel}
 	g.builds.add(run)
 	g.builds.wg.Go(func() { g.runBuild(run, p) })
+	return nil
+}
+
+// checkRunningBuilds refuses a build start when the namespace has
+// Budgets.Builds builds running already, on any replica: they are counted
+// from the builds' ConfigMaps (a build whose replica stopped writing is not
+// running).
+func (g *Gateway) checkRunningBuilds(ctx context.Context, namespace string) error {
+	list, err := g.cfg.Client.CoreV1().ConfigMaps(namespace).List(ctx, metav1.ListOptions{LabelSelector: labelBuildTemplate})
+	if err != nil {
+		return kubeError("count the running builds", err)
+	}
+	running := int64(0)
+	for _, cm := range list.Items {
+		var rec buildRecord
+		if json.Unmarshal([]byte(cm.Data[buildDataKey]), &rec) == nil && rec.Status == buildBuilding && g.cfg.Now().Sub(rec.Heartbeat) < buildStale {
+			running++
+		}
+	}
+	if limit := g.cfg.Budgets.Builds; running >= limit {
+		metricBudgetRefused.WithLabelValues(string(budgetRunningBuilds)).Inc()
+		return budgetError(namespace, budgetRunningBuilds, running, 1, limit)
+	}
 	return nil
 }
 
@@ -399,11 +425,11 @@ func (g *Gateway) runBuild(run *buildRun, p *buildPlan) {
 		case errors.Is(err, errTemplateDeleted) || errors.Is(context.Cause(run.ctx), errTemplateDeleted):
 			reason.Message = "the build was cancelled: " + errTemplateDeleted.Error()
 		}
-		run.log(now, "error", reason.Step, "Build failed: "+reason.Message)
+		run.logFinal(now, "error", reason.Step, "Build failed: "+reason.Message)
 		run.finish(now, buildError, reason)
 		log.Info("template build failed", "err", err, "took", now.Sub(start))
 	} else {
-		run.log(now, "info", "", fmt.Sprintf("Build finished in %s", now.Sub(start).Round(time.Millisecond)))
+		run.logFinal(now, "info", "", fmt.Sprintf("Build finished in %s", now.Sub(start).Round(time.Millisecond)))
 		run.finish(now, buildReady, nil)
 		log.Info("template built", "took", now.Sub(start))
 	}

@@ -72,6 +72,69 @@ func (g *Gateway) sweepUploads() {
 	}
 }
 
+// uploadChunk is how much of an upload arrives between two checks of its
+// namespace's disk budget.
+const uploadChunk = 1 << 20
+
+// copyUpload copies an upload's body to f a chunk at a time, each charged
+// first to the namespace's upload-bytes budget (Budgets.UploadBytes) and
+// to the gateway's upload disk (Config.UploadDiskBytes), both measured on
+// disk, uploads still arriving included: a tenant that fills its budget
+// is refused, 429, and the other tenants' uploads still fit. Concurrent
+// uploads may pass a bound by at most a chunk each.
+func (g *Gateway) copyUpload(namespace string, f *os.File, body io.Reader) (int64, error) {
+	buf := make([]byte, uploadChunk)
+	var n int64
+	for {
+		k, rerr := io.ReadFull(body, buf)
+		if k > 0 {
+			if used := dirBytes(filepath.Join(g.cfg.UploadDir, namespace)); used+int64(k) > g.cfg.Budgets.UploadBytes {
+				metricBudgetRefused.WithLabelValues(string(budgetUploadBytes)).Inc()
+				return n, budgetError(namespace, budgetUploadBytes, used, int64(k), g.cfg.Budgets.UploadBytes)
+			}
+			if used := g.uploadDiskBytes(); used+int64(k) > g.cfg.UploadDiskBytes {
+				metricBudgetRefused.WithLabelValues("upload-disk").Inc()
+				return n, errorf(errdefs.ErrResourceExhausted, "the gateway's upload disk is full: %d of %d bytes held by builds' files: retry when builds end",
+					used, g.cfg.UploadDiskBytes)
+			}
+			if _, err := f.Write(buf[:k]); err != nil {
+				return n, err
+			}
+			n += int64(k)
+		}
+		switch {
+		case rerr == io.EOF || rerr == io.ErrUnexpectedEOF:
+			return n, nil
+		case rerr != nil:
+			return n, rerr
+		}
+	}
+}
+
+// uploadDiskBytes is what every namespace's uploads hold on disk.
+func (g *Gateway) uploadDiskBytes() int64 {
+	dirs, _ := os.ReadDir(g.cfg.UploadDir)
+	var n int64
+	for _, d := range dirs {
+		if d.IsDir() {
+			n += dirBytes(filepath.Join(g.cfg.UploadDir, d.Name()))
+		}
+	}
+	return n
+}
+
+// dirBytes is the size of the regular files in dir (not below it).
+func dirBytes(dir string) int64 {
+	files, _ := os.ReadDir(dir)
+	var n int64
+	for _, f := range files {
+		if fi, err := f.Info(); err == nil && fi.Mode().IsRegular() {
+			n += fi.Size()
+		}
+	}
+	return n
+}
+
 // uploadSignature signs an upload URL's parts.
 func (g *Gateway) uploadSignature(namespace, templateID, hash string, expires int64) string {
 	return g.cfg.Tokens.New(namespace, "template upload\x00"+templateID+"\x00"+hash+"\x00"+strconv.FormatInt(expires, 10))
@@ -163,7 +226,10 @@ func (g *Gateway) storeUpload(namespace, hash string, body io.Reader) (retErr er
 			_ = os.Remove(f.Name())
 		}
 	}()
-	n, err := io.Copy(f, io.LimitReader(body, g.cfg.MaxUploadBytes+1))
+	n, err := g.copyUpload(namespace, f, io.LimitReader(body, g.cfg.MaxUploadBytes+1))
+	if errdefs.IsResourceExhausted(err) {
+		return err
+	}
 	if err != nil {
 		return errorf(errdefs.ErrInvalidArgument, "template files: the upload broke off: %v", err)
 	}

@@ -32,8 +32,9 @@ const (
 	// keptBuildRecords is how many finished builds of a template keep
 	// their state and logs.
 	keptBuildRecords = 5
-	// maxLogBytes bounds a build's stored logs (a ConfigMap holds 1 MiB).
-	maxLogBytes = 512 << 10
+	// finalLogBytes bounds the one line a build's end adds, and its
+	// reason, past the logs' own budget (Budgets.BuildLogBytes).
+	finalLogBytes = 16 << 10
 )
 
 // buildRecord is a build's state as stored.
@@ -49,8 +50,12 @@ type buildRecord struct {
 	Logs       []buildLogEntry    `json:"logs"`
 	LogBytes   int                `json:"logBytes"`
 	LogsCut    bool               `json:"logsCut,omitempty"`
-	Created    time.Time          `json:"created"`
-	Heartbeat  time.Time          `json:"heartbeat"`
+	// Dropped counts the output lines, and their bytes, that came after
+	// the logs were cut: drained from the build and counted, not kept.
+	DroppedLines int64     `json:"droppedLines,omitempty"`
+	DroppedBytes int64     `json:"droppedBytes,omitempty"`
+	Created      time.Time `json:"created"`
+	Heartbeat    time.Time `json:"heartbeat"`
 }
 
 func buildConfigMapName(buildID string) string { return buildConfigMapPrefix + buildID }
@@ -94,6 +99,8 @@ func (g *Gateway) loadBuild(ctx context.Context, key Key, templateID, buildID st
 // written out.
 type buildRun struct {
 	namespace string
+	// logLimit is what rec.Logs may cost (Budgets.BuildLogBytes).
+	logLimit int
 	// mu guards rec, dirty and written.
 	mu    sync.Mutex
 	rec   buildRecord
@@ -163,28 +170,67 @@ func (r *buildRun) snapshot() buildRecord {
 	return rec
 }
 
-// log adds a line to the build's logs (within maxLogBytes: past it, one
-// line says the rest was cut).
+// log adds a line to the build's logs. Each entry is charged what it
+// costs stored (its JSON, so an empty line is not free); past the run's
+// logLimit one line says the rest was cut, and every later line is only
+// counted.
 func (r *buildRun) log(now time.Time, level, step, msg string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.rec.LogsCut {
+		r.rec.DroppedLines++
+		r.rec.DroppedBytes += int64(len(msg)) + 1
 		return
 	}
-	if r.rec.LogBytes+len(msg) > maxLogBytes {
+	e := buildLogEntry{Timestamp: now, Level: level, Step: step, Message: msg}
+	cost := entryCost(e)
+	if r.rec.LogBytes+cost > r.logLimit {
 		r.rec.LogsCut = true
-		msg = fmt.Sprintf("(the build's logs passed %d KiB: the rest of its output is not kept)", maxLogBytes>>10)
-		level = "warn"
+		r.rec.DroppedLines, r.rec.DroppedBytes = 1, int64(len(msg))+1
+		e = buildLogEntry{Timestamp: now, Level: "warn", Step: step,
+			Message: fmt.Sprintf("(the build's logs passed their budget, %d KiB: the rest of its output is counted, not kept)", r.logLimit>>10)}
+		cost = entryCost(e)
 	}
-	r.rec.LogBytes += len(msg)
-	r.rec.Logs = append(r.rec.Logs, buildLogEntry{Timestamp: now, Level: level, Step: step, Message: msg})
+	r.rec.LogBytes += cost
+	r.rec.Logs = append(r.rec.Logs, e)
 	r.dirty = true
+}
+
+// logFinal adds the line a build's end writes, whether or not its logs
+// were cut (within finalLogBytes), with what was dropped.
+func (r *buildRun) logFinal(now time.Time, level, step, msg string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.rec.LogsCut {
+		msg += fmt.Sprintf(" (%d more lines of output, %d bytes, were not kept)", r.rec.DroppedLines, r.rec.DroppedBytes)
+	}
+	e := buildLogEntry{Timestamp: now, Level: level, Step: step, Message: truncate(msg, finalLogBytes)}
+	r.rec.LogBytes += entryCost(e)
+	r.rec.Logs = append(r.rec.Logs, e)
+	r.dirty = true
+}
+
+// entryCost is what a log entry costs in the build's record.
+func entryCost(e buildLogEntry) int {
+	b, _ := json.Marshal(e)
+	return len(b) + 1
+}
+
+// truncate cuts s to at most n bytes, saying so.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "… (cut)"
 }
 
 // finish sets the build's final status.
 func (r *buildRun) finish(now time.Time, status string, reason *buildStatusReason) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if reason != nil {
+		reason.Message = truncate(reason.Message, finalLogBytes)
+	}
 	r.rec.Status, r.rec.Reason = status, reason
 	r.rec.Heartbeat = now
 	r.dirty = true

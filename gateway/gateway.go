@@ -108,6 +108,10 @@ type Config struct {
 	// MaxUploadBytes bounds one upload of a template's files (default
 	// 512 MiB).
 	MaxUploadBytes int64
+	// UploadDiskBytes bounds what all namespaces' uploads hold in
+	// UploadDir together (default 1536 MiB: below the deployed replica's
+	// 2 GiB emptyDir, so the kubelet never evicts it for them).
+	UploadDiskBytes int64
 	// BuildCheckpointAfter: a template build step that took at least this
 	// long is snapshotted (and cached) before the next, so a later build
 	// that changes only what follows starts from it (default 30 s, about
@@ -201,6 +205,9 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	if cfg.MaxUploadBytes <= 0 {
 		cfg.MaxUploadBytes = 512 << 20
+	}
+	if cfg.UploadDiskBytes <= 0 {
+		cfg.UploadDiskBytes = 1536 << 20
 	}
 	if cfg.BuildCheckpointAfter == 0 {
 		cfg.BuildCheckpointAfter = 30 * time.Second

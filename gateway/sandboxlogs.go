@@ -3,6 +3,7 @@ package gateway
 import (
 	"bufio"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/url"
 	"slices"
@@ -77,23 +78,49 @@ func (g *Gateway) readSandboxLogs(r *http.Request, key Key, q logQuery) ([]sandb
 		return nil, nil, kubeError("read the log of sandbox "+id, err)
 	}
 	defer rc.Close()
-	var entries []sandboxLogEntry
-	var raw []string
-	sc := bufio.NewScanner(rc)
+	entries, raw := pickLogs(rc, q, sandboxLogKeepBytes)
+	return entries, raw, nil
+}
+
+// sandboxLogKeepBytes bounds the lines one log call keeps while it reads
+// (sandboxLogBytes bounds what it reads).
+const sandboxLogKeepBytes = 1 << 20
+
+// pickLogs reads a pod's log and keeps what q asks for, filtering as it
+// streams: forward, the first q.limit matching lines (it stops reading
+// there); backward, the last q.limit, in a window whose lines cost at most
+// keepBytes (older ones leave it). Only the kept lines are held, as text;
+// they are parsed into entries at the end.
+func pickLogs(rd io.Reader, q logQuery, keepBytes int) ([]sandboxLogEntry, []string) {
+	var kept []string
+	size := 0
+	sc := bufio.NewScanner(rd)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		e, line := parseLogLine(sc.Text())
+	for sc.Scan() && q.limit > 0 {
+		e, _ := parseLogLine(sc.Text())
 		if !q.keeps(e.Timestamp, e.Level, e.Message) {
 			continue
 		}
-		entries, raw = append(entries, e), append(raw, line)
+		line := sc.Text()
+		if !q.backward && (len(kept) == q.limit || size+len(line) > keepBytes) {
+			break
+		}
+		kept = append(kept, line)
+		size += len(line)
+		for q.backward && (len(kept) > q.limit || size > keepBytes) {
+			size -= len(kept[0])
+			kept[0] = ""
+			kept = kept[1:]
+		}
 	}
 	if q.backward {
-		slices.Reverse(entries)
-		slices.Reverse(raw)
+		slices.Reverse(kept)
 	}
-	n := min(len(entries), q.limit)
-	return append([]sandboxLogEntry{}, entries[:n]...), append([]string{}, raw[:n]...), nil
+	entries, raw := make([]sandboxLogEntry, len(kept)), make([]string, len(kept))
+	for i, l := range kept {
+		entries[i], raw[i] = parseLogLine(l)
+	}
+	return entries, raw
 }
 
 // parseLogLine reads one line of `kubectl logs --timestamps`: the time,

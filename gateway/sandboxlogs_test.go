@@ -1,7 +1,10 @@
 package gateway
 
 import (
+	"fmt"
+	"io"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 )
@@ -69,5 +72,60 @@ func TestSandboxLogs(t *testing.T) {
 		if r := e.call(http.MethodGet, c.path, c.key, nil); r.status != c.want {
 			t.Errorf("%s: %d %s, want %d", c.path, r.status, r.body, c.want)
 		}
+	}
+}
+
+// countingReader counts what was read of it.
+type countingReader struct {
+	r io.Reader
+	n int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	k, err := c.r.Read(p)
+	c.n += k
+	return k, err
+}
+
+// A log read keeps only what it answers, however large the log: forward it
+// stops reading at its limit, backward it keeps a bounded window of the
+// newest lines.
+func TestPickLogsBounded(t *testing.T) {
+	var log strings.Builder
+	const lines = 8 << 10 // 8 MiB of 1 KiB lines
+	for i := range lines {
+		fmt.Fprintf(&log, "2026-11-30T12:00:00.%06dZ %04d %s\n", i, i, strings.Repeat("x", 1000))
+	}
+	for _, tc := range []struct {
+		name      string
+		q         logQuery
+		wantFirst string
+		wantN     int
+	}{
+		{"forward, limit 5", logQuery{limit: 5}, "0000 ", 5},
+		{"backward, limit 10000", logQuery{limit: 10000, backward: true}, fmt.Sprintf("%04d ", lines-1), sandboxLogKeepBytes / (len("2026-11-30T12:00:00.000000Z 0000 ") + 1000)},
+		{"backward, limit 3", logQuery{limit: 3, backward: true}, fmt.Sprintf("%04d ", lines-1), 3},
+		{"nothing matches", logQuery{limit: 10, search: "no such text"}, "", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cr := &countingReader{r: strings.NewReader(log.String())}
+			entries, raw := pickLogs(cr, tc.q, sandboxLogKeepBytes)
+			if len(entries) != tc.wantN || len(raw) != tc.wantN {
+				t.Fatalf("kept %d entries, want %d", len(entries), tc.wantN)
+			}
+			size := 0
+			for _, l := range raw {
+				size += len(l)
+			}
+			if size > sandboxLogKeepBytes {
+				t.Errorf("kept %d bytes, more than %d", size, sandboxLogKeepBytes)
+			}
+			if tc.wantN > 0 && !strings.HasPrefix(entries[0].Message, tc.wantFirst) {
+				t.Errorf("first entry %.20q, want %q…", entries[0].Message, tc.wantFirst)
+			}
+			if !tc.q.backward && tc.q.search == "" && cr.n > 1<<20 {
+				t.Errorf("a forward read of 5 lines read %d bytes of the log", cr.n)
+			}
+		})
 	}
 }
