@@ -17,4 +17,16 @@
 // old ones lapse. AAAA (sandboxes have no IPv6) and HTTPS/SVCB (whose
 // address hints would never be pinned) are answered with no records;
 // other types of allowed names are forwarded as they are.
+//
+// Each sandbox has budgets of its own (budget.go), under the node's
+// ceilings of queries in flight and TCP connections, so that one sandbox
+// costs the others nothing: its queries being answered at once and its
+// TCP connections open are bounded, and so is its query rate (a token
+// bucket); past them its queries are refused (an Extended DNS Error says
+// why) and its connections closed, before they take any of the node's.
+// One answer pins at most Config.MaxAnswerAddrs addresses, and the sandbox
+// is answered only those: it is never given an address it cannot reach.
+// A sandbox has at most Config.MaxPinnedAddrs addresses pinned at once (the
+// Server counts them, with when they lapse): an answer that would pin more
+// is refused until older ones lapse, which bounds its firewall set.
 package sandboxdns

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -39,9 +40,30 @@ type Config struct {
 	Timeout time.Duration
 	// MaxInFlight bounds the queries being answered at once (default 256)
 	// and MaxConns the TCP connections open at once (default 64): queries
-	// beyond them are dropped, connections closed.
+	// beyond them are dropped, connections closed. They are the node's
+	// ceilings; each sandbox has its share below them.
 	MaxInFlight, MaxConns int
-	Logger                *slog.Logger
+	// MaxInFlightPerSandbox bounds one sandbox's queries being answered
+	// at once (default 32: queries beyond it are refused) and
+	// MaxConnsPerSandbox its TCP connections open at once (default 8:
+	// connections beyond it are closed), so a sandbox whose name server
+	// never answers holds its share of MaxInFlight, not all of it.
+	MaxInFlightPerSandbox, MaxConnsPerSandbox int
+	// QueryRate is how many queries a second one sandbox may send
+	// (default 100), in bursts of up to QueryBurst (default 200): queries
+	// beyond it are refused, the upstreams not asked.
+	QueryRate  float64
+	QueryBurst int
+	// MaxAnswerAddrs bounds the addresses pinned from one answer (default
+	// 16), and the answer the sandbox gets holds only those: it is never
+	// given an address it cannot reach. MaxPinnedAddrs bounds the
+	// addresses pinned for one sandbox at once (default 1024): an answer
+	// that would pin more is refused until older pins lapse; addresses the
+	// sandbox has pinned already cost nothing more.
+	MaxAnswerAddrs, MaxPinnedAddrs int
+	// Now is the clock of query rates and pins (default time.Now).
+	Now    func() time.Time
+	Logger *slog.Logger
 }
 
 // Server is the node's resolver. Create it with New (which opens its
@@ -56,16 +78,18 @@ type Server struct {
 	// connection.
 	inFlight, conns chan struct{}
 
-	// mu guards sandboxes.
+	// mu guards sandboxes and each one's budget.
 	mu        sync.Mutex
-	sandboxes map[netip.Addr]sandbox
+	sandboxes map[netip.Addr]*sandbox
 }
 
-// sandbox is what a registered source address may resolve, and where its
-// answers are pinned.
+// sandbox is what a registered source address may resolve, where its
+// answers are pinned (names and pin do not change), and what it has
+// taken of the server.
 type sandbox struct {
 	names Names
 	pin   Pinner
+	budget
 }
 
 // Sizes: a query larger than maxQuery is not answered; a UDP answer is at
@@ -115,10 +139,34 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = 64
 	}
+	if cfg.MaxInFlightPerSandbox <= 0 {
+		cfg.MaxInFlightPerSandbox = 32
+	}
+	if cfg.MaxConnsPerSandbox <= 0 {
+		cfg.MaxConnsPerSandbox = 8
+	}
+	if cfg.QueryRate <= 0 {
+		cfg.QueryRate = 100
+	}
+	if cfg.QueryBurst <= 0 {
+		cfg.QueryBurst = 200
+	}
+	if cfg.MaxAnswerAddrs <= 0 {
+		cfg.MaxAnswerAddrs = 16
+	}
+	if cfg.MaxPinnedAddrs <= 0 {
+		cfg.MaxPinnedAddrs = 1024
+	}
+	if cfg.MaxAnswerAddrs > cfg.MaxPinnedAddrs {
+		return nil, fmt.Errorf("sandbox DNS: MaxAnswerAddrs %d is above MaxPinnedAddrs %d: no answer could be pinned", cfg.MaxAnswerAddrs, cfg.MaxPinnedAddrs)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, metrics: newMetrics(), sandboxes: map[netip.Addr]sandbox{},
+	s := &Server{cfg: cfg, log: cfg.Logger, metrics: newMetrics(), sandboxes: map[netip.Addr]*sandbox{},
 		inFlight: make(chan struct{}, cfg.MaxInFlight), conns: make(chan struct{}, cfg.MaxConns)}
 	if err := s.listen(); err != nil {
 		return nil, fmt.Errorf("sandbox DNS: listen on %s: %w", cfg.Listen, err)
@@ -150,15 +198,17 @@ func (s *Server) listen() error {
 func (s *Server) Port() uint16 { return uint16(s.udp.LocalAddr().(*net.UDPAddr).Port) }
 
 // Register lets the sandbox at src resolve names, its answers pinned with
-// pin; it replaces what src had.
+// pin; it replaces what src had, budgets and all (a new sandbox in the
+// slot pins into a set of its own).
 func (s *Server) Register(src netip.Addr, names []string, pin Pinner) error {
 	n, err := ParseNames(names)
 	if err != nil {
 		return err
 	}
+	sb := &sandbox{names: n, pin: pin, budget: s.newBudget()}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.sandboxes[src.Unmap()] = sandbox{names: n, pin: pin}
+	s.sandboxes[src.Unmap()] = sb
 	return nil
 }
 
@@ -169,11 +219,10 @@ func (s *Server) Unregister(src netip.Addr) {
 	delete(s.sandboxes, src.Unmap())
 }
 
-func (s *Server) lookup(src netip.Addr) (sandbox, bool) {
+func (s *Server) lookup(src netip.Addr) *sandbox {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	sb, ok := s.sandboxes[src.Unmap()]
-	return sb, ok
+	return s.sandboxes[src.Unmap()]
 }
 
 // Run serves until ctx ends, then closes the sockets and waits for the
@@ -202,14 +251,23 @@ func (s *Server) Run(ctx context.Context) error {
 		if !ok {
 			continue
 		}
+		done, ok := s.take(src, false)
+		if !ok {
+			if resp := s.refuseBusy(src, buf[:n], true); resp != nil {
+				_, _ = s.udp.WriteTo(resp, from)
+			}
+			continue
+		}
 		select {
 		case s.inFlight <- struct{}{}:
 		default:
+			done()
 			s.metrics.queries.WithLabelValues(resultDropped).Inc()
 			continue
 		}
 		query := append([]byte(nil), buf[:n]...)
 		wg.Go(func() {
+			defer done()
 			defer func() { <-s.inFlight }()
 			if resp := s.Answer(ctx, src, query, true); resp != nil {
 				_, _ = s.udp.WriteTo(resp, from)
@@ -230,29 +288,40 @@ func (s *Server) serveTCP(ctx context.Context, wg *sync.WaitGroup) {
 			}
 			return
 		}
+		src, ok := addrOf(c.RemoteAddr())
+		if !ok {
+			c.Close()
+			continue
+		}
+		done, ok := s.take(src, true)
+		if !ok {
+			s.metrics.connsRejected.WithLabelValues(limitSandbox).Inc()
+			s.warnOver(src, reasonConns)
+			c.Close()
+			continue
+		}
 		select {
 		case s.conns <- struct{}{}:
 		default:
+			done()
+			s.metrics.connsRejected.WithLabelValues(limitNode).Inc()
 			c.Close()
 			continue
 		}
 		wg.Go(func() {
+			defer done()
 			defer func() { <-s.conns }()
 			defer c.Close()
 			stop := context.AfterFunc(ctx, func() { c.Close() })
 			defer stop()
-			s.serveConn(ctx, c)
+			s.serveConn(ctx, c, src)
 		})
 	}
 }
 
-// serveConn answers the queries of one TCP connection in turn (each
-// length-prefixed), closing it after 10 s without one.
-func (s *Server) serveConn(ctx context.Context, c net.Conn) {
-	src, ok := addrOf(c.RemoteAddr())
-	if !ok {
-		return
-	}
+// serveConn answers the queries of one TCP connection from src in turn
+// (each length-prefixed), closing it after 10 s without one.
+func (s *Server) serveConn(ctx context.Context, c net.Conn, src netip.Addr) {
 	for {
 		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 		var l [2]byte
@@ -267,14 +336,10 @@ func (s *Server) serveConn(ctx context.Context, c net.Conn) {
 		if _, err := io.ReadFull(c, query); err != nil {
 			return
 		}
-		select {
-		case s.inFlight <- struct{}{}:
-		default:
-			s.metrics.queries.WithLabelValues(resultDropped).Inc()
+		resp, ok := s.answerTCP(ctx, src, query)
+		if !ok {
 			return
 		}
-		resp := s.Answer(ctx, src, query, false)
-		<-s.inFlight
 		if resp == nil {
 			return
 		}
@@ -285,6 +350,24 @@ func (s *Server) serveConn(ctx context.Context, c net.Conn) {
 			return
 		}
 	}
+}
+
+// answerTCP answers query from src under the budgets of queries in flight:
+// false when the node has none left (the connection is to close).
+func (s *Server) answerTCP(ctx context.Context, src netip.Addr, query []byte) ([]byte, bool) {
+	done, ok := s.take(src, false)
+	if !ok {
+		return s.refuseBusy(src, query, false), true
+	}
+	defer done()
+	select {
+	case s.inFlight <- struct{}{}:
+	default:
+		s.metrics.queries.WithLabelValues(resultDropped).Inc()
+		return nil, false
+	}
+	defer func() { <-s.inFlight }()
+	return s.Answer(ctx, src, query, false), true
 }
 
 func addrOf(a net.Addr) (netip.Addr, bool) {
@@ -314,101 +397,134 @@ func (s *Server) Answer(ctx context.Context, src netip.Addr, query []byte, udp b
 	return resp
 }
 
-func (s *Server) answer(ctx context.Context, src netip.Addr, query []byte, udp bool) ([]byte, string) {
+// request is a query being answered: the reply begun (the query's ID and
+// question), the question, how large the reply may be, and whether the
+// client speaks EDNS.
+type request struct {
+	reply dnsmessage.Message
+	q     dnsmessage.Question
+	limit int
+	edns  bool
+}
+
+// parse reads query: the request, or (req nil) the whole answer when it is
+// not a query this server answers.
+func parse(query []byte, udp bool) (req *request, resp []byte, result string) {
 	var p dnsmessage.Parser
 	h, err := p.Start(query)
 	if err != nil || h.Response {
-		return nil, resultMalformed
+		return nil, nil, resultMalformed
 	}
 	reply := dnsmessage.Message{Header: dnsmessage.Header{ID: h.ID, Response: true, OpCode: h.OpCode,
 		RecursionDesired: h.RecursionDesired, RecursionAvailable: true}}
 	qs, err := p.AllQuestions()
 	if err != nil || len(qs) != 1 {
 		reply.RCode = dnsmessage.RCodeFormatError
-		return pack(reply, 512), resultMalformed
+		return nil, pack(reply, 512), resultMalformed
 	}
-	q := qs[0]
 	reply.Questions = qs
 	if h.OpCode != 0 {
 		reply.RCode = dnsmessage.RCodeNotImplemented
-		return pack(reply, 512), resultMalformed
+		return nil, pack(reply, 512), resultMalformed
 	}
-	limit := 65535
+	req = &request{reply: reply, q: qs[0], limit: 65535}
+	size, edns := ednsOf(&p)
+	req.edns = edns
 	if udp {
-		limit = udpLimit(&p)
+		req.limit = size
 	}
-	sb, ok := s.lookup(src)
-	if !ok {
+	return req, nil, ""
+}
+
+func (s *Server) answer(ctx context.Context, src netip.Addr, query []byte, udp bool) ([]byte, string) {
+	req, resp, result := parse(query, udp)
+	if req == nil {
+		return resp, result
+	}
+	reply, q, limit := &req.reply, req.q, req.limit
+	sb := s.lookup(src)
+	if sb == nil {
 		reply.RCode = dnsmessage.RCodeRefused
-		return pack(reply, limit), resultUnknown
+		return pack(*reply, limit), resultUnknown
+	}
+	if !sb.rate.AllowN(s.cfg.Now(), 1) {
+		return s.limited(req, src, reasonRate)
 	}
 	name := strings.TrimSuffix(strings.ToLower(q.Name.String()), ".")
 	if q.Class != dnsmessage.ClassINET || !sb.names.Allows(name) {
 		reply.RCode = dnsmessage.RCodeRefused
-		return pack(reply, limit), resultRefused
+		return pack(*reply, limit), resultRefused
 	}
 	switch q.Type {
 	case dnsmessage.TypeAAAA, typeHTTPS, typeSVCB:
-		return pack(reply, limit), resultEmpty
+		return pack(*reply, limit), resultEmpty
 	}
 	up, err := s.exchange(ctx, q)
 	if err != nil {
 		s.log.Warn("sandbox DNS: no upstream answered", "name", name, "sandbox", src, "err", err)
 		reply.RCode = dnsmessage.RCodeServerFailure
-		return pack(reply, limit), resultFailed
+		return pack(*reply, limit), resultFailed
 	}
 	reply.RCode = up.RCode
 	if up.RCode != dnsmessage.RCodeSuccess {
-		return pack(reply, limit), resultForwarded
+		return pack(*reply, limit), resultForwarded
 	}
 	if q.Type != dnsmessage.TypeA {
 		for _, a := range up.Answers {
 			a.Header.TTL = min(a.Header.TTL, uint32(s.cfg.MaxTTL/time.Second))
 			reply.Answers = append(reply.Answers, a)
 		}
-		return pack(reply, limit), resultForwarded
+		return pack(*reply, limit), resultForwarded
 	}
 	answers, addrs, ttl := s.chain(q.Name, up.Answers)
 	reply.Answers = answers
 	if len(addrs) == 0 {
-		return pack(reply, limit), resultForwarded
+		return pack(*reply, limit), resultForwarded
 	}
-	if err := sb.pin(addrs, ttl+s.cfg.PinSlack); err != nil {
+	d := ttl + s.cfg.PinSlack
+	if !s.reservePins(sb, addrs, s.cfg.Now().Add(d)) {
+		return s.limited(req, src, reasonPinned)
+	}
+	// A failed pin stays counted until it would have lapsed: the count
+	// errs toward the cap.
+	if err := sb.pin(addrs, d); err != nil {
 		s.log.Warn("sandbox DNS: pin the addresses of a name", "name", name, "sandbox", src, "err", err)
 		reply.RCode, reply.Answers = dnsmessage.RCodeServerFailure, nil
-		return pack(reply, limit), resultFailed
+		return pack(*reply, limit), resultFailed
 	}
-	return pack(reply, limit), resultPinned
+	s.confirmPins(sb, addrs, d)
+	return pack(*reply, limit), resultPinned
 }
 
-// udpLimit is how large a UDP answer may be: 512 bytes, or what the
-// query's EDNS record says its client takes (at most maxUDP). p is past
-// the questions.
-func udpLimit(p *dnsmessage.Parser) int {
-	limit := 512
+// ednsOf reads the query's EDNS record (p is past the questions): how
+// large a UDP answer may be, 512 bytes or what the record says its client
+// takes (at most maxUDP), and whether there is one.
+func ednsOf(p *dnsmessage.Parser) (int, bool) {
 	if p.SkipAllAnswers() != nil || p.SkipAllAuthorities() != nil {
-		return limit
+		return 512, false
 	}
 	adds, _ := p.AllAdditionals()
 	for _, a := range adds {
 		if a.Header.Type == dnsmessage.TypeOPT {
 			// An OPT record's class is the UDP payload size.
-			limit = min(max(512, int(a.Header.Class)), maxUDP)
+			return min(max(512, int(a.Header.Class)), maxUDP), true
 		}
 	}
-	return limit
+	return 512, false
 }
 
 // chain follows answers from name: the CNAMEs from it and the A records
 // of the name they end at, in order, with their TTLs at most MaxTTL;
 // their addresses; and how long to pin those (the chain's shortest TTL,
-// clamped to [MinTTL, MaxTTL]). Records of other names are left out.
+// clamped to [MinTTL, MaxTTL]). Records of other names are left out, and
+// so are A records past the first MaxAnswerAddrs addresses and repeats.
 func (s *Server) chain(name dnsmessage.Name, answers []dnsmessage.Resource) ([]dnsmessage.Resource, []netip.Addr, time.Duration) {
 	var out []dnsmessage.Resource
 	var addrs []netip.Addr
 	maxTTL := uint32(s.cfg.MaxTTL / time.Second)
 	shortest := maxTTL
 	at := strings.ToLower(name.String())
+	dropped := 0
 	for range maxChain {
 		var next string
 		for _, a := range answers {
@@ -417,7 +533,15 @@ func (s *Server) chain(name dnsmessage.Name, answers []dnsmessage.Resource) ([]d
 			}
 			switch b := a.Body.(type) {
 			case *dnsmessage.AResource:
-				addrs = append(addrs, netip.AddrFrom4(b.A))
+				addr := netip.AddrFrom4(b.A)
+				if slices.Contains(addrs, addr) {
+					continue
+				}
+				if len(addrs) == s.cfg.MaxAnswerAddrs {
+					dropped++
+					continue
+				}
+				addrs = append(addrs, addr)
 			case *dnsmessage.CNAMEResource:
 				if next == "" {
 					next = strings.ToLower(b.CNAME.String())
@@ -434,6 +558,7 @@ func (s *Server) chain(name dnsmessage.Name, answers []dnsmessage.Resource) ([]d
 		}
 		at = next
 	}
+	s.metrics.addrsDropped.Add(float64(dropped))
 	ttl := min(max(time.Duration(shortest)*time.Second, s.cfg.MinTTL), s.cfg.MaxTTL)
 	return out, addrs, ttl
 }

@@ -20,18 +20,20 @@ import (
 
 // upstream is a DNS server in the test process: it answers the records
 // of records whose owner is the question's name (every record of the
-// name's entry, whatever its owner, so a test can slip in others), and
-// NXDOMAIN for names it does not have.
+// name's entry, whatever its owner, so a test can slip in others),
+// NXDOMAIN for names it does not have, and nothing at all for the names
+// it was told to hang on.
 type upstream struct {
 	mu      sync.Mutex
 	records map[string][]dnsmessage.Resource
+	hangs   map[string]bool
 	asked   atomic.Int32
 	addr    string
 }
 
 func newUpstream(t *testing.T) *upstream {
 	t.Helper()
-	u := &upstream{records: map[string][]dnsmessage.Resource{}}
+	u := &upstream{records: map[string][]dnsmessage.Resource{}, hangs: map[string]bool{}}
 	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -45,7 +47,9 @@ func newUpstream(t *testing.T) *upstream {
 			if err != nil {
 				return
 			}
-			_, _ = pc.WriteTo(u.reply(buf[:n]), from)
+			if b := u.reply(buf[:n]); b != nil {
+				_, _ = pc.WriteTo(b, from)
+			}
 		}
 	}()
 	return u
@@ -57,6 +61,13 @@ func (u *upstream) set(name string, rr ...dnsmessage.Resource) {
 	u.records[name] = rr
 }
 
+// hang makes the upstream never answer name.
+func (u *upstream) hang(name string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.hangs[name] = true
+}
+
 func (u *upstream) reply(query []byte) []byte {
 	u.asked.Add(1)
 	var m dnsmessage.Message
@@ -65,8 +76,13 @@ func (u *upstream) reply(query []byte) []byte {
 	}
 	m.Response = true
 	u.mu.Lock()
-	rr, ok := u.records[strings.ToLower(m.Questions[0].Name.String())]
+	name := strings.ToLower(m.Questions[0].Name.String())
+	rr, ok := u.records[name]
+	hang := u.hangs[name]
 	u.mu.Unlock()
+	if hang {
+		return nil
+	}
 	if !ok {
 		m.RCode = dnsmessage.RCodeNameError
 	}
