@@ -209,6 +209,13 @@ func startGateway(t *testing.T, s *framework.Stack, p *vpool) *gateway {
 // (a pool's) run.
 func launchGateway(t *testing.T, s *framework.Stack, args ...string) string {
 	t.Helper()
+	url, _ := launchGatewayAgent(t, s, args...)
+	return url
+}
+
+// launchGatewayAgent is launchGateway, with the gateway's process.
+func launchGatewayAgent(t *testing.T, s *framework.Stack, args ...string) (string, *agent) {
+	t.Helper()
 	addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
 	tokenKey := filepath.Join(t.TempDir(), "token-key")
 	if err := os.WriteFile(tokenKey, []byte(rand.String(32)+"\n"), 0o600); err != nil {
@@ -228,5 +235,5 @@ func launchGateway(t *testing.T, s *framework.Stack, args ...string) string {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK, nil
 	})
-	return url
+	return url, a
 }

@@ -35,7 +35,8 @@ type tenant struct {
 
 // tenantGateway is sandman-gateway serving several tenants' keys.
 type tenantGateway struct {
-	url string
+	url  string
+	proc *agent
 }
 
 // startTenantGateway runs sandman-gateway for pool p with one key per
@@ -55,9 +56,9 @@ func startTenantGateway(t *testing.T, s *framework.Stack, p *vpool, bodyTimeout 
 	if _, err := s.Kube.CoreV1().Secrets(home).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "e2b-keys", Namespace: home}, Data: keys}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	url := launchGateway(t, s, "--namespaces", strings.Join(nss, ","), "--keys-secret", home+"/e2b-keys",
+	url, proc := launchGatewayAgent(t, s, "--namespaces", strings.Join(nss, ","), "--keys-secret", home+"/e2b-keys",
 		"--body-read-timeout", bodyTimeout.String(), "--create-timeout", "90s")
-	return &tenantGateway{url: url}
+	return &tenantGateway{url: url, proc: proc}
 }
 
 // call sends an E2B control API request with key and decodes a 2xx JSON
@@ -88,8 +89,9 @@ func (g *tenantGateway) call(t *testing.T, key, method, path string, body, out a
 
 // e2bSandbox is what create answers.
 type e2bSandbox struct {
-	SandboxID       string `json:"sandboxID"`
-	EnvdAccessToken string `json:"envdAccessToken"`
+	SandboxID          string `json:"sandboxID"`
+	EnvdAccessToken    string `json:"envdAccessToken"`
+	TrafficAccessToken string `json:"trafficAccessToken"`
 }
 
 // create makes a sandbox from template with key; extra are more fields
@@ -208,6 +210,9 @@ func TestTenants(t *testing.T) {
 		}
 		_ = s.Kube.CoreV1().Pods(b.ns).Delete(ctx, impostor.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
 	})
+
+	t.Run("PortTrafficOnlyToTheGatewaysOwnPod", func(t *testing.T) { portImpostor(t, s, p, g, a, b) })
+	t.Run("BuildOutputIsBounded", func(t *testing.T) { buildOutputBounded(t, s, g, a) })
 
 	t.Run("SnapshotsStayInTheirNamespace", func(t *testing.T) {
 		var snap struct {

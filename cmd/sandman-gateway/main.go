@@ -109,6 +109,7 @@ func run(args []string) error {
 	fs.IntVar(&o.burst, "kube-api-burst", 400, "apiserver request burst")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&o.printVersion, "version", false, "print the version and exit")
+	budgets, uploadDisk := budgetFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -132,6 +133,7 @@ func run(args []string) error {
 		MaxTimeout: o.maxTimeout, ProxyWait: o.proxyWait, SandboxDomain: o.sandboxDomain, SandboxPorts: o.sandboxPorts, Logger: log,
 		SnapshotRepository: o.snapshotRepository, BodyReadTimeout: o.bodyReadTimeout,
 		UploadDir: o.templateUploads, MaxUploadBytes: o.maxTemplateUpload,
+		Budgets: *budgets, UploadDiskBytes: *uploadDisk,
 	}
 	switch {
 	case o.keysSecret != "" && o.keysFile != "":
