@@ -136,7 +136,7 @@ func portImpostor(t *testing.T, s *framework.Stack, p *vpool, g *tenantGateway, 
 
 // buildOutputBounded is the other live recipe: a template build whose step
 // prints millions of empty lines leaves the gateway's memory where it was
-// (before, RUN yes '' grew it from 32 MB to 2.7 GB in 25 s). The build
+// (before, RUN yes ” grew it from 32 MB to 2.7 GB in 25 s). The build
 // fails as its step does, and its logs say how much output was not kept.
 func buildOutputBounded(t *testing.T, s *framework.Stack, g *tenantGateway, a tenant) {
 	var req struct {
