@@ -312,8 +312,20 @@ func (g *Gateway) startBuild(ctx context.Context, key Key, templateID, buildID s
 	}
 	if !g.cachedAll(ctx, p) {
 		for i, st := range p.steps {
-			if st.Type == "COPY" && !g.hasUpload(key.Namespace, st.FilesHash) {
-				return withStep(i+1, errorf(errdefs.ErrInvalidArgument, "step %d: the files of COPY %s (hash %s) were not uploaded to this gateway replica: build again",
+			if st.Type != "COPY" {
+				continue
+			}
+			present, err := g.uploads.Has(ctx, key.Namespace, st.FilesHash)
+			if err != nil {
+				return withStep(i+1, fmt.Errorf("step %d: the files of COPY %s: %w", i+1, st.Args[0], err))
+			}
+			if !present && g.cfg.UploadRepository == "" {
+				return withStep(i+1, errorf(errdefs.ErrInvalidArgument, "step %d: the files of COPY %s (hash %s) were not uploaded to this gateway replica "+
+					"(each replica keeps the uploads it received: with several, the operator gives the gateway --template-upload-repository): build again",
+					i+1, st.Args[0], st.FilesHash))
+			}
+			if !present {
+				return withStep(i+1, errorf(errdefs.ErrInvalidArgument, "step %d: the files of COPY %s (hash %s) were not uploaded, or an earlier build that used them ended: build again",
 					i+1, st.Args[0], st.FilesHash))
 			}
 		}

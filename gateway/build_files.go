@@ -1,7 +1,7 @@
 package gateway
 
 import (
-	"errors"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -22,43 +22,38 @@ import (
 // signed (HMAC under the token key, which every replica holds) for the
 // key's namespace, the template and the hash, and valid for uploadURLTTL;
 // it is not under the control API's 1 MiB body cap but under
-// Config.MaxUploadBytes. Uploads are kept on the replica's disk, by
-// namespace and hash, until the build that uses them ends (or
-// uploadTTL passes): a build runs on the replica that holds its files,
-// which with several replicas behind one Service is not assured (see
-// docs/e2b.md).
+// Config.MaxUploadBytes. Uploads are kept in the gateway's uploadStore,
+// by namespace and hash, until the build that uses them ends: with
+// Config.UploadRepository in a registry every replica reaches, so a build
+// may start on any replica; without it on the disk of the replica that
+// received them (until uploadTTL passes), which is enough for one replica
+// only.
 const (
 	uploadURLTTL = time.Hour
 	uploadTTL    = time.Hour
 	// uploadBodyTimeout bounds how long one upload may take to arrive.
 	uploadBodyTimeout = 10 * time.Minute
+	// uploadRemoveTimeout bounds the removal of a build's uploads.
+	uploadRemoveTimeout = time.Minute
 )
 
 // filesHashRE is a COPY's files hash (the SDK's hex SHA-256).
 var filesHashRE = regexp.MustCompile(`^[a-f0-9]{16,128}$`)
 
-// uploadPath is where the files of hash are kept for namespace.
-func (g *Gateway) uploadPath(namespace, hash string) string {
-	return filepath.Join(g.cfg.UploadDir, namespace, hash+".tar")
-}
-
-// hasUpload says whether the files of hash are here.
-func (g *Gateway) hasUpload(namespace, hash string) bool {
-	fi, err := os.Stat(g.uploadPath(namespace, hash))
-	return err == nil && fi.Mode().IsRegular()
-}
-
-// removeUploads deletes the files of hashes.
+// removeUploads deletes the files of hashes, once their build ended.
 func (g *Gateway) removeUploads(namespace string, hashes []string) {
+	ctx, cancel := context.WithTimeout(context.Background(), uploadRemoveTimeout)
+	defer cancel()
 	for _, h := range hashes {
-		if err := os.Remove(g.uploadPath(namespace, h)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := g.uploads.Remove(ctx, namespace, h); err != nil {
 			g.log.Warn("remove a template upload", "namespace", namespace, "hash", h, "err", err)
 		}
 	}
 }
 
-// sweepUploads deletes uploads older than uploadTTL (files of builds that
-// never ran).
+// sweepUploads deletes files of UploadDir older than uploadTTL: on the
+// disk store the files of builds that never ran, on the registry store
+// staged uploads a stopped push left behind.
 func (g *Gateway) sweepUploads() {
 	dirs, _ := os.ReadDir(g.cfg.UploadDir)
 	for _, d := range dirs {
@@ -153,7 +148,12 @@ func (g *Gateway) serveFileUpload(w http.ResponseWriter, r *http.Request, key Ke
 		return
 	}
 	g.sweepUploads()
-	if g.hasUpload(key.Namespace, hash) {
+	present, err := g.uploads.Has(r.Context(), key.Namespace, hash)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if present {
 		writeJSON(w, http.StatusOK, fileUpload{Present: true})
 		return
 	}
@@ -201,7 +201,7 @@ func (g *Gateway) serveUpload(w http.ResponseWriter, r *http.Request, key Key) {
 		return
 	}
 	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(uploadBodyTimeout))
-	if err := g.storeUpload(ns, hash, r.Body); err != nil {
+	if err := g.uploads.Put(r.Context(), ns, hash, r.Body); err != nil {
 		w.Header().Set("Connection", "close")
 		writeError(w, err)
 		return
@@ -210,15 +210,17 @@ func (g *Gateway) serveUpload(w http.ResponseWriter, r *http.Request, key Key) {
 	w.WriteHeader(http.StatusOK)
 }
 
-// storeUpload writes body as the files of hash, whole or not at all.
-func (g *Gateway) storeUpload(namespace, hash string, body io.Reader) (retErr error) {
-	dst := g.uploadPath(namespace, hash)
-	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
-		return fmt.Errorf("template files: %w", err)
+// stageUpload writes body to a new file in the namespace's directory of
+// UploadDir, charged to the budgets as it arrives (copyUpload), whole or
+// not at all, and says its path (the uploadStore's stageFunc).
+func (g *Gateway) stageUpload(namespace string, body io.Reader) (_ string, retErr error) {
+	dir := filepath.Join(g.cfg.UploadDir, namespace)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", fmt.Errorf("template files: %w", err)
 	}
-	f, err := os.CreateTemp(filepath.Dir(dst), ".upload-*")
+	f, err := os.CreateTemp(dir, ".upload-*")
 	if err != nil {
-		return fmt.Errorf("template files: %w", err)
+		return "", fmt.Errorf("template files: %w", err)
 	}
 	defer func() {
 		if retErr != nil {
@@ -228,19 +230,16 @@ func (g *Gateway) storeUpload(namespace, hash string, body io.Reader) (retErr er
 	}()
 	n, err := g.copyUpload(namespace, f, io.LimitReader(body, g.cfg.MaxUploadBytes+1))
 	if errdefs.IsResourceExhausted(err) {
-		return err
+		return "", err
 	}
 	if err != nil {
-		return errorf(errdefs.ErrInvalidArgument, "template files: the upload broke off: %v", err)
+		return "", errorf(errdefs.ErrInvalidArgument, "template files: the upload broke off: %v", err)
 	}
 	if n > g.cfg.MaxUploadBytes {
-		return errorf(errdefs.ErrInvalidArgument, "template files: more than the gateway takes, %d bytes", g.cfg.MaxUploadBytes)
+		return "", errorf(errdefs.ErrInvalidArgument, "template files: more than the gateway takes, %d bytes", g.cfg.MaxUploadBytes)
 	}
 	if err := f.Close(); err != nil {
-		return fmt.Errorf("template files: %w", err)
+		return "", fmt.Errorf("template files: %w", err)
 	}
-	if err := os.Rename(f.Name(), dst); err != nil {
-		return fmt.Errorf("template files: %w", err)
-	}
-	return nil
+	return f.Name(), nil
 }

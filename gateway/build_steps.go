@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 	"path"
 	"regexp"
 	"strconv"
@@ -477,7 +476,7 @@ func (s *stepRunner) copy(ctx context.Context, no int, st templateStep) (retErr 
 			return errorf(errdefs.ErrInvalidArgument, "COPY mode %q: want octal such as 0755", mode)
 		}
 	}
-	f, err := os.Open(s.g.uploadPath(s.p.key.Namespace, st.FilesHash))
+	f, err := s.g.uploads.Open(ctx, s.p.key.Namespace, st.FilesHash)
 	if err != nil {
 		return fmt.Errorf("the uploaded files of %s: %w", st.Args[0], err)
 	}

@@ -102,15 +102,32 @@ type Config struct {
 	Usage func(ctx context.Context, node string, req vkapi.UsageRequest) (vkapi.UsageResponse, error)
 
 	// UploadDir keeps the files of templates' COPY steps until their
-	// build ends (default: sandman-gateway-uploads in the system's
-	// temporary directory).
+	// build ends, or with UploadRepository while they arrive and are
+	// pushed (default: sandman-gateway-uploads in the system's temporary
+	// directory).
 	UploadDir string
+	// UploadRepository (host[:port]/prefix) keeps the files of COPY steps
+	// in a registry every replica reaches, a namespace's in
+	// <UploadRepository>/<namespace>/uploads tagged with the files hash,
+	// so a build may start on any replica. Give the pool's snapshot
+	// registry followed by SnapshotRepository (the nodes'
+	// --snapshot-repository), so their check that a namespace's images
+	// are its own covers the uploads. Empty: UploadDir keeps them, which
+	// serves one replica only.
+	UploadRepository string
+	// UploadPushConfig is a docker config JSON file with the credentials
+	// for UploadRepository's registry (push, pull and delete), read at
+	// every call (empty: anonymous).
+	UploadPushConfig string
+	// UploadInsecure reaches UploadRepository's registry over plain HTTP.
+	UploadInsecure bool
 	// MaxUploadBytes bounds one upload of a template's files (default
 	// 512 MiB).
 	MaxUploadBytes int64
 	// UploadDiskBytes bounds what all namespaces' uploads hold in
-	// UploadDir together (default 1536 MiB: below the deployed replica's
-	// 2 GiB emptyDir, so the kubelet never evicts it for them).
+	// UploadDir together, arriving ones included (default 1536 MiB: below
+	// the deployed replica's 2 GiB emptyDir, so the kubelet never evicts
+	// it for them); Budgets.UploadBytes is charged the same way.
 	UploadDiskBytes int64
 	// BuildCheckpointAfter: a template build step that took at least this
 	// long is snapshotted (and cached) before the next, so a later build
@@ -147,6 +164,7 @@ type Gateway struct {
 	tomb    tombstones
 	builds  builds
 	budgets budgets
+	uploads uploadStore
 	// snapshotsBackfilled: namespaces whose live pods' snapshots were
 	// added to the snapshot catalogue (snapshotcatalog.go).
 	snapshotsBackfilled sync.Map
@@ -228,6 +246,10 @@ func New(cfg Config) (*Gateway, error) {
 		}
 	}
 	g := &Gateway{cfg: cfg, log: cfg.Logger}
+	var err error
+	if g.uploads, err = g.newUploadStore(); err != nil {
+		return nil, err
+	}
 	g.budgets.limits = &g.cfg.Budgets
 	g.waiters.m = map[string]map[chan struct{}]struct{}{}
 	g.tomb.m = map[string]time.Time{}

@@ -50,6 +50,8 @@ type options struct {
 	snapshotRepository                 string
 	templateUploads                    string
 	maxTemplateUpload                  int64
+	uploadRepository, uploadPushConfig string
+	uploadInsecure                     bool
 	createTimeout, defaultTimeout      time.Duration
 	maxTimeout, proxyWait              time.Duration
 	bodyReadTimeout, readHeaderTimeout time.Duration
@@ -94,8 +96,13 @@ func run(args []string) error {
 	fs.StringVar(&o.sandboxDomain, "sandbox-domain", "", "returned as the sandboxes' domain (default: null); requests for <port>-<sandboxID>.<domain> are sandbox traffic (E2B's getHost)")
 	fs.StringVar(&o.sandboxPorts, "sandbox-ports", "1-65535", "TCP ports and ranges of its sandboxes the gateway forwards getHost traffic to; its pods open them (sandman.io/control-ports) to the control plane only")
 	fs.StringVar(&o.snapshotRepository, "snapshot-repository", "e2b", "prefix of the images createSnapshot makes in the pool's snapshot registry: <prefix>/<key's namespace>/<name>:<tag>")
-	fs.StringVar(&o.templateUploads, "template-uploads", "", "directory keeping the files of templates' COPY steps until their build ends (default: sandman-gateway-uploads in the temporary directory)")
+	fs.StringVar(&o.templateUploads, "template-uploads", "", "directory keeping the files of templates' COPY steps until their build ends, or with --template-upload-repository while they arrive and are pushed (default: sandman-gateway-uploads in the temporary directory)")
 	fs.Int64Var(&o.maxTemplateUpload, "max-template-upload", 512<<20, "largest upload of a template's files, in bytes")
+	fs.StringVar(&o.uploadRepository, "template-upload-repository", "", "host[:port]/prefix of a registry every replica reaches where the files of templates' COPY steps are kept, a namespace's as <prefix>/<namespace>/uploads:<files hash>, so a build may start on any replica: "+
+		"give the pool's snapshot registry followed by --snapshot-repository (e.g. <snapshot registry>/e2b, a --snapshot-repository of the nodes), so a namespace's uploads are its own as its snapshots are "+
+		"(empty: --template-uploads keeps them, on the replica that received them: one replica only)")
+	fs.StringVar(&o.uploadPushConfig, "template-upload-push-config", "", "docker config JSON file with the credentials to push, read and delete in --template-upload-repository, read at every call (empty: anonymous)")
+	fs.BoolVar(&o.uploadInsecure, "template-upload-insecure", false, "reach --template-upload-repository's registry over plain HTTP (a local stack's)")
 	fs.DurationVar(&o.createTimeout, "create-timeout", 60*time.Second, "how long a create waits for the sandbox's pod to be ready")
 	fs.DurationVar(&o.defaultTimeout, "default-timeout", 300*time.Second, "a sandbox's lifetime when a create names none")
 	fs.DurationVar(&o.maxTimeout, "max-timeout", 24*time.Hour, "the longest lifetime a create, set-timeout or connect may ask for")
@@ -133,6 +140,7 @@ func run(args []string) error {
 		MaxTimeout: o.maxTimeout, ProxyWait: o.proxyWait, SandboxDomain: o.sandboxDomain, SandboxPorts: o.sandboxPorts, Logger: log,
 		SnapshotRepository: o.snapshotRepository, BodyReadTimeout: o.bodyReadTimeout,
 		UploadDir: o.templateUploads, MaxUploadBytes: o.maxTemplateUpload,
+		UploadRepository: o.uploadRepository, UploadPushConfig: o.uploadPushConfig, UploadInsecure: o.uploadInsecure,
 		Budgets: *budgets, UploadDiskBytes: *uploadDisk,
 	}
 	switch {
