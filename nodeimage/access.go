@@ -43,10 +43,27 @@ const checkTimeout = 30 * time.Second
 
 // AuthorizePod checks, without pulling, that a pod of namespace with these
 // pull secrets may use ref: another namespace's snapshot (under a
-// Config.SnapshotRepositories entry) is refused first, on the node or not,
-// whatever the secrets, with an *Error of KindForbidden; then Authorize.
-// Binds call it before they take a slot or pull.
+// Config.SnapshotRepositories entry) and any image in the pool's convert
+// repository are refused first, on the node or not, whatever the secrets,
+// with an *Error of KindForbidden; then Authorize. Binds call it before
+// they take a slot or pull.
 func (m *Manager) AuthorizePod(ctx context.Context, ref, namespace string, secrets [][]byte) error {
+	// A pod names the source, never its conversion: the node picks the
+	// conversion itself, for a source the pod may start, that is public
+	// as the digest pulled and no tenant's. The convert repository's name
+	// of an image says nothing of whose it is (conversions made before
+	// these rules may be of other namespaces' snapshots or of private
+	// images), and the pool's registry serves it to any pod; refusing
+	// every start by that name is the one rule that cannot let a pod reach
+	// what its source name would not.
+	if m.inConvertRepository(ref) {
+		name, err := Normalize(ref)
+		if err != nil {
+			name = ref
+		}
+		return &Error{Image: name, Kind: KindForbidden, Err: fmt.Errorf(
+			"it is in the pool's lazy conversion repository %s: start the image it was converted from, and the node uses the conversion when it may", m.cfg.ConvertRepository)}
+	}
 	if err := m.snapshots.CheckStart(ref, namespace); err != nil {
 		return err
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/containerd/platforms"
 	"github.com/distribution/reference"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/partial"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/opencontainers/go-digest"
@@ -29,6 +30,25 @@ import (
 // LabelLazyFrom is set on an image a lazy node started from its pool's
 // conversion (Config.ConvertRepository): the conversion's reference.
 const LabelLazyFrom = "sandman.io/lazy-from"
+
+// AnnotationLazySource is the manifest annotation of a conversion in the
+// pool's convert repository: the digest of the image it was made from (the
+// manifest or index the node had pulled). A conversion is adopted for a
+// pull of that digest only.
+const AnnotationLazySource = "sandman.io/lazy-source"
+
+// maxConversionManifest bounds the conversion manifest read before a pull.
+const maxConversionManifest = 4 << 20
+
+var (
+	errAlreadyLazy = errors.New("some layers are eStargz already")
+	// errNotShared: the image may not go to the pool's repository (a
+	// tenant's, or not served anonymously as it was pulled).
+	errNotShared = errors.New("not shared")
+	// errNotFromSource: a conversion that does not say it was made from
+	// the digest asked for.
+	errNotFromSource = errors.New("not made from this image")
+)
 
 // conversionRef names the conversion of name (whose registry serves
 // manifest d) in the convert repository: the source's registry and path
@@ -48,44 +68,152 @@ func (m *Manager) conversionRef(name string, d digest.Digest) (string, error) {
 	return ref, nil
 }
 
+// pinned is name's repository at digest d (repo@d).
+func pinned(name string, d digest.Digest) (string, error) {
+	named, err := reference.ParseNormalizedNamed(name)
+	if err != nil {
+		return "", err
+	}
+	canonical, err := reference.WithDigest(reference.TrimNamed(named), d)
+	if err != nil {
+		return "", err
+	}
+	return canonical.String(), nil
+}
+
+// tenantImage says whether name lives where a tenant's images do (a
+// snapshot repository, the snapshot registry, the checkpoint repository):
+// their registry may serve them without credentials, but they are the
+// tenant's, and a copy in the pool's repository would be anyone's.
+func (m *Manager) tenantImage(name string) bool {
+	_, _, snapshot := m.snapshots.Owner(name)
+	_, _, tenant := m.tenants.Owner(name)
+	return snapshot || tenant
+}
+
+// inConvertRepository says whether ref names an image in the pool's
+// convert repository (by any name of its registry, as Owner matches).
+func (m *Manager) inConvertRepository(ref string) bool {
+	_, _, ok := m.convertRepo.Owner(ref)
+	return ok
+}
+
+// checkPublic says whether name's registry serves digest d of it with no
+// credentials: nil when it does. This, and not the tag's anonymous answer,
+// proves the content public: a registry may name other content for the
+// same tag to a pod's credentials.
+func (m *Manager) checkPublic(ctx context.Context, name string, d digest.Digest) error {
+	ref, err := pinned(name, d)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, checkTimeout)
+	defer cancel()
+	defer context.AfterFunc(m.ctx, cancel)()
+	if _, _, err := m.resolver(ctx, nil, nil).Resolve(ctx, ref); err != nil {
+		return classify(ref, err)
+	}
+	return nil
+}
+
+// lazyPlan is what a pull of an image fetches on a node that converts.
+type lazyPlan struct {
+	// pull is what is pulled: the image's name, or its conversion pinned
+	// to the digest of the manifest checked (repo@sha256:...).
+	pull string
+	// from is the conversion's name when pull is it (LabelLazyFrom).
+	from string
+	// convert: pulled whole, the image may be converted for the pool
+	// (convertPulled decides once it knows what was pulled).
+	convert bool
+}
+
 // lazySource says what a pull of name fetches on a node that converts
-// (Config.ConvertRepository): pull, name's conversion when the pool's
-// registry has it; else name, and convertTo where a conversion of it goes
-// once it is pulled. A private image (one its registry does not serve
-// anonymously) is never converted: the pool's registry would serve it to
-// anyone.
-func (m *Manager) lazySource(ctx context.Context, name string, creds map[string][2]string) (pull, convertTo string) {
-	if !m.cfg.LazyPull || m.cfg.ConvertRepository == "" || strings.HasPrefix(name, m.cfg.ConvertRepository+"/") {
-		return name, ""
+// (Config.ConvertRepository): name's conversion when the pool's registry
+// has one made from the digest name resolves to; else name, and whether a
+// conversion of it may be made once it is pulled. Never converted or
+// adopted: a tenant's image (tenantImage), one in the convert repository
+// itself, and a private one (its registry does not serve the digest
+// anonymously): the pool's registry would serve it to anyone.
+func (m *Manager) lazySource(ctx context.Context, name string, creds map[string][2]string) lazyPlan {
+	whole := lazyPlan{pull: name}
+	if !m.cfg.LazyPull || m.cfg.ConvertRepository == "" || m.inConvertRepository(name) || m.tenantImage(name) {
+		return whole
 	}
 	var used atomic.Bool
 	rctx, cancel := context.WithTimeout(ctx, checkTimeout)
 	defer cancel()
 	_, desc, err := m.resolver(rctx, creds, &used).Resolve(rctx, name)
 	if err != nil {
-		return name, "" // the pull says why
+		return whole // the pull says why
 	}
-	if used.Load() && m.check(rctx, name, nil) != nil {
+	if used.Load() && m.checkPublic(rctx, name, desc.Digest) != nil {
 		// The pod's credentials were asked for and the registry does not
-		// answer without them: private, pulled whole with them. (Registries
-		// ask for credentials of public images too, Docker Hub always.)
-		return name, ""
+		// serve this digest without them: private, pulled whole with them.
+		// (Registries ask for credentials of public images too, Docker
+		// Hub always.)
+		return whole
 	}
 	ref, err := m.conversionRef(name, desc.Digest)
 	if err != nil {
 		m.cfg.Logger.Warn("lazy conversion: no name for it", "image", name, "err", err)
-		return name, ""
+		return whole
 	}
-	_, _, err = m.newResolver(rctx, m.convertCreds(), nil, nil).Resolve(rctx, ref)
+	pull, err := m.conversionOf(rctx, ref, desc.Digest)
 	switch {
 	case err == nil:
-		return ref, ""
+		return lazyPlan{pull: pull, from: ref}
 	case errdefs.IsNotFound(err):
-		return name, ref
+		return lazyPlan{pull: name, convert: true}
+	case errors.Is(err, errNotFromSource):
+		// Made from other content (or by an agent that did not record
+		// it): a pull of this digest must not get it. Pulled whole, the
+		// image is converted again and replaces it.
+		m.cfg.Logger.Warn("lazy conversion: the pool's conversion was not made from this image; pulling it whole", "image", name, "digest", desc.Digest, "conversion", ref, "err", err)
+		return lazyPlan{pull: name, convert: true}
 	default:
 		m.cfg.Logger.Warn("lazy conversion: the pool's registry does not answer; pulling the image whole", "image", name, "conversion", ref, "err", err)
-		return name, ""
+		return whole
 	}
+}
+
+// conversionOf reads the manifest of ref, a conversion in the pool's
+// repository, and returns it pinned by digest (what the pull then fetches
+// is what was checked) when it records source as what it was made from;
+// errNotFromSource when it does not.
+func (m *Manager) conversionOf(ctx context.Context, ref string, source digest.Digest) (string, error) {
+	r := m.newResolver(ctx, m.convertCreds(), nil, nil)
+	resolved, desc, err := r.Resolve(ctx, ref)
+	if err != nil {
+		return "", err
+	}
+	if !images.IsManifestType(desc.MediaType) {
+		return "", fmt.Errorf("%s is a %s, not an image manifest: %w", ref, desc.MediaType, errNotFromSource)
+	}
+	f, err := r.Fetcher(ctx, resolved)
+	if err != nil {
+		return "", err
+	}
+	rc, err := f.Fetch(ctx, desc)
+	if err != nil {
+		return "", err
+	}
+	defer rc.Close()
+	raw, err := io.ReadAll(io.LimitReader(rc, maxConversionManifest+1))
+	if err != nil {
+		return "", err
+	}
+	if len(raw) > maxConversionManifest || desc.Digest.Validate() != nil || desc.Digest.Algorithm().FromBytes(raw) != desc.Digest {
+		return "", fmt.Errorf("the manifest of %s is not %s", ref, desc.Digest)
+	}
+	var mf ocispec.Manifest
+	if err := json.Unmarshal(raw, &mf); err != nil {
+		return "", fmt.Errorf("the manifest of %s: %w", ref, err)
+	}
+	if got := mf.Annotations[AnnotationLazySource]; got != source.String() {
+		return "", fmt.Errorf("%s records source %q, want %s: %w", ref, got, source, errNotFromSource)
+	}
+	return pinned(ref, desc.Digest)
 }
 
 // convertCreds are the credentials for the convert repository (none when
@@ -102,8 +230,9 @@ func (m *Manager) convertCreds() map[string][2]string {
 	return parseDockerConfigs(secrets)
 }
 
-// adoptConversion records img, name's conversion pulled from ref, as name:
-// binds of name use it, and the pool's name is not an image of the node.
+// adoptConversion records img, name's conversion ref (pulled pinned, as
+// img.Name()), as name: binds of name use it, and the pool's name is not an
+// image of the node.
 func (m *Manager) adoptConversion(ctx context.Context, name, ref string, img ctrd.Image) (ctrd.Image, error) {
 	is := m.cfg.Client.ImageService()
 	rec := images.Image{Name: name, Target: img.Target(), Labels: map[string]string{LabelLazyFrom: ref}}
@@ -114,27 +243,30 @@ func (m *Manager) adoptConversion(ctx context.Context, name, ref string, img ctr
 	if err != nil {
 		return nil, fmt.Errorf("record the conversion %s as %s: %w", ref, name, err)
 	}
-	if err := is.Delete(ctx, ref); err != nil && !errdefs.IsNotFound(err) {
-		m.cfg.Logger.Warn("lazy conversion: drop the pool's name", "image", ref, "err", err)
+	if err := is.Delete(ctx, img.Name()); err != nil && !errdefs.IsNotFound(err) {
+		m.cfg.Logger.Warn("lazy conversion: drop the pool's name", "image", img.Name(), "err", err)
 	}
 	return ctrd.NewImage(m.cfg.Client, out), nil
 }
 
-// startConversion converts name (pulled whole as img) into eStargz in the
-// background and pushes it as ref, so that the pool's next pulls of it are
-// lazy. One conversion runs at a time on the node; one per image.
-func (m *Manager) startConversion(name, ref string, img ctrd.Image) {
+// startConversion converts name (pulled whole as img; usedCreds: the
+// registry was given credentials for it) into eStargz in the background and
+// pushes it to the convert repository (convertPulled), so that the pool's
+// next pulls of it are lazy. One conversion runs at a time on the node; one
+// per image and digest.
+func (m *Manager) startConversion(name string, img ctrd.Image, usedCreds bool) {
+	key := name + "@" + img.Target().Digest.String()
 	m.mu.Lock()
-	if m.converting[ref] {
+	if m.converting[key] {
 		m.mu.Unlock()
 		return
 	}
-	m.converting[ref] = true
+	m.converting[key] = true
 	m.mu.Unlock()
 	started := m.goManaged(func() {
 		defer func() {
 			m.mu.Lock()
-			delete(m.converting, ref)
+			delete(m.converting, key)
 			m.mu.Unlock()
 		}()
 		ctx := m.ns(m.ctx)
@@ -145,10 +277,13 @@ func (m *Manager) startConversion(name, ref string, img ctrd.Image) {
 		}
 		defer func() { <-m.convertSlot }()
 		begin := time.Now()
-		res, err := m.convert(ctx, img, ref)
+		ref, res, err := m.convertPulled(ctx, m.cfg.Client.ContentStore(), name, img, usedCreds)
 		switch {
 		case errors.Is(err, errAlreadyLazy):
 			m.metrics.conversions.WithLabelValues("skipped").Inc()
+		case errors.Is(err, errNotShared):
+			m.metrics.conversions.WithLabelValues("private").Inc()
+			m.cfg.Logger.Info("lazy conversion: not converted", "image", name, "digest", img.Target().Digest, "err", err)
 		case err != nil:
 			m.metrics.conversions.WithLabelValues("failed").Inc()
 			m.cfg.Logger.Warn("lazy conversion failed; the image keeps being pulled whole", "image", name, "conversion", ref, "err", err)
@@ -160,18 +295,40 @@ func (m *Manager) startConversion(name, ref string, img ctrd.Image) {
 	})
 	if !started {
 		m.mu.Lock()
-		delete(m.converting, ref)
+		delete(m.converting, key)
 		m.mu.Unlock()
 	}
 }
 
-var errAlreadyLazy = errors.New("some layers are eStargz already")
+// convertPulled converts name as pulled into cs (img) and pushes it as
+// the conversion of the digest pulled, img.Target(), whatever a resolve
+// before the pull answered: a conversion is named after, and records
+// (AnnotationLazySource), the content it was made from. It refuses
+// (errNotShared) a tenant's image, and one pulled with credentials whose
+// registry does not serve that digest anonymously.
+func (m *Manager) convertPulled(ctx context.Context, cs content.Store, name string, img ctrd.Image, usedCreds bool) (ref string, _ lazyimage.Result, _ error) {
+	d := img.Target().Digest
+	if m.tenantImage(name) || m.inConvertRepository(name) {
+		return "", lazyimage.Result{}, fmt.Errorf("a tenant's image or a conversion: %w", errNotShared)
+	}
+	if usedCreds {
+		if err := m.checkPublic(ctx, name, d); err != nil {
+			return "", lazyimage.Result{}, fmt.Errorf("%s is not served without credentials (%v): %w", d, err, errNotShared)
+		}
+	}
+	ref, err := m.conversionRef(name, d)
+	if err != nil {
+		return "", lazyimage.Result{}, err
+	}
+	res, err := m.convert(ctx, cs, img, ref)
+	return ref, res, err
+}
 
-// convert builds img's conversion from the node's content store (nothing is
-// fetched again) and pushes it as ref with the convert repository's
-// credentials and the node's registry settings.
-func (m *Manager) convert(ctx context.Context, img ctrd.Image, ref string) (lazyimage.Result, error) {
-	cs := m.cfg.Client.ContentStore()
+// convert builds img's conversion from the node's content store cs (nothing
+// is fetched again), its manifest annotated with img's digest
+// (AnnotationLazySource), and pushes it as ref with the convert
+// repository's credentials and the node's registry settings.
+func (m *Manager) convert(ctx context.Context, cs content.Store, img ctrd.Image, ref string) (lazyimage.Result, error) {
 	mf, err := images.Manifest(ctx, cs, img.Target(), platforms.Default())
 	if err != nil {
 		return lazyimage.Result{}, err
@@ -190,15 +347,19 @@ func (m *Manager) convert(ctx context.Context, img ctrd.Image, ref string) (lazy
 		return lazyimage.Result{}, err
 	}
 	defer c.Close()
+	conv, ok := mutate.Annotations(c.Image, map[string]string{AnnotationLazySource: img.Target().Digest.String()}).(v1.Image)
+	if !ok {
+		return lazyimage.Result{}, errors.New("annotate the conversion: not an image")
+	}
 	pusher, err := m.newResolver(ctx, m.convertCreds(), nil, nil).Pusher(ctx, ref)
 	if err != nil {
 		return lazyimage.Result{}, err
 	}
-	layers, err := c.Image.Layers()
+	layers, err := conv.Layers()
 	if err != nil {
 		return lazyimage.Result{}, err
 	}
-	om, err := c.Image.Manifest()
+	om, err := conv.Manifest()
 	if err != nil {
 		return lazyimage.Result{}, err
 	}
@@ -213,14 +374,14 @@ func (m *Manager) convert(ctx context.Context, img ctrd.Image, ref string) (lazy
 			return lazyimage.Result{}, fmt.Errorf("push layer %d: %w", i, err)
 		}
 	}
-	cfg, err := c.Image.RawConfigFile()
+	cfg, err := conv.RawConfigFile()
 	if err != nil {
 		return lazyimage.Result{}, err
 	}
 	if err := PushBlob(ctx, pusher, ociDescriptor(om.Config), strings.NewReader(string(cfg))); err != nil {
 		return lazyimage.Result{}, fmt.Errorf("push config: %w", err)
 	}
-	raw, err := c.Image.RawManifest()
+	raw, err := conv.RawManifest()
 	if err != nil {
 		return lazyimage.Result{}, err
 	}

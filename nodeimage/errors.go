@@ -38,7 +38,8 @@ const (
 	KindInvalid Kind = "invalid"
 	// KindForbidden: the node refuses the image to this pod whatever the
 	// registry would say: another namespace's snapshot
-	// (SnapshotRepositories). Not retried: the pod must name another image.
+	// (SnapshotRepositories), an image in the pool's convert repository.
+	// Not retried: the pod must name another image.
 	KindForbidden Kind = "forbidden"
 	// KindFailed: anything else.
 	KindFailed Kind = "failed"

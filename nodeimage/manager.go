@@ -49,7 +49,9 @@ type Config struct {
 	// of a public image whose conversion is there mounts the conversion
 	// lazily; one whose conversion is not is pulled whole, then converted
 	// on this node from what it fetched and pushed there, for the pool's
-	// next pulls. Private images are never converted.
+	// next pulls. Never converted: private images (not served anonymously
+	// as the digest pulled) and tenants' (SnapshotRepositories,
+	// TenantRepositories). Pods may not name an image in it (AuthorizePod).
 	ConvertRepository string
 	// ConvertSecrets returns the credentials (docker config JSON) to read
 	// and push ConvertRepository (nil: anonymous).
@@ -107,7 +109,13 @@ type Config struct {
 	// (host[:port][/prefix]; see SnapshotRepositories): AuthorizePod
 	// refuses another namespace's to a pod. None: no such check.
 	SnapshotRepositories []string
-	Logger               *slog.Logger
+	// TenantRepositories (host[:port][/prefix]) hold tenants' images that
+	// their registry may serve without credentials, such as the snapshot
+	// registry (template builds, snapshots) and the checkpoint repository:
+	// they are never converted into ConvertRepository, where anyone could
+	// start them. SnapshotRepositories count too.
+	TenantRepositories []string
+	Logger             *slog.Logger
 	// Clock tells the time and times the retry back-off (default
 	// clock.RealClock).
 	Clock clock.Clock
@@ -179,8 +187,10 @@ type Manager struct {
 	metrics *metrics
 	// access remembers the registry's answers about private images.
 	access *accessCache
-	// snapshots are Config.SnapshotRepositories, parsed.
-	snapshots SnapshotRepositories
+	// snapshots are Config.SnapshotRepositories, tenants
+	// Config.TenantRepositories and convertRepo Config.ConvertRepository,
+	// parsed (matched as Owner does: any name of their registry).
+	snapshots, tenants, convertRepo SnapshotRepositories
 	// ctx ends when Run returns: pulls in flight stop. wg counts the
 	// pulls and Run's pre-pull loop; Run waits for them.
 	ctx    context.Context
@@ -251,8 +261,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 			return nil, fmt.Errorf("nodeimage: conversions directory: %w", err)
 		}
 	}
-	var err error
-	if m.snapshots, err = ParseSnapshotRepositories(cfg.SnapshotRepositories); err != nil {
+	if err := m.parseRepositories(); err != nil {
 		return nil, fmt.Errorf("nodeimage: %w", err)
 	}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
@@ -271,6 +280,23 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	return m, nil
+}
+
+// parseRepositories parses the configured repositories.
+func (m *Manager) parseRepositories() error {
+	var err error
+	if m.snapshots, err = ParseSnapshotRepositories(m.cfg.SnapshotRepositories); err != nil {
+		return err
+	}
+	if m.tenants, err = ParseSnapshotRepositories(m.cfg.TenantRepositories); err != nil {
+		return fmt.Errorf("tenant repositories: %w", err)
+	}
+	if m.cfg.ConvertRepository != "" {
+		if m.convertRepo, err = ParseSnapshotRepositories([]string{m.cfg.ConvertRepository}); err != nil {
+			return fmt.Errorf("convert repository %q: want host[:port]/path", m.cfg.ConvertRepository)
+		}
+	}
+	return nil
 }
 
 // ns puts the namespace into ctx.
@@ -496,7 +522,8 @@ func (m *Manager) pullOnce(ctx context.Context, name string, p *pull, creds map[
 		}
 	}()
 	var used atomic.Bool
-	ref, convertTo := m.lazySource(pctx, name, creds)
+	plan := m.lazySource(pctx, name, creds)
+	ref := plan.pull
 	resolver := m.resolver(pctx, creds, &used)
 	if ref != name {
 		// The pool's conversion, read with the pool's credentials: the
@@ -524,12 +551,14 @@ func (m *Manager) pullOnce(ctx context.Context, name string, p *pull, creds map[
 		return nil, false, fmt.Errorf("image %s is not unpacked after its pull (%v)", ref, err)
 	}
 	if ref != name {
-		if img, err = m.adoptConversion(ctx, name, ref, img); err != nil {
+		if img, err = m.adoptConversion(ctx, name, plan.from, img); err != nil {
 			return nil, false, err
 		}
 		m.cfg.Logger.Info("image started from the pool's lazy conversion", "image", name, "conversion", ref)
-	} else if convertTo != "" { // public: lazySource checked
-		m.startConversion(name, convertTo, img)
+	} else if plan.convert {
+		// Named after what was pulled; public only if the registry serves
+		// that digest anonymously (convertPulled checks).
+		m.startConversion(name, img, used.Load())
 	}
 	return img, used.Load(), nil
 }

@@ -44,10 +44,10 @@ func newMetrics(node string) *metrics {
 		}, []string{"result"}),
 		conversions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sandman_node_image_conversions_total", ConstLabels: l,
-			Help: "eStargz conversions of images pulled whole, pushed to the pool's convert repository for lazy pulls elsewhere, by result: ok, failed, skipped (layers already eStargz).",
+			Help: "eStargz conversions of images pulled whole, pushed to the pool's convert repository for lazy pulls elsewhere, by result: ok, failed, skipped (layers already eStargz), private (not served anonymously as the digest pulled, or a tenant's).",
 		}, []string{"result"}),
 	}
-	for _, r := range []string{"ok", "failed", "skipped"} {
+	for _, r := range []string{"ok", "failed", "skipped", "private"} {
 		m.conversions.WithLabelValues(r)
 	}
 	for _, r := range []string{"allowed", "refused", "failed"} {

@@ -117,6 +117,9 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		ConvertRepository: cfg.LazyConvertRepository, ConvertSecrets: r.snapshotPushAuth,
 		ConvertDir: filepath.Join(cfg.StateDir, "conversions"), LazyMetricsURL: cfg.LazyMetricsURL,
 		LazyCacheDir: cfg.LazyCacheDir,
+		// Snapshots, template builds and moved checkpoints are tenants'
+		// whatever their registry serves anonymously: never converted.
+		TenantRepositories: slices.DeleteFunc([]string{cfg.SnapshotRegistry, cfg.CheckpointRepository}, func(s string) bool { return s == "" }),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("containerd runtime: %w", err)
