@@ -81,6 +81,9 @@ func (g *Gateway) proven(pod *corev1.Pod, id string) bool {
 
 // authorize wraps a route's handler in its class's checks and its budget.
 func (g *Gateway) authorize(rt route) http.Handler {
+	if rt.class == classNone {
+		panic("gateway: route " + rt.pattern + " has no authorization class")
+	}
 	if rt.serve == nil {
 		panic("gateway: route " + rt.pattern + " has no handler")
 	}
@@ -145,19 +148,6 @@ func (g *Gateway) authenticate(r *http.Request) (Key, error) {
 		return Key{}, errorf(errdefs.ErrUnauthenticated, "invalid API key")
 	}
 	return key, nil
-}
-
-// auth is authorize for a handler outside the table (tests only call
-// routes through the table; this keeps the key check in one place).
-func (g *Gateway) auth(h func(http.ResponseWriter, *http.Request, Key)) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		key, err := g.authenticate(r)
-		if err != nil {
-			writeError(w, err)
-			return
-		}
-		h(w, r, key)
-	})
 }
 
 // budgetName names one per-tenant budget.

@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/sandman-dev/sandman/podcontract"
@@ -87,21 +88,16 @@ func (e *env) writesTo(ns, name string, mark int) []string {
 }
 
 func actionName(a k8stesting.Action) string {
-	switch a := a.(type) {
-	case k8stesting.GetAction:
-		return a.GetName()
-	case k8stesting.DeleteAction:
-		return a.GetName()
-	case k8stesting.PatchAction:
-		return a.GetName()
-	case k8stesting.UpdateAction:
+	// A create or update names its object (a create of a subresource,
+	// such as an eviction, names the pod in its object too); the others
+	// name their target.
+	if a, ok := a.(interface{ GetObject() runtime.Object }); ok && a.GetObject() != nil {
 		if m, err := meta(a.GetObject()); err == nil {
 			return m.GetName()
 		}
-	case k8stesting.CreateAction:
-		if m, err := meta(a.GetObject()); err == nil {
-			return m.GetName()
-		}
+	}
+	if a, ok := a.(interface{ GetName() string }); ok {
+		return a.GetName()
 	}
 	return ""
 }
