@@ -75,15 +75,24 @@ type podCheck func(pod *corev1.Pod, id, token string) verdict
 // sandbox only when it is proven (Gateway.proven). A token is that
 // sandbox's when it is the HMAC token of <the pod's namespace>/<id>
 // (Tokens.Verify) and its SHA-256 is the pod's sandman.io/token-sha256.
+//
+// A token that verifies and hashes to the pod's hash proves the pod on its
+// own (the hash recovers from the key that derived the token), so the
+// common call costs one derivation and one hash; only a request without
+// the pod's token pays for the recovery that tells an impostor
+// (notOurs) from a wrong token.
 func (g *Gateway) tokenCheck(pod *corev1.Pod, id, token string) verdict {
+	if !gatewayMade(pod, id) || !g.keys.hasNamespace(pod.Namespace) {
+		return notOurs
+	}
+	if token != "" && g.cfg.Tokens.Verify(pod.Namespace, id, token) && hashMatches(token, pod.Annotations[podcontract.AnnotationTokenSHA256]) {
+		return tokenMatches
+	}
 	if !g.proven(pod, id) {
 		return notOurs
 	}
 	if token == "" {
 		return tokenMatches // only for GET /health (classHealth)
-	}
-	if g.cfg.Tokens.Verify(pod.Namespace, id, token) && hashMatches(token, pod.Annotations[podcontract.AnnotationTokenSHA256]) {
-		return tokenMatches
 	}
 	return wrongToken
 }
