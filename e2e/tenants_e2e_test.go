@@ -213,6 +213,7 @@ func TestTenants(t *testing.T) {
 
 	t.Run("PortTrafficOnlyToTheGatewaysOwnPod", func(t *testing.T) { portImpostor(t, s, p, g, a, b) })
 	t.Run("BuildOutputIsBounded", func(t *testing.T) { buildOutputBounded(t, s, g, a) })
+	t.Run("BuildsAcrossReplicas", func(t *testing.T) { buildsAcrossReplicas(t, s, snapRepo, a, []string{a.ns, b.ns}) })
 
 	t.Run("SnapshotsStayInTheirNamespace", func(t *testing.T) {
 		var snap struct {
