@@ -99,7 +99,9 @@ echo
 # The E2B gateway: sandboxes in namespace default on this pool (which lets
 # them sudo: sandman-vk --privilege-escalation-namespaces above); an API key
 # kept in $SANDMAN_STATE (only its hash goes to the cluster); the template
-# `base`, which is E2B's base template (user `user`, sudo, curl, git).
+# `base`, which is E2B's base template (user `user`, sudo, curl, git); the
+# files of templates' COPY steps in the stack's registry under the agents'
+# --snapshot-repository, as a deployed gateway's (docs/e2b.md).
 E2B_NS=default
 E2B_KEY_FILE=$SANDMAN_STATE/e2b-api-key
 [ -f "$E2B_KEY_FILE" ] || (umask 077 && printf 'e2b_%s\n' "$(head -c 20 /dev/urandom | od -An -tx1 | tr -d ' \n')" >"$E2B_KEY_FILE")
@@ -117,7 +119,8 @@ E2B_URL=http://127.0.0.1:3000
 start sandman-gateway "curl -fsS http://127.0.0.1:9653/healthz" \
 	"$BIN/sandman-gateway" --kubeconfig "$KUBECONFIG" --listen 127.0.0.1:3000 --metrics-listen 127.0.0.1:9653 \
 	--namespace "$E2B_NS" --keys-secret "$E2B_NS/sandman-gateway-keys" --templates-configmap "$E2B_NS/sandman-gateway-templates" \
-	--token-key-file "$GATEWAY_TOKEN_KEY"
+	--token-key-file "$GATEWAY_TOKEN_KEY" \
+	--template-upload-repository "$SNAPSHOTS/e2b" --template-upload-insecure
 log "creating a sandbox from the template base through the E2B API at $E2B_URL"
 E2B_SBX=$(curl -fsS -H "X-API-Key: $E2B_API_KEY" -H 'Content-Type: application/json' \
 	-d '{"templateID":"base","timeout":60,"metadata":{"from":"make-run"}}' "$E2B_URL/sandboxes" | jq -r .sandboxID)
