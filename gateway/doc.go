@@ -29,5 +29,7 @@
 // Secret and ConfigMap, and derives the same per-sandbox access tokens from
 // a shared token key (see Tokens), so any replica answers any sandbox
 // call. A template build runs on the replica that started it, its status
-// and logs in a ConfigMap every replica reads.
+// and logs in a ConfigMap every replica reads; the files of its COPY steps
+// are in a registry every replica reads (Config.UploadRepository), or else
+// on the disk of the replica that received them (uploadstore.go).
 package gateway
