@@ -42,7 +42,7 @@ run: deps tools images ## the local stack, two node agents, the virtual node and
 	bash hack/run.sh
 
 .PHONY: bench
-bench: deps tools images ## benchmarks with baselines measured in the same run (BENCH_SUITE=all, the default: daemon,node,vk,image,e2b; named only: failover,hot,deploy,snapshot,pause,move,lazy,scale)
+bench: deps tools images ## benchmarks with baselines measured in the same run (BENCH_SUITE=all, the default: daemon,node,vk,image,e2b; named only: hostile,failover,hot,deploy,snapshot,pause,move,lazy,scale)
 	bash hack/bench.sh
 
 .PHONY: soak

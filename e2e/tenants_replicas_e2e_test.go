@@ -48,7 +48,7 @@ func buildsAcrossReplicas(t *testing.T, s *framework.Stack, snapRepo string, a t
 	for i := range rs {
 		u, proc := launchGatewayAgent(t, s, "--namespaces", strings.Join(nss, ","), "--keys-secret", a.ns+"/e2b-keys",
 			"--create-timeout", "90s", "--token-key-file", keyFile,
-			"--template-upload-repository", snapRepo+"/uploads", "--template-upload-insecure",
+			"--template-upload-repository", snapRepo+"/e2b", "--template-upload-insecure",
 			"--template-uploads", t.TempDir())
 		rs[i] = &tenantGateway{url: u, proc: proc}
 	}

@@ -5,7 +5,7 @@
 # registers them and says which all runs; `go run ./hack/bench -help`
 # describes each):
 #   all, the default: daemon,node,vk,image,e2b
-#   named only: failover,hot,deploy,snapshot,pause,move,lazy,scale — they take minutes
+#   named only: hostile,failover,hot,deploy,snapshot,pause,move,lazy,scale — they take minutes
 #   (hot ~10, sized by BENCH_HOT_*; scale many, sized by BENCH_SCALE_*;
 #   snapshot ~2.5) or change the stack (deploy installs
 #   deploy/overlays/local; failover kills sandman-vk leaders).
