@@ -174,6 +174,9 @@ const (
 	budgetUploads budgetName = "uploads"
 	// budgetUploadBytes: bytes of template files kept or arriving.
 	budgetUploadBytes budgetName = "upload-bytes"
+	// budgetUploadsKept: uploads kept in the registry store
+	// (Budgets.UploadsKept), counted there, so on every replica.
+	budgetUploadsKept budgetName = "uploads-kept"
 	// budgetProxy: proxied sandbox requests (and the connections they
 	// hold: streams, websockets) open to the tenant's sandboxes.
 	budgetProxy budgetName = "proxy-connections"
@@ -197,6 +200,12 @@ type Budgets struct {
 	// ones included (default 1 GiB).
 	Uploads     int64
 	UploadBytes int64
+	// UploadsKept: uploads of template files kept in the registry store
+	// (Config.UploadRepository) for builds not yet ended (default 16;
+	// past it those older than an hour are removed first). With the
+	// largest upload (Config.MaxUploadBytes) it bounds what one tenant
+	// keeps in the registry.
+	UploadsKept int64
 	// ProxyConnections: sandbox requests in progress through the proxy
 	// (default 1024).
 	ProxyConnections int64
@@ -219,6 +228,7 @@ func (b *Budgets) fill() {
 	def(&b.BuildStarts, 4)
 	def(&b.Uploads, 4)
 	def(&b.UploadBytes, 1<<30)
+	def(&b.UploadsKept, 16)
 	def(&b.ProxyConnections, 1024)
 	if b.BuildLogBytes <= 0 {
 		b.BuildLogBytes = 512 << 10
@@ -241,6 +251,8 @@ func (b *Budgets) limit(name budgetName) int64 {
 		return b.Uploads
 	case budgetUploadBytes:
 		return b.UploadBytes
+	case budgetUploadsKept:
+		return b.UploadsKept
 	case budgetProxy:
 		return b.ProxyConnections
 	}

@@ -157,6 +157,10 @@ func (g *Gateway) serveFileUpload(w http.ResponseWriter, r *http.Request, key Ke
 		writeJSON(w, http.StatusOK, fileUpload{Present: true})
 		return
 	}
+	if err := g.roomForUpload(r.Context(), key.Namespace); err != nil {
+		writeError(w, err)
+		return
+	}
 	exp := g.cfg.Now().Add(uploadURLTTL).Unix()
 	scheme := "http"
 	if r.TLS != nil {
@@ -200,6 +204,11 @@ func (g *Gateway) serveUpload(w http.ResponseWriter, r *http.Request, key Key) {
 			Message: fmt.Sprintf("template files: %d bytes is more than the gateway takes, %d", r.ContentLength, g.cfg.MaxUploadBytes)})
 		return
 	}
+	if err := g.roomForUpload(r.Context(), ns); err != nil {
+		w.Header().Set("Connection", "close")
+		writeError(w, err)
+		return
+	}
 	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(uploadBodyTimeout))
 	if err := g.uploads.Put(r.Context(), ns, hash, r.Body); err != nil {
 		w.Header().Set("Connection", "close")
@@ -208,6 +217,24 @@ func (g *Gateway) serveUpload(w http.ResponseWriter, r *http.Request, key Key) {
 	}
 	g.log.Info("template files uploaded", "namespace", ns, "template", templateID, "hash", hash)
 	w.WriteHeader(http.StatusOK)
+}
+
+// roomForUpload refuses an upload, 429, when its namespace keeps
+// Budgets.UploadsKept uploads already (after those older than uploadTTL
+// are removed). It is checked when an upload URL is handed out and again
+// when the upload arrives; uploads arriving at once may pass it by as
+// many as Budgets.Uploads.
+func (g *Gateway) roomForUpload(ctx context.Context, namespace string) error {
+	limit := g.cfg.Budgets.UploadsKept
+	kept, err := g.uploads.Kept(ctx, namespace, limit, g.cfg.Now().Add(-uploadTTL))
+	if err != nil {
+		return err
+	}
+	if kept >= limit {
+		metricBudgetRefused.WithLabelValues(string(budgetUploadsKept)).Inc()
+		return budgetError(namespace, budgetUploadsKept, kept, 1, limit)
+	}
+	return nil
 }
 
 // stageUpload writes body to a new file in the namespace's directory of

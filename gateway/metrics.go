@@ -31,7 +31,7 @@ var (
 	}, []string{"code"})
 	metricBudgetRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sandman_gateway_budget_refusals_total",
-		Help: "Requests refused with 429 because a tenant's budget was spent, by budget (calls, creates, log-reads, build-starts, builds, uploads, upload-bytes, proxy-connections; upload-disk: the replica's upload disk, shared by all tenants, is full).",
+		Help: "Requests refused with 429 because a tenant's budget was spent, by budget (calls, creates, log-reads, build-starts, builds, uploads, upload-bytes, uploads-kept, proxy-connections; upload-disk: the replica's upload disk, shared by all tenants, is full).",
 	}, []string{"budget"})
 )
 

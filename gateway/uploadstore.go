@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/google/go-containerregistry/pkg/authn"
@@ -31,6 +33,9 @@ type uploadStore interface {
 	Put(ctx context.Context, namespace, hash string, r io.Reader) error
 	Open(ctx context.Context, namespace, hash string) (io.ReadCloser, error)
 	Remove(ctx context.Context, namespace, hash string) error
+	// Kept is how many uploads of namespace's the store keeps, once, when
+	// they are limit or more, those made before staleBefore are removed.
+	Kept(ctx context.Context, namespace string, limit int64, staleBefore time.Time) (int64, error)
 }
 
 var (
@@ -52,7 +57,7 @@ func (g *Gateway) newUploadStore() (uploadStore, error) {
 	}
 	s, err := newRegistryUploads(registryUploadsConfig{
 		Repository: g.cfg.UploadRepository, PushConfig: g.cfg.UploadPushConfig, Insecure: g.cfg.UploadInsecure,
-		Stage: g.stageUpload,
+		Stage: g.stageUpload, Now: g.cfg.Now,
 	})
 	if err != nil {
 		return nil, err
@@ -118,6 +123,13 @@ func (s *diskUploads) Open(_ context.Context, namespace, hash string) (io.ReadCl
 	return f, err
 }
 
+// Kept is 0: the disk store's uploads are bytes of the replica's disk,
+// bounded by Budgets.UploadBytes and Config.UploadDiskBytes, and swept by
+// age (sweepUploads).
+func (s *diskUploads) Kept(context.Context, string, int64, time.Time) (int64, error) {
+	return 0, nil
+}
+
 func (s *diskUploads) Remove(_ context.Context, namespace, hash string) error {
 	if err := os.Remove(s.path(namespace, hash)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
@@ -135,6 +147,9 @@ const (
 	uploadArtifactType types.MediaType = "application/vnd.sandman.template-files.v1"
 	uploadBlobType     types.MediaType = "application/vnd.sandman.template-files.v1.tar"
 	emptyConfigType    types.MediaType = "application/vnd.oci.empty.v1+json"
+	// annotationUploadCreated is when an upload was pushed (Kept removes
+	// the old ones).
+	annotationUploadCreated = "org.opencontainers.image.created"
 )
 
 // registryUploadsConfig is what a registryUploads needs.
@@ -152,6 +167,9 @@ type registryUploadsConfig struct {
 	// Transport carries the registry calls (default
 	// remote.DefaultTransport).
 	Transport http.RoundTripper
+	// Now is the clock an upload's creation is stamped with (default
+	// time.Now).
+	Now func() time.Time
 }
 
 // registryUploads keeps uploads in a registry every replica reaches, so
@@ -164,11 +182,12 @@ type registryUploads struct {
 	keychain  authn.Keychain // nil: anonymous
 	stage     stageFunc
 	transport http.RoundTripper
+	now       func() time.Time
 }
 
 func newRegistryUploads(cfg registryUploadsConfig) (*registryUploads, error) {
 	s := &registryUploads{prefix: strings.TrimSuffix(cfg.Repository, "/"), insecure: cfg.Insecure, stage: cfg.Stage,
-		transport: cfg.Transport}
+		transport: cfg.Transport, now: cfg.Now}
 	if cfg.Stage == nil {
 		return nil, errors.New("gateway: registry uploads: no staging")
 	}
@@ -177,6 +196,9 @@ func newRegistryUploads(cfg registryUploadsConfig) (*registryUploads, error) {
 	}
 	if s.transport == nil {
 		s.transport = remote.DefaultTransport
+	}
+	if s.now == nil {
+		s.now = time.Now
 	}
 	if _, err := s.repository("namespace"); err != nil {
 		return nil, fmt.Errorf("gateway: template upload repository %q: want host[:port]/prefix, e.g. registry.example.com:5000/sandman-snapshots/e2b: %v", cfg.Repository, err)
@@ -245,8 +267,9 @@ func (s *registryUploads) Put(ctx context.Context, namespace, hash string, r io.
 	cfgDigest, _ := cfg.Digest()
 	m, err := json.Marshal(v1.Manifest{
 		SchemaVersion: 2, MediaType: types.OCIManifestSchema1, ArtifactType: string(uploadArtifactType),
-		Config: v1.Descriptor{MediaType: emptyConfigType, Size: 2, Digest: cfgDigest, Data: []byte("{}")},
-		Layers: []v1.Descriptor{{MediaType: uploadBlobType, Size: blob.size, Digest: blob.digest}},
+		Config:      v1.Descriptor{MediaType: emptyConfigType, Size: 2, Digest: cfgDigest, Data: []byte("{}")},
+		Layers:      []v1.Descriptor{{MediaType: uploadBlobType, Size: blob.size, Digest: blob.digest}},
+		Annotations: map[string]string{annotationUploadCreated: s.now().UTC().Format(time.RFC3339)},
 	})
 	if err != nil {
 		return err
@@ -282,6 +305,48 @@ func (s *registryUploads) Open(ctx context.Context, namespace, hash string) (io.
 		return nil, registryError("read the template files", tag.String(), err)
 	}
 	return rc, nil
+}
+
+// Kept counts the namespace's uploads by the repository's tags (one call);
+// at limit or more, it reads each one's creation and removes those made
+// before staleBefore (or with none: not a gateway's upload of this
+// format), which builds that never started leave behind. An upload a
+// registry will not delete stays counted.
+func (s *registryUploads) Kept(ctx context.Context, namespace string, limit int64, staleBefore time.Time) (int64, error) {
+	repo, err := s.repository(namespace)
+	if err != nil {
+		return 0, errorf(errdefs.ErrInvalidArgument, "template files of namespace %s: %v", namespace, err)
+	}
+	tags, err := remote.List(repo, s.options(ctx)...)
+	if notFound(err) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, registryError("list the template files", repo.String(), err)
+	}
+	if int64(len(tags)) < limit {
+		return int64(len(tags)), nil
+	}
+	kept := int64(0)
+	for _, tag := range tags {
+		d, err := remote.Get(repo.Tag(tag), s.options(ctx)...)
+		if notFound(err) {
+			continue
+		}
+		if err != nil {
+			return 0, registryError("read the template files", repo.Tag(tag).String(), err)
+		}
+		if m, err := v1.ParseManifest(bytes.NewReader(d.Manifest)); err == nil {
+			if created, err := time.Parse(time.RFC3339, m.Annotations[annotationUploadCreated]); err == nil && !created.Before(staleBefore) {
+				kept++
+				continue
+			}
+		}
+		if !filesHashRE.MatchString(tag) || s.Remove(ctx, namespace, tag) != nil {
+			kept++
+		}
+	}
+	return kept, nil
 }
 
 // Remove deletes the manifest (by digest, as registries delete, then the

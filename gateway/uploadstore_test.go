@@ -12,8 +12,11 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/google/go-containerregistry/pkg/registry"
@@ -362,6 +365,82 @@ func TestUploadRepositoryUnderSnapshots(t *testing.T) {
 	} {
 		if got := pathEndsWith(tc.repo, tc.snapshots); got != tc.want {
 			t.Errorf("pathEndsWith(%q, %q) = %v, want %v", tc.repo, tc.snapshots, got, tc.want)
+		}
+	}
+}
+
+// TestUploadsKeptBound: with the registry store a tenant keeps at most
+// Budgets.UploadsKept uploads there (counted in the registry, so on
+// every replica): past it the upload URL and the upload itself are
+// refused, 429 naming the budget, while another tenant's are not; once
+// the kept ones are older than uploadTTL (builds that never started) the
+// next upload removes them and goes in.
+func TestUploadsKeptBound(t *testing.T) {
+	reg := newTestRegistry(t, nil)
+	var now atomic.Pointer[time.Time]
+	now.Store(&testNow)
+	b := newBuildEnv(t, reg.config, func(c *Config) {
+		c.Budgets.UploadsKept = 2
+		c.Now = func() time.Time { return *now.Load() }
+	})
+	res := b.requestBuild(rawKeyA, "kept")
+	hash := func(i int) string { return strings.Repeat(strconv.Itoa(i), 64) }
+	url := func(i int) (int, string, string) {
+		var fu fileUpload
+		r := b.call(http.MethodGet, "/templates/"+res.TemplateID+"/files/"+hash(i), rawKeyA, nil)
+		if r.status == http.StatusCreated {
+			r.decode(t, &fu)
+			return r.status, *fu.URL, ""
+		}
+		return r.status, "", string(r.body)
+	}
+	put := func(u string) int {
+		req, _ := http.NewRequest(http.MethodPut, u, bytes.NewReader(projectTar(t)))
+		resp, err := b.http.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	// Three URLs handed out, then two uploads arrive.
+	var urls []string
+	for i := range 3 {
+		code, u, body := url(i)
+		if code != http.StatusCreated {
+			t.Fatalf("upload URL %d: %d %s", i, code, body)
+		}
+		urls = append(urls, u)
+	}
+	for i, u := range urls[:2] {
+		if code := put(u); code != http.StatusOK {
+			t.Fatalf("upload %d: %d", i, code)
+		}
+	}
+	u3 := urls[2]
+	if code, _, body := url(3); code != http.StatusTooManyRequests || !strings.Contains(body, "uploads-kept") || !strings.Contains(body, nsA) {
+		t.Errorf("a third upload URL with two kept: %d %s, want 429 naming uploads-kept", code, body)
+	}
+	if code := put(u3); code != http.StatusTooManyRequests {
+		t.Errorf("an upload arriving with two kept: %d, want 429", code)
+	}
+	// Another tenant's uploads are its own.
+	resB := b.requestBuild(rawKeyB, "kept-b")
+	if r := b.call(http.MethodGet, "/templates/"+resB.TemplateID+"/files/"+hash(0), rawKeyB, nil); r.status != http.StatusCreated {
+		t.Errorf("tenant B's upload URL: %d %s", r.status, r.body)
+	}
+	later := testNow.Add(uploadTTL + time.Minute)
+	now.Store(&later)
+	code, u, body := url(3)
+	if code != http.StatusCreated {
+		t.Fatalf("an upload URL once the kept ones are old: %d %s", code, body)
+	}
+	if code := put(u); code != http.StatusOK {
+		t.Fatalf("the upload once the kept ones are old: %d", code)
+	}
+	for i, want := range []bool{false, false, false, true} {
+		if got := b.gw.hasUpload(nsA, hash(i)); got != want {
+			t.Errorf("upload %d kept: %v, want %v", i, got, want)
 		}
 	}
 }
