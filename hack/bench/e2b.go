@@ -265,6 +265,19 @@ type benchGateway struct {
 }
 
 func (b *vkBench) startGateway(ctx context.Context, root string, pools map[string]string) (*benchGateway, error) {
+	keys := map[string]benchKey{}
+	for name, pool := range pools {
+		keys[name] = benchKey{pool: pool, ns: b.ns}
+	}
+	return b.startGatewayKeys(root, keys)
+}
+
+// benchKey is one API key of a bench gateway: its pool and namespace.
+type benchKey struct{ pool, ns string }
+
+// startGatewayKeys runs sandman-gateway with one API key per entry of
+// keys, and args besides.
+func (b *vkBench) startGatewayKeys(root string, keys map[string]benchKey, args ...string) (*benchGateway, error) {
 	bin := filepath.Join(b.tmp, "sandman-gateway")
 	build := exec.Command("go", "build", "-o", bin, "./cmd/sandman-gateway")
 	build.Dir = root
@@ -273,21 +286,21 @@ func (b *vkBench) startGateway(ctx context.Context, root string, pools map[strin
 	}
 	g := &benchGateway{keys: map[string]string{}, ns: b.ns}
 	file := map[string]map[string]string{}
-	for name, pool := range pools {
+	for name, k := range keys {
 		key := "e2b_" + hex.EncodeToString([]byte(fmt.Sprintf("bench-%-16s", name)))
 		sum := sha256.Sum256([]byte(key))
 		g.keys[name] = key
-		file[name] = map[string]string{"sha256": hex.EncodeToString(sum[:]), "namespace": b.ns, "pool": pool}
+		file[name] = map[string]string{"sha256": hex.EncodeToString(sum[:]), "namespace": k.ns, "pool": k.pool}
 	}
-	keys := filepath.Join(b.tmp, "e2b-keys.json")
+	keysFile := filepath.Join(b.tmp, "e2b-keys.json")
 	data, _ := json.Marshal(file)
-	if err := os.WriteFile(keys, data, 0o600); err != nil {
+	if err := os.WriteFile(keysFile, data, 0o600); err != nil {
 		return nil, err
 	}
 	addr := freeAddr("127.0.0.1")
 	g.url = "http://" + addr
-	g.cmd = exec.Command(bin, "--kubeconfig", b.env["KUBECONFIG"], "--listen", addr, "--metrics-listen", freeAddr("127.0.0.1"),
-		"--keys-file", keys, "--log-level", "warn")
+	g.cmd = exec.Command(bin, append([]string{"--kubeconfig", b.env["KUBECONFIG"], "--listen", addr, "--metrics-listen", freeAddr("127.0.0.1"),
+		"--keys-file", keysFile, "--log-level", "warn"}, args...)...)
 	g.cmd.Stdout, g.cmd.Stderr = &g.out, &g.out
 	if err := g.cmd.Start(); err != nil {
 		return nil, err

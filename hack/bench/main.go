@@ -46,6 +46,7 @@ var suites = []suite{
 	{"vk", true, "create → Ready through the virtual node and a node agent", benchVK},
 	{"image", true, "cold pulls through nodeimage beside containerd's, pre-pulled binds", benchImage},
 	{"e2b", true, "the E2B SDK through sandman-gateway beside sandman's own path", benchE2B},
+	{"hostile", false, "one tenant's hostile builds, log reads and uploads beside another's creates through one gateway, about 3 minutes", benchHostile},
 	{"failover", false, "sandman-vk leaders killed, about a minute a run", benchFailover},
 	{"hot", false, "the mixed burst once per hot budget, about 10 minutes (BENCH_HOT_*)", benchHot},
 	{"deploy", false, "installs deploy/overlays/local: the deployed path beside host processes", benchDeploy},
