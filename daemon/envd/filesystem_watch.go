@@ -189,8 +189,23 @@ func (w *dirWatch) close() { _ = w.fw.Close() }
 // set, receives a create event for each entry found under dir. It runs
 // through w.as.do.
 func (w *dirWatch) add(dir string, announce func(*filesystem.FilesystemEvent)) error {
+	// A watch needs read permission on its directory. Linux's
+	// inotify_add_watch checks it; gVisor's does not, so the user opens
+	// the directory first, and the watch must be on the directory opened
+	// (one swapped in at the name meanwhile is not kept).
+	f, err := os.Open(dir)
+	if err != nil {
+		return watchAddError(dir, err)
+	}
+	defer f.Close()
 	if err := w.fw.Add(dir); err != nil {
 		return watchAddError(dir, err)
+	}
+	opened, err1 := f.Stat()
+	watched, err2 := os.Stat(dir)
+	if err1 != nil || err2 != nil || !os.SameFile(opened, watched) {
+		_ = w.fw.Remove(dir)
+		return watchAddError(dir, fmt.Errorf("it was replaced while the watch was set up: %w", fs.ErrPermission))
 	}
 	w.dirs[dir] = struct{}{}
 	if !w.recursive {

@@ -5,13 +5,13 @@ import (
 	"io/fs"
 	"os"
 	"runtime"
-	"syscall"
+	"slices"
 
 	"golang.org/x/sys/unix"
 )
 
-// fsCred is who the kernel checks a file operation against: a user's
-// filesystem uid and gid and supplementary groups.
+// fsCred is who the kernel checks a file operation against: a user's uid
+// and gid and supplementary groups.
 type fsCred struct {
 	uid, gid int
 	groups   []int
@@ -28,17 +28,23 @@ var ErrCannotActAs = fmt.Errorf("cannot act as another user: %w", fs.ErrPermissi
 // become anyone else and refuses with ErrCannotActAs.
 //
 // fn runs on a goroutine of its own, locked to an OS thread whose
-// fsuid, fsgid and supplementary groups alone are switched, with raw
-// per-thread system calls (setgroups, setfsgid, setfsuid): the Go
+// effective uid and gid and supplementary groups alone are switched, with
+// raw per-thread system calls (setgroups, setresgid, setresuid): the Go
 // runtime's Setuid and friends change every thread of the daemon at once.
-// A thread whose fsuid leaves 0 loses CAP_DAC_OVERRIDE,
-// CAP_DAC_READ_SEARCH, CAP_FOWNER and the other filesystem capabilities
-// from its effective set, and gets them back when it returns to 0, so
-// root's overrides do not reach fn. The thread goes back to the runtime
-// only once its credentials are restored; if they cannot be, it stays
-// locked and ends with the goroutine. fn must do its file work on the
-// calling goroutine (another one would run on another thread) and should
-// not wait on the network: it holds a thread.
+// The effective ids, not the filesystem ones (setfsuid), because gVisor
+// has no setfsuid or setfsgid (ENOSYS): it checks files against the
+// effective ids, and Linux's filesystem ids follow them. The real and
+// saved uid stay root's: other processes of the user can neither signal
+// nor trace the daemon, and the thread can take uid 0 back. A thread whose
+// effective uid leaves 0 has no effective capabilities, CAP_DAC_OVERRIDE,
+// CAP_DAC_READ_SEARCH and CAP_FOWNER among them (cleared here if the
+// kernel's securebits kept them), so root's overrides do not reach fn.
+// The thread goes back to the runtime only once its credentials read back
+// as they were; if they cannot be restored, it stays locked and ends with
+// the goroutine. fn must do its file work on the calling goroutine
+// (another one would run on another thread) and should not wait on the
+// network: it holds a thread. Inside fn, os.Geteuid and os.Getegid answer
+// c's ids: ask for the daemon's own before.
 func asUser(c *fsCred, fn func() error) error {
 	euid, egid := os.Geteuid(), os.Getegid()
 	if c == nil || (c.uid == euid && c.gid == egid) {
@@ -56,15 +62,15 @@ func asUser(c *fsCred, fn func() error) error {
 		runtime.LockOSThread()
 		var res result
 		defer func() { done <- res }()
-		saved, err := threadFSCred()
+		saved, err := readThreadCred()
 		if err != nil {
 			runtime.UnlockOSThread() // nothing changed yet
 			res.err = err
 			return
 		}
-		if err := setThreadFSCred(*c); err != nil {
+		if err := take(*c); err != nil {
 			res.err = fmt.Errorf("take uid %d, gid %d and the user's groups for a file operation: %w", c.uid, c.gid, err)
-			if setThreadFSCred(saved) == nil {
+			if restore(saved) == nil {
 				runtime.UnlockOSThread()
 			}
 			return
@@ -73,7 +79,7 @@ func asUser(c *fsCred, fn func() error) error {
 			defer func() { res.panicked = recover() }()
 			res.err = fn()
 		}()
-		if setThreadFSCred(saved) == nil {
+		if restore(saved) == nil {
 			runtime.UnlockOSThread()
 		}
 	}()
@@ -84,33 +90,116 @@ func asUser(c *fsCred, fn func() error) error {
 	return res.err
 }
 
-// threadFSCred reads the calling thread's filesystem credentials.
-func threadFSCred() (fsCred, error) {
-	uid, _ := unix.SetfsuidRetUid(-1) // an invalid id changes nothing and returns the current one
-	gid, _ := unix.SetfsgidRetGid(-1)
-	groups, err := unix.Getgroups()
-	if err != nil {
-		return fsCred{}, fmt.Errorf("read the daemon's groups: %w", err)
-	}
-	return fsCred{uid: uid, gid: gid, groups: groups}, nil
+// threadCred is the calling thread's credentials as the kernel keeps them.
+type threadCred struct {
+	ruid, euid, suid int
+	rgid, egid, sgid int
+	groups           []int // sorted
+	caps             [2]unix.CapUserData
 }
 
-// setThreadFSCred gives the calling thread c's filesystem credentials.
-// CAP_SETUID and CAP_SETGID are not filesystem capabilities, so a root
-// thread keeps them whatever its fsuid, and can switch back.
-func setThreadFSCred(c fsCred) error {
+func (a threadCred) equal(b threadCred) bool {
+	return a.ruid == b.ruid && a.euid == b.euid && a.suid == b.suid &&
+		a.rgid == b.rgid && a.egid == b.egid && a.sgid == b.sgid &&
+		slices.Equal(a.groups, b.groups) && a.caps == b.caps
+}
+
+// readThreadCred reads the calling thread's credentials (getresuid,
+// getresgid, getgroups and capget all answer for the calling thread).
+func readThreadCred() (threadCred, error) {
+	var c threadCred
+	c.ruid, c.euid, c.suid = unix.Getresuid()
+	c.rgid, c.egid, c.sgid = unix.Getresgid()
+	groups, err := unix.Getgroups()
+	if err != nil {
+		return threadCred{}, fmt.Errorf("read the thread's groups: %w", err)
+	}
+	slices.Sort(groups)
+	c.groups = groups
+	if err := unix.Capget(capHeader(), &c.caps[0]); err != nil {
+		return threadCred{}, fmt.Errorf("read the thread's capabilities: %w", err)
+	}
+	return c, nil
+}
+
+// capHeader asks capget and capset for the calling thread's 64-bit sets.
+func capHeader() *unix.CapUserHeader {
+	return &unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+}
+
+// take gives the calling thread, root's, c's groups and effective gid and
+// uid, in that order: setgroups and setresgid need CAP_SETGID, which the
+// thread has only while its effective uid is 0.
+func take(c fsCred) error {
 	if err := unix.Setgroups(c.groups); err != nil {
 		return fmt.Errorf("setgroups %v: %w", c.groups, err)
 	}
-	// setfsgid and setfsuid return the previous id, never an error: read
-	// each back.
-	_, _ = unix.SetfsgidRetGid(c.gid)
-	if got, _ := unix.SetfsgidRetGid(-1); got != c.gid {
-		return fmt.Errorf("setfsgid %d: still %d: %w", c.gid, got, syscall.EPERM)
+	if err := setresgid(-1, c.gid, -1); err != nil {
+		return fmt.Errorf("setresgid -1 %d -1: %w", c.gid, err)
 	}
-	_, _ = unix.SetfsuidRetUid(c.uid)
-	if got, _ := unix.SetfsuidRetUid(-1); got != c.uid {
-		return fmt.Errorf("setfsuid %d: still %d: %w", c.uid, got, syscall.EPERM)
+	if err := setresuid(-1, c.uid, -1); err != nil {
+		return fmt.Errorf("setresuid -1 %d -1: %w", c.uid, err)
+	}
+	if c.uid == 0 {
+		return nil // root by another gid keeps root's capabilities, as a process of root's would
+	}
+	var caps [2]unix.CapUserData
+	if err := unix.Capget(capHeader(), &caps[0]); err != nil {
+		return fmt.Errorf("read the thread's capabilities: %w", err)
+	}
+	if caps[0].Effective != 0 || caps[1].Effective != 0 {
+		// The securebits (SECBIT_NO_SETUID_FIXUP) kept them: drop them
+		// from the effective set; the permitted set still holds them for
+		// restore.
+		caps[0].Effective, caps[1].Effective = 0, 0
+		if err := unix.Capset(capHeader(), &caps[0]); err != nil {
+			return fmt.Errorf("drop the effective capabilities: %w", err)
+		}
+	}
+	return nil
+}
+
+// restore gives the calling thread back saved, its credentials before
+// take, and checks that they read back so. Uid 0 first: it makes the
+// permitted capabilities effective again (capset sets them exactly as
+// they were), which the gid and groups need.
+func restore(saved threadCred) error {
+	if err := setresuid(-1, saved.euid, -1); err != nil {
+		return fmt.Errorf("setresuid -1 %d -1: %w", saved.euid, err)
+	}
+	caps := saved.caps
+	if err := unix.Capset(capHeader(), &caps[0]); err != nil {
+		return fmt.Errorf("restore the capabilities: %w", err)
+	}
+	if err := setresgid(-1, saved.egid, -1); err != nil {
+		return fmt.Errorf("setresgid -1 %d -1: %w", saved.egid, err)
+	}
+	if err := unix.Setgroups(saved.groups); err != nil {
+		return fmt.Errorf("setgroups %v: %w", saved.groups, err)
+	}
+	got, err := readThreadCred()
+	if err != nil {
+		return err
+	}
+	if !got.equal(saved) {
+		return fmt.Errorf("the thread's credentials are %+v after restoring %+v", got, saved)
+	}
+	return nil
+}
+
+// setresuid and setresgid are the raw system calls, which change the
+// calling thread alone (unix.Setresuid is syscall.Setresuid, which changes
+// every thread of the process).
+func setresuid(r, e, s int) error {
+	if _, _, errno := unix.RawSyscall(sysSetresuid, uintptr(r), uintptr(e), uintptr(s)); errno != 0 {
+		return errno
+	}
+	return nil
+}
+
+func setresgid(r, e, s int) error {
+	if _, _, errno := unix.RawSyscall(sysSetresgid, uintptr(r), uintptr(e), uintptr(s)); errno != 0 {
+		return errno
 	}
 	return nil
 }

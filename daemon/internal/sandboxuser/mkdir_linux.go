@@ -64,6 +64,8 @@ func (u *User) MkdirAll(dir string) (_ *Dirs, retErr error) {
 			d.Undo()
 		}
 	}()
+	// Asked here, not in Do: there the thread's ids are u's.
+	mayHandOver := u.mayHandOver()
 	var todo []string
 	if err := u.Do(func() (err error) {
 		todo, err = missingDirs(dir)
@@ -86,7 +88,7 @@ func (u *User) MkdirAll(dir string) (_ *Dirs, retErr error) {
 						return err
 					}
 					// made meanwhile by someone else: used, not ours
-				case errors.Is(err, fs.ErrPermission) && u.mayHandOver():
+				case errors.Is(err, fs.ErrPermission) && mayHandOver:
 					f, ferr := openParent(p)
 					if ferr != nil {
 						return err // u cannot reach it after all: its own error
@@ -154,7 +156,8 @@ func openParent(p string) (*os.File, error) {
 }
 
 // mayHandOver reports whether the daemon can make directories for u
-// where u may not: it runs as root, and u is another user than root.
+// where u may not: it runs as root, and u is another user than root. It
+// reads the calling thread's effective uid: call it outside Do.
 func (u *User) mayHandOver() bool {
 	return u.Name != "" && u.UID != 0 && os.Geteuid() == 0
 }
