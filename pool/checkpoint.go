@@ -87,10 +87,16 @@ func (p *Pool) checkpointer(uid string) (*node, string, runtime.Checkpointer, er
 	return n, ref, cp, nil
 }
 
-// DeleteCheckpoint deletes a moved sandbox's artifact (a pod deleted
+// DeleteCheckpoint deletes pod's moved sandbox's artifact (a pod deleted
 // before it was restored) through the first healthy node agent that can
 // (runtime.CheckpointStore): they share the pool's checkpoint repository.
-func (p *Pool) DeleteCheckpoint(ctx context.Context, ref string) error {
+// A ref that is not pod's (runtime.CheckMovedRef; the node agent checks
+// the UID in the artifact too) is ErrInvalidArgument, and nothing is
+// deleted.
+func (p *Pool) DeleteCheckpoint(ctx context.Context, pod runtime.PodRef, ref string) error {
+	if err := runtime.CheckMovedRef(ref, pod); err != nil {
+		return fmt.Errorf("delete checkpoint for pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
 	p.mu.Lock()
 	var stores []runtime.CheckpointStore
 	for _, n := range p.sortedNodesLocked() {
@@ -104,7 +110,7 @@ func (p *Pool) DeleteCheckpoint(ctx context.Context, ref string) error {
 	}
 	var errs []error
 	for _, cs := range stores {
-		err := cs.DeleteCheckpoint(ctx, ref)
+		err := cs.DeleteCheckpoint(ctx, pod, ref)
 		if err == nil || errdefs.IsInvalidArgument(err) {
 			return err
 		}

@@ -62,7 +62,8 @@ func TestPausedLeavesTheFairShare(t *testing.T) {
 // checkpoint, not an exit; the pod is placed nowhere and out of its job's
 // share, and submitted again with Bind.Restore it is placed on a node that
 // has room. DeleteCheckpoint goes to the first node agent that stores
-// checkpoints, and is unavailable when none does.
+// checkpoints, and is unavailable when none does; it refuses to delete a
+// checkpoint for a pod it is not of.
 func TestMovedIsUnplaced(t *testing.T) {
 	// Released slots stay releasing: the moved pod's cannot take it back.
 	slow := func(c *fake.Config) { c.RecycleLatency = time.Hour }
@@ -117,14 +118,60 @@ func TestMovedIsUnplaced(t *testing.T) {
 		t.Errorf("node %s restored %+v, want %+v", to, got, moved)
 	}
 
-	if err := p.DeleteCheckpoint(t.Context(), ref); err != nil {
+	for _, other := range []runtime.PodRef{
+		{UID: "x", Namespace: "other", Name: "m"}, // another namespace's pod of the same name
+		{UID: "x", Namespace: "ns", Name: "n"},    // another pod of the namespace
+	} {
+		if err := p.DeleteCheckpoint(t.Context(), other, ref); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("m's checkpoint deleted for %+v: %v, want InvalidArgument", other, err)
+		}
+	}
+	if err := p.DeleteCheckpoint(t.Context(), req.Bind.Pod, ref); err != nil {
 		t.Fatal(err)
 	}
 	if a, b := nodes["a"].DeletedCheckpoints(), nodes["b"].DeletedCheckpoints(); !slices.Equal(a, []string{ref}) || len(b) != 0 {
 		t.Errorf("deleted on a %v, on b %v: want %s on a only", a, b, ref)
 	}
 	plain, _ := newSnapPool(t, Config{Name: "plain"}, "w", func(fr *fake.Runtime) runtime.Runtime { return plainNode{fr} }, 1)
-	if err := plain.DeleteCheckpoint(t.Context(), ref); !errdefs.IsUnavailable(err) {
+	if err := plain.DeleteCheckpoint(t.Context(), req.Bind.Pod, ref); !errdefs.IsUnavailable(err) {
 		t.Errorf("delete through node agents that store no checkpoints: %v, want unavailable", err)
+	}
+}
+
+// TestRestoreOnlyItsOwnCheckpoint: a bind that names another pod's
+// checkpoint (another namespace's, or another pod's of its namespace)
+// fails for good, as an invalid spec, and restores nothing; its own
+// restores.
+func TestRestoreOnlyItsOwnCheckpoint(t *testing.T) {
+	node := fakeNode(t, "a", 3)
+	p, rec := newPool(t, Config{Name: "t"}, node)
+	for uid, ref := range map[string]string{
+		"thief":    "reg.example/ckpt/victims/m@sha256:0123",
+		"neighbor": "reg.example/ckpt/ns/m@sha256:0123",
+	} {
+		req := request(uid, "j", "img", 0)
+		req.Bind.RuntimeHandler = runtime.RuntimeHandlerRunsc
+		req.Bind.Restore = &runtime.MovedCheckpoint{Ref: ref, From: "b"}
+		if err := p.Submit(req); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, uid+" failed or bound", func() bool {
+			_, failed := rec.last(uid, Failed)
+			_, bound := rec.last(uid, Bound)
+			return failed || bound
+		})
+		if u, ok := rec.last(uid, Failed); !ok || !u.Permanent || u.Reason != runtime.ReasonInvalidSpec {
+			t.Errorf("%s restoring %s: %+v, want a permanent %s", uid, ref, u, runtime.ReasonInvalidSpec)
+		}
+	}
+	own := request("m", "j", "img", 0)
+	own.Bind.RuntimeHandler = runtime.RuntimeHandlerRunsc
+	own.Bind.Restore = &runtime.MovedCheckpoint{Ref: "reg.example/ckpt/ns/m@sha256:0123", From: "b"}
+	if err := p.Submit(own); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "m bound", func() bool { _, ok := rec.last("m", Bound); return ok })
+	if got := node.Restores(); len(got) != 1 || got[0] != *own.Bind.Restore {
+		t.Errorf("restores %+v, want m's own only", got)
 	}
 }

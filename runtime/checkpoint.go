@@ -2,7 +2,11 @@ package runtime
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"time"
+
+	"github.com/containerd/errdefs"
 )
 
 // Checkpointer is implemented by runtimes that can keep a sandbox's
@@ -111,7 +115,32 @@ type Mover interface {
 
 // CheckpointStore is implemented by runtimes that can delete a moved
 // sandbox's artifact (a pod deleted before it was restored): runtime/noderuntime,
-// runtime/fake, the node API client.
+// runtime/fake, the node API client. DeleteCheckpoint deletes pod's
+// checkpoint ref; a ref that is not pod's (CheckMovedRef, and for
+// runtime/noderuntime the pod UID in the artifact's config) is
+// ErrInvalidArgument and nothing is deleted.
 type CheckpointStore interface {
-	DeleteCheckpoint(ctx context.Context, ref string) error
+	DeleteCheckpoint(ctx context.Context, pod PodRef, ref string) error
+}
+
+// CheckMovedRef refuses a moved sandbox's checkpoint ref that a node would
+// not have pushed for pod: one not named by digest, or whose repository
+// does not end in the pod's namespace and name, as a node names them
+// (<checkpoint repository>/<namespace>/<pod>@sha256:…). A ref may come
+// from the pod itself (podcontract.AnnotationMoved, which its tenant can
+// write): this keeps it from naming another pod's checkpoint, to restore
+// or to delete. The repository, and the pod UID in the artifact's config,
+// are the node's to check. Errors are ErrInvalidArgument.
+func CheckMovedRef(ref string, pod PodRef) error {
+	name, dgst, byDigest := strings.Cut(ref, "@")
+	switch {
+	case pod.Namespace == "" || pod.Name == "":
+		return fmt.Errorf("checkpoint %q: no pod namespace and name to check it against: %w", ref, errdefs.ErrInvalidArgument)
+	case !byDigest || !strings.HasPrefix(dgst, "sha256:"):
+		return fmt.Errorf("checkpoint %q is not named by digest (repository@sha256:…): %w", ref, errdefs.ErrInvalidArgument)
+	case !strings.HasSuffix(name, "/"+pod.Namespace+"/"+pod.Name):
+		return fmt.Errorf("checkpoint %q is not pod %s/%s's (a node pushes its checkpoints to <repository>/%s/%s): %w",
+			ref, pod.Namespace, pod.Name, pod.Namespace, pod.Name, errdefs.ErrInvalidArgument)
+	}
+	return nil
 }

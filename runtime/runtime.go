@@ -226,7 +226,7 @@ type BindRequest struct {
 	Fork *ForkSource `json:"fork,omitempty"`
 	// Restore, when set, starts the sandbox from a checkpoint a node
 	// pushed when it moved it away (see MovedCheckpoint): the pod goes on
-	// where it stopped, on this node.
+	// where it stopped, on this node. It must be Pod's (CheckMovedRef).
 	Restore *MovedCheckpoint `json:"restore,omitempty"`
 }
 

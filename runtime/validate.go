@@ -46,8 +46,9 @@ func (r BindRequest) Validate() error {
 			return fmt.Errorf("bind %s: a moved sandbox is restored under gVisor, in one container, as it ran: %w", r.Pod.UID, errdefs.ErrInvalidArgument)
 		case r.Fork != nil:
 			return fmt.Errorf("bind %s: a bind restores a moved sandbox or forks one, not both: %w", r.Pod.UID, errdefs.ErrInvalidArgument)
-		case m.Ref == "" || !strings.Contains(m.Ref, "@sha256:"):
-			return fmt.Errorf("bind %s: a moved sandbox's checkpoint %q is named by digest (repository@sha256:…): %w", r.Pod.UID, m.Ref, errdefs.ErrInvalidArgument)
+		}
+		if err := CheckMovedRef(m.Ref, r.Pod); err != nil {
+			return fmt.Errorf("bind %s: restore: %w", r.Pod.UID, err)
 		}
 	}
 	seen := map[string]bool{}

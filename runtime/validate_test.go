@@ -154,22 +154,30 @@ func TestValidateEgress(t *testing.T) {
 }
 
 // TestValidateRestore: a moved sandbox is restored under gVisor, in one
-// container, from a checkpoint named by digest, and not as a fork too.
+// container, from a checkpoint named by digest, and not as a fork too;
+// the checkpoint is the pod's own (<repository>/<namespace>/<pod>), never
+// another namespace's or pod's.
 func TestValidateRestore(t *testing.T) {
-	const ref = "reg:5000/ckpt/ns/p@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	const dgst = "@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 	base := func() BindRequest {
-		return BindRequest{Pod: PodRef{UID: "u1"}, Containers: []ContainerSpec{{Name: "main", Image: "img"}}, AllowUnauthenticated: true,
-			RuntimeHandler: RuntimeHandlerRunsc, Restore: &MovedCheckpoint{Ref: ref}}
+		return BindRequest{Pod: PodRef{UID: "u1", Namespace: "ns", Name: "p"}, Containers: []ContainerSpec{{Name: "main", Image: "img"}},
+			AllowUnauthenticated: true, RuntimeHandler: RuntimeHandlerRunsc, Restore: &MovedCheckpoint{Ref: "reg:5000/ckpt/ns/p" + dgst}}
 	}
 	if err := base().Validate(); err != nil {
 		t.Fatalf("a valid restore refused: %v", err)
 	}
 	for name, mutate := range map[string]func(*BindRequest){
-		"runc":     func(r *BindRequest) { r.RuntimeHandler = RuntimeHandlerRunc },
-		"two":      func(r *BindRequest) { r.Containers = append(r.Containers, ContainerSpec{Name: "side", Image: "img"}) },
-		"fork too": func(r *BindRequest) { r.Fork = &ForkSource{PodUID: "u0", ID: "a"} },
-		"tag":      func(r *BindRequest) { r.Restore.Ref = "reg:5000/ckpt/ns/p:moved-u1" },
-		"no ref":   func(r *BindRequest) { r.Restore.Ref = "" },
+		"runc":                func(r *BindRequest) { r.RuntimeHandler = RuntimeHandlerRunc },
+		"two":                 func(r *BindRequest) { r.Containers = append(r.Containers, ContainerSpec{Name: "side", Image: "img"}) },
+		"fork too":            func(r *BindRequest) { r.Fork = &ForkSource{PodUID: "u0", ID: "a"} },
+		"tag":                 func(r *BindRequest) { r.Restore.Ref = "reg:5000/ckpt/ns/p:moved-u1" },
+		"no ref":              func(r *BindRequest) { r.Restore.Ref = "" },
+		"another namespace's": func(r *BindRequest) { r.Restore.Ref = "reg:5000/ckpt/other/p" + dgst },
+		"another pod's":       func(r *BindRequest) { r.Restore.Ref = "reg:5000/ckpt/ns/q" + dgst },
+		"a longer namespace":  func(r *BindRequest) { r.Restore.Ref = "reg:5000/ckpt/xns/p" + dgst },
+		"a pod's prefix":      func(r *BindRequest) { r.Restore.Ref = "reg:5000/ckpt/ns/p/x" + dgst },
+		"no repository":       func(r *BindRequest) { r.Restore.Ref = "ns/p" + dgst },
+		"no namespace":        func(r *BindRequest) { r.Pod.Namespace, r.Restore.Ref = "", "reg:5000/ckpt//p"+dgst },
 	} {
 		r := base()
 		mutate(&r)

@@ -117,16 +117,22 @@ func (p *Provider) movePaused(now time.Time) {
 }
 
 // movedFrom reads a pod's AnnotationMoved (false: none, or unreadable).
-func movedFrom(pod *corev1.Pod) (runtime.MovedCheckpoint, bool) {
+// The pod's tenant can write it too: a checkpoint this pool would not
+// have pushed for this very pod (runtime.CheckMovedRef: another
+// namespace's or pod's) is refused, and the error says so.
+func movedFrom(pod *corev1.Pod) (runtime.MovedCheckpoint, bool, error) {
 	v, ok := pod.Annotations[podcontract.AnnotationMoved]
 	if !ok {
-		return runtime.MovedCheckpoint{}, false
+		return runtime.MovedCheckpoint{}, false, nil
 	}
 	var m runtime.MovedCheckpoint
 	if json.Unmarshal([]byte(v), &m) != nil || m.Ref == "" {
-		return runtime.MovedCheckpoint{}, false
+		return runtime.MovedCheckpoint{}, false, nil
 	}
-	return m, true
+	if err := runtime.CheckMovedRef(m.Ref, runtime.PodRef{UID: string(pod.UID), Namespace: pod.Namespace, Name: pod.Name}); err != nil {
+		return runtime.MovedCheckpoint{}, false, fmt.Errorf("annotation %s refused: %w", podcontract.AnnotationMoved, err)
+	}
+	return m, true, nil
 }
 
 // resumeMoved resumes a sandbox that moved while paused: its checkpoint is
@@ -166,8 +172,9 @@ func (p *Provider) dropMoved(uid string) {
 	p.mu.Lock()
 	sb := p.byUID[uid]
 	var ref string
+	var pod runtime.PodRef
 	if sb != nil && sb.req.Restore != nil {
-		ref = sb.req.Restore.Ref
+		ref, pod = sb.req.Restore.Ref, sb.req.Pod
 		sb.req.Restore = nil
 	}
 	p.mu.Unlock()
@@ -176,9 +183,11 @@ func (p *Provider) dropMoved(uid string) {
 	}
 	ctx, cancel := context.WithTimeout(p.ctx, time.Minute)
 	defer cancel()
-	if err := p.cfg.Pool.DeleteCheckpoint(ctx, ref); err != nil {
-		p.log.Warn("delete a moved sandbox's checkpoint", "uid", uid, "ref", ref, "err", err)
+	// The pool deletes only the pod's own checkpoint.
+	key := podKey(pod.Namespace, pod.Name)
+	if err := p.cfg.Pool.DeleteCheckpoint(ctx, pod, ref); err != nil {
+		p.log.Warn("delete a moved sandbox's checkpoint", "pod", key, "uid", uid, "ref", ref, "err", err)
 		return
 	}
-	p.log.Info("deleted a moved sandbox's checkpoint", "uid", uid, "ref", ref)
+	p.log.Info("deleted a moved sandbox's checkpoint", "pod", key, "uid", uid, "ref", ref)
 }

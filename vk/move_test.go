@@ -370,6 +370,73 @@ func TestMovedPodAfterRestart(t *testing.T) {
 	})
 }
 
+// TestMovedAnnotationOfAnotherPod: a pod whose sandman.io/moved names a
+// checkpoint that is not its own — another namespace's, or another pod's
+// of its namespace, which its tenant may write there — is neither
+// restored from it (its tenant would run another's memory) nor has it
+// deleted when the pod goes: it is lost, and says why.
+func TestMovedAnnotationOfAnotherPod(t *testing.T) {
+	idx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	if err := idx.Add(&nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "gvisor"}, Handler: "runsc"}); err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, 3, func(c *Config) { c.RuntimeClasses = nodev1listers.NewRuntimeClassLister(idx) })
+	ctx := t.Context()
+	rc := "gvisor"
+	for _, tc := range []struct {
+		name, ref string
+		paused    bool
+	}{
+		{"paused-other-ns", "reg.example/ckpt/victims/v@sha256:0v", true},
+		{"running-other-ns", "reg.example/ckpt/victims/v@sha256:0v", false},
+		{"paused-other-pod", "reg.example/ckpt/ns/v@sha256:0v", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := testPod(tc.name, "img")
+			pod.Spec.RuntimeClassName = &rc
+			b, _ := json.Marshal(runtime.MovedCheckpoint{Ref: tc.ref, Paused: tc.paused, From: "w0", Bytes: 64 << 20})
+			pod.Annotations[podcontract.AnnotationMoved] = string(b)
+			if tc.paused {
+				pod.Annotations[podcontract.AnnotationPause] = "true"
+			}
+			pod.Status = corev1.PodStatus{Phase: corev1.PodRunning, ContainerStatuses: []corev1.ContainerStatus{{Name: "task",
+				State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}}}}
+			if _, err := h.client.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if err := h.p.CreatePod(ctx, pod); err != nil {
+				t.Fatal(err)
+			}
+			got := h.wait(t, pod.UID, "the pod taken up", func(p *corev1.Pod) bool {
+				return p.Status.Phase == corev1.PodFailed || p.Status.Reason == podcontract.ReasonPaused || isReady(p)
+			})
+			if got.Status.Phase != corev1.PodFailed || got.Status.Reason != podcontract.ReasonSandboxLost ||
+				!strings.Contains(got.Status.Message, podcontract.AnnotationMoved) {
+				t.Errorf("status %s %q %q, want Failed, %s, saying why %s was refused", got.Status.Phase, got.Status.Reason, got.Status.Message,
+					podcontract.ReasonSandboxLost, podcontract.AnnotationMoved)
+			}
+
+			del := pod.DeepCopy()
+			del.DeletionTimestamp, del.DeletionGracePeriodSeconds = &metav1.Time{Time: time.Now()}, new(int64)
+			if err := h.p.DeletePod(ctx, del); err != nil {
+				t.Fatal(err)
+			}
+			poll(t, "the pod released", func() bool {
+				h.p.mu.Lock()
+				defer h.p.mu.Unlock()
+				_, ok := h.p.byUID[string(pod.UID)]
+				return !ok
+			})
+			if d := h.node.DeletedCheckpoints(); len(d) != 0 {
+				t.Errorf("deleted checkpoints %v: another pod's", d)
+			}
+			if r := h.node.Restores(); len(r) != 0 {
+				t.Errorf("restored %+v: another pod's", r)
+			}
+		})
+	}
+}
+
 // TestMovePausedAfter: with MovePausedAfter, a sandbox paused that long is
 // moved off its node at the next reconcile — it holds no slot — and its
 // resume restores it from the checkpoint.

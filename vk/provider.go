@@ -453,7 +453,10 @@ func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	// A pod that ran before (its status says so) but has no slot now was
 	// lost, e.g. while the provider was down: it is not started again —
 	// unless it moved, and no node holds it by design.
-	moved, isMoved := movedFrom(pod)
+	moved, isMoved, movedErr := movedFrom(pod)
+	if movedErr != nil && lostWhileRunning(pod) {
+		p.log.Warn("a pod's moved checkpoint is not its own: it is not restored, and not deleted", "pod", podKey(pod.Namespace, pod.Name), "err", movedErr)
+	}
 	if lostWhileRunning(pod) && !isMoved && p.cfg.Pool.Unsynced() != nil {
 		// Its agent may be one that has not answered yet (slow, not
 		// dead): the reconciler adopts it when that agent syncs, or
@@ -464,7 +467,11 @@ func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 		return nil
 	}
 	if lostWhileRunning(pod) && !isMoved {
-		sb.fail(podcontract.ReasonSandboxLost, "the sandbox of this pod no longer exists on any node agent (it was lost while the virtual node was restarting)", p.cfg.Now())
+		msg := "the sandbox of this pod no longer exists on any node agent (it was lost while the virtual node was restarting)"
+		if movedErr != nil {
+			msg += "; " + movedErr.Error()
+		}
+		sb.fail(podcontract.ReasonSandboxLost, msg, p.cfg.Now())
 		p.mu.Unlock()
 		p.cfg.Recorder.Event(pod, corev1.EventTypeWarning, podcontract.ReasonSandboxLost, sb.message)
 		p.push(uid)

@@ -697,10 +697,11 @@ func (r *Runtime) Restores() []runtime.MovedCheckpoint {
 }
 
 // DeleteCheckpoint implements runtime.CheckpointStore: the ref is recorded
-// (DeletedCheckpoints). A ref without a digest is InvalidArgument.
-func (r *Runtime) DeleteCheckpoint(ctx context.Context, ref string) error {
-	if !strings.Contains(ref, "@sha256:") {
-		return fmt.Errorf("delete checkpoint %q: not named by digest: %w", ref, errdefs.ErrInvalidArgument)
+// (DeletedCheckpoints). A ref that is not pod's (runtime.CheckMovedRef) is
+// InvalidArgument.
+func (r *Runtime) DeleteCheckpoint(ctx context.Context, pod runtime.PodRef, ref string) error {
+	if err := runtime.CheckMovedRef(ref, pod); err != nil {
+		return fmt.Errorf("delete checkpoint: %w", err)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -82,8 +82,8 @@ func TestLatenciesRunOnTheClock(t *testing.T) {
 // TestMoveOut: a running gVisor pod moved out publishes a Moved exit with
 // its checkpoint, after its slot paused, and its slot is released; a
 // paused one says it was paused; a runc one does not move. A bind restores
-// a moved sandbox only under gVisor, and is recorded; DeleteCheckpoint
-// records what it deletes.
+// a moved sandbox only under gVisor, and only its own, and is recorded;
+// DeleteCheckpoint records what it deletes, and refuses another pod's.
 func TestMoveOut(t *testing.T) {
 	rt, err := fake.New(fake.Config{Node: "n", Slots: 4})
 	if err != nil {
@@ -143,25 +143,42 @@ func TestMoveOut(t *testing.T) {
 		t.Errorf("a runc pod moved: %v", err)
 	}
 
-	restore := gvisor("back")
+	// The pod that ran comes back (the same namespace, name and UID).
+	restore := gvisor("run")
 	restore.Restore = &runtime.MovedCheckpoint{Ref: ref, From: "n"}
 	if _, err := rt.Bind(t.Context(), restore); err != nil {
 		t.Fatal(err)
 	}
-	runc := runtimetest.Request("runc-back", "img")
+	runc := runtimetest.Request("run", "img")
+	runc.Pod.UID = "runc-back"
 	runc.Restore = restore.Restore
 	if _, err := rt.Bind(t.Context(), runc); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("a runc pod restored: %v", err)
+	}
+	other := gvisor("other")
+	other.Restore = restore.Restore
+	if _, err := rt.Bind(t.Context(), other); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("another pod restored pod-run's checkpoint: %v", err)
 	}
 	if got := rt.Restores(); len(got) != 1 || got[0] != *restore.Restore {
 		t.Errorf("restores %+v, want %+v", got, *restore.Restore)
 	}
 
-	if err := rt.DeleteCheckpoint(t.Context(), ref); err != nil {
+	if err := rt.DeleteCheckpoint(t.Context(), restore.Pod, ref); err != nil {
 		t.Fatal(err)
 	}
-	if err := rt.DeleteCheckpoint(t.Context(), "reg.example/ckpt:latest"); !errdefs.IsInvalidArgument(err) {
-		t.Errorf("a checkpoint not named by digest deleted: %v", err)
+	for _, tc := range []struct {
+		what string
+		pod  runtime.PodRef
+		ref  string
+	}{
+		{"not named by digest", restore.Pod, "reg.example/ckpt/suite/pod-run:latest"},
+		{"another namespace's", runtime.PodRef{UID: "x", Namespace: "other", Name: "pod-run"}, ref},
+		{"another pod's", other.Pod, ref},
+	} {
+		if err := rt.DeleteCheckpoint(t.Context(), tc.pod, tc.ref); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("a checkpoint %s deleted: %v", tc.what, err)
+		}
 	}
 	if got := rt.DeletedCheckpoints(); !slices.Equal(got, []string{ref}) {
 		t.Errorf("deleted %v, want [%s]", got, ref)

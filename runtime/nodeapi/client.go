@@ -181,8 +181,8 @@ func (c *Client) Pause(ctx context.Context, uid string) (runtime.PauseResult, er
 
 // DeleteCheckpoint implements runtime.CheckpointStore: POST
 // /v1/checkpoints/delete.
-func (c *Client) DeleteCheckpoint(ctx context.Context, ref string) error {
-	return c.do(ctx, http.MethodPost, "/v1/checkpoints/delete", checkpointRequest{Ref: ref}, nil)
+func (c *Client) DeleteCheckpoint(ctx context.Context, pod runtime.PodRef, ref string) error {
+	return c.do(ctx, http.MethodPost, "/v1/checkpoints/delete", checkpointRequest{Pod: pod, Ref: ref}, nil)
 }
 
 // Move implements runtime.Mover: POST /v1/move.

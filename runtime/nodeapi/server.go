@@ -433,9 +433,11 @@ func (s *Server) move(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, moved)
 }
 
-// checkpointRequest names a moved sandbox's artifact.
+// checkpointRequest names a moved sandbox's artifact and the pod it is
+// deleted for, which it must be (runtime.CheckpointStore).
 type checkpointRequest struct {
-	Ref string `json:"ref"`
+	Pod runtime.PodRef `json:"pod"`
+	Ref string         `json:"ref"`
 }
 
 // deleteCheckpoint deletes a moved sandbox's artifact from the registry
@@ -448,14 +450,18 @@ func (s *Server) deleteCheckpoint(w http.ResponseWriter, r *http.Request) {
 	}
 	var req checkpointRequest
 	err := decode(w, r, 64<<10, &req)
-	if err == nil && req.Ref == "" {
+	switch {
+	case err != nil:
+	case req.Ref == "":
 		err = errors.New("ref is required")
+	case req.Pod.UID == "" || req.Pod.Namespace == "" || req.Pod.Name == "":
+		err = errors.New("pod (uid, namespace, name) is required: a checkpoint is deleted only for the pod it is of (is sandman-vk older than sandman-node?)")
 	}
 	if err != nil {
 		writeError(w, err, http.StatusBadRequest, "invalid_argument")
 		return
 	}
-	if err := cs.DeleteCheckpoint(context.WithoutCancel(r.Context()), req.Ref); err != nil {
+	if err := cs.DeleteCheckpoint(context.WithoutCancel(r.Context()), req.Pod, req.Ref); err != nil {
 		writeErr(w, err)
 		return
 	}

@@ -385,11 +385,11 @@ func (r *Runtime) start(ctx context.Context, s *slot, req runtime.BindRequest) e
 		}
 		if req.Restore != nil {
 			// It runs: its state is no longer needed in the registry.
-			ref := req.Restore.Ref
+			pod, ref := req.Pod, req.Restore.Ref
 			r.owned.Go(func() {
 				dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 				defer cancel()
-				if err := r.DeleteCheckpoint(dctx, ref); err != nil {
+				if err := r.DeleteCheckpoint(dctx, pod, ref); err != nil {
 					r.log.Warn("delete a restored sandbox's checkpoint from the registry", "ref", ref, "err", err)
 				}
 			})

@@ -266,24 +266,82 @@ func pushBytes(ctx context.Context, p remotes.Pusher, desc ocispec.Descriptor, b
 	return nodeimage.PushBlob(ctx, p, desc, bytes.NewReader(b))
 }
 
-// checkMovedRef refuses a moved sandbox's artifact outside the node's
-// checkpoint repository for its namespace.
-func (r *Runtime) checkMovedRef(ref, namespace string) error {
+// checkMovedRef refuses a moved sandbox's artifact that this node would
+// not have pushed for pod: one not <CheckpointRepository>/<namespace>/<pod>,
+// by digest (runtime.CheckMovedRef, and the repository).
+func (r *Runtime) checkMovedRef(ref string, pod runtime.PodRef) error {
 	if r.cfg.CheckpointRepository == "" {
 		return fmt.Errorf("node %s has no checkpoint repository (sandman-node --checkpoint-repository): it cannot restore moved sandboxes: %w", r.cfg.Node, errdefs.ErrFailedPrecondition)
+	}
+	if err := runtime.CheckMovedRef(ref, pod); err != nil {
+		return fmt.Errorf("moved sandbox: %w", err)
 	}
 	named, err := reference.ParseNormalizedNamed(ref)
 	if err != nil {
 		return fmt.Errorf("moved sandbox %q: %v: %w", ref, err, errdefs.ErrInvalidArgument)
 	}
-	prefix := r.cfg.CheckpointRepository + "/"
-	if namespace != "" {
-		prefix += namespace + "/"
-	}
-	if _, ok := named.(reference.Canonical); !ok || !strings.HasPrefix(named.Name(), prefix) {
-		return fmt.Errorf("moved sandbox %q: not an artifact under %s: %w", ref, prefix, errdefs.ErrInvalidArgument)
+	want := r.cfg.CheckpointRepository + "/" + pod.Namespace + "/" + pod.Name
+	if _, ok := named.(reference.Canonical); !ok || named.Name() != want {
+		return fmt.Errorf("moved sandbox %q: not an artifact %s@sha256:…: %w", ref, want, errdefs.ErrInvalidArgument)
 	}
 	return nil
+}
+
+// of refuses a moved sandbox's config that is not pod's: another UID (a
+// pod of the same name before this one), or another namespace or name.
+func (c movedConfig) of(pod runtime.PodRef) error {
+	switch {
+	case c.PodUID != pod.UID:
+		return fmt.Errorf("it is pod %s's checkpoint, not %s's: %w", c.PodUID, pod.UID, errdefs.ErrInvalidArgument)
+	case c.Namespace != pod.Namespace || c.Name != pod.Name:
+		return fmt.Errorf("it is pod %s/%s's checkpoint, not %s/%s's: %w", c.Namespace, c.Name, pod.Namespace, pod.Name, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// readMoved resolves a moved sandbox's artifact and reads its manifest and
+// config, each checked against its digest. An artifact that is gone is
+// ErrNotFound.
+func (r *Runtime) readMoved(ctx context.Context, ref string) (remotes.Fetcher, ocispec.Manifest, movedConfig, error) {
+	auth, err := r.snapshotPushAuth()
+	if err != nil {
+		return nil, ocispec.Manifest{}, movedConfig{}, err
+	}
+	resolver := r.images.Resolver(ctx, auth, nil)
+	name, target, err := resolver.Resolve(ctx, ref)
+	if err != nil {
+		return nil, ocispec.Manifest{}, movedConfig{}, fmt.Errorf("fetch checkpoint %s: %w", ref, err)
+	}
+	fetcher, err := resolver.Fetcher(ctx, name)
+	if err != nil {
+		return nil, ocispec.Manifest{}, movedConfig{}, fetchMovedError(ref, err)
+	}
+	raw, err := fetchSmall(ctx, fetcher, target)
+	if err != nil {
+		return nil, ocispec.Manifest{}, movedConfig{}, fetchMovedError(ref, err)
+	}
+	var m ocispec.Manifest
+	if err := json.Unmarshal(raw, &m); err != nil || m.Config.MediaType != runtime.MediaTypeCheckpoint || len(m.Layers) != 2 {
+		return nil, ocispec.Manifest{}, movedConfig{}, fmt.Errorf("%s is not a moved sandbox's checkpoint: %w", ref, errdefs.ErrDataLoss)
+	}
+	rawCfg, err := fetchSmall(ctx, fetcher, m.Config)
+	if err != nil {
+		return nil, ocispec.Manifest{}, movedConfig{}, fetchMovedError(ref, err)
+	}
+	var cfg movedConfig
+	if err := json.Unmarshal(rawCfg, &cfg); err != nil {
+		return nil, ocispec.Manifest{}, movedConfig{}, fmt.Errorf("%s: its config: %v: %w", ref, err, errdefs.ErrDataLoss)
+	}
+	return fetcher, m, cfg, nil
+}
+
+// fetchMovedError says which checkpoint a fetch after its resolve failed
+// for; it is no longer ErrNotFound (the artifact resolved).
+func fetchMovedError(ref string, err error) error {
+	if errdefs.IsNotFound(err) {
+		return fmt.Errorf("fetch checkpoint %s: %v: %w", ref, err, errdefs.ErrDataLoss)
+	}
+	return fmt.Errorf("fetch checkpoint %s: %w", ref, err)
 }
 
 // fetchMoved fetches a bind's moved sandbox (req.Restore) into a directory
@@ -291,45 +349,21 @@ func (r *Runtime) checkMovedRef(ref, namespace string) error {
 // its sandbox started (releaseFork).
 func (r *Runtime) fetchMoved(ctx context.Context, s *slot, req runtime.BindRequest) (_ *forkImage, retErr error) {
 	ref := req.Restore.Ref
-	if err := r.checkMovedRef(ref, req.Pod.Namespace); err != nil {
+	if err := r.checkMovedRef(ref, req.Pod); err != nil {
 		return nil, err
 	}
-	auth, err := r.snapshotPushAuth()
-	if err != nil {
-		return nil, err
-	}
-	resolver := r.images.Resolver(ctx, auth, nil)
 	begin := time.Now()
-	name, target, err := resolver.Resolve(ctx, ref)
+	fetcher, m, cfg, err := r.readMoved(ctx, ref)
+	if errdefs.IsNotFound(err) {
+		return nil, fmt.Errorf("its checkpoint %s is gone: %w", ref, errdefs.ErrDataLoss)
+	}
 	if err != nil {
-		if errdefs.IsNotFound(err) {
-			return nil, fmt.Errorf("its checkpoint %s is gone: %w", ref, errdefs.ErrDataLoss)
-		}
-		return nil, fmt.Errorf("fetch its checkpoint %s: %w", ref, err)
+		return nil, err
 	}
-	fetcher, err := resolver.Fetcher(ctx, name)
-	if err != nil {
-		return nil, fmt.Errorf("fetch its checkpoint %s: %w", ref, err)
-	}
-	raw, err := fetchSmall(ctx, fetcher, target)
-	if err != nil {
-		return nil, fmt.Errorf("fetch its checkpoint %s: %w", ref, err)
-	}
-	var m ocispec.Manifest
-	if err := json.Unmarshal(raw, &m); err != nil || m.Config.MediaType != runtime.MediaTypeCheckpoint || len(m.Layers) != 2 {
-		return nil, fmt.Errorf("%s is not a moved sandbox's checkpoint: %w", ref, errdefs.ErrDataLoss)
-	}
-	rawCfg, err := fetchSmall(ctx, fetcher, m.Config)
-	if err != nil {
-		return nil, fmt.Errorf("fetch its checkpoint %s: %w", ref, err)
-	}
-	var cfg movedConfig
-	if err := json.Unmarshal(rawCfg, &cfg); err != nil {
-		return nil, fmt.Errorf("%s: its config: %v: %w", ref, err, errdefs.ErrDataLoss)
+	if err := cfg.of(req.Pod); err != nil {
+		return nil, fmt.Errorf("%s: %w", ref, err)
 	}
 	switch {
-	case cfg.PodUID != req.Pod.UID:
-		return nil, fmt.Errorf("%s is pod %s's checkpoint, not %s's: %w", ref, cfg.PodUID, req.Pod.UID, errdefs.ErrInvalidArgument)
 	case cfg.SpecHash == "" || cfg.AssignKey == "":
 		return nil, fmt.Errorf("%s names no assign token: %w", ref, errdefs.ErrDataLoss)
 	case cfg.Image != req.Containers[0].Image:
@@ -420,12 +454,23 @@ func untarFetched(ctx context.Context, f remotes.Fetcher, desc ocispec.Descripto
 	return nil
 }
 
-// DeleteCheckpoint implements runtime.CheckpointStore: a moved sandbox's
-// artifact, in the node's checkpoint repository, is deleted from the
-// registry.
-func (r *Runtime) DeleteCheckpoint(ctx context.Context, ref string) error {
-	if err := r.checkMovedRef(ref, ""); err != nil {
+// DeleteCheckpoint implements runtime.CheckpointStore: pod's moved
+// sandbox's artifact, in the node's checkpoint repository under the pod's
+// namespace and name (checkMovedRef) and whose config names the pod's UID,
+// is deleted from the registry. One already gone is not an error.
+func (r *Runtime) DeleteCheckpoint(ctx context.Context, pod runtime.PodRef, ref string) error {
+	if err := r.checkMovedRef(ref, pod); err != nil {
 		return err
+	}
+	_, _, cfg, err := r.readMoved(ctx, ref)
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := cfg.of(pod); err != nil {
+		return fmt.Errorf("delete %s: %w", ref, err)
 	}
 	auth, err := r.snapshotPushAuth()
 	if err != nil {
