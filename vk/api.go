@@ -16,16 +16,17 @@ import (
 // authorized as the kubelet port's other paths, by vk/kubeletauth: nodes/proxy
 // get to read, create to pre-pull and snapshot): images, pre-pull,
 // snapshot, capacity (JSON), the sandboxes' resource use (usage), and the
-// capacity page. Their wire types are in package vk/api;
+// capacity page; authorized, the capacity data names each node's images.
+// Their wire types are in package vk/api;
 // a call they refuse is answered by statusError, in the one shape clients
 // read as a *vkapi.Error.
 func (p *Provider) AttachAPI(mux *http.ServeMux) {
 	mux.HandleFunc("GET "+vkapi.APIPrefix+"images", p.serveImages)
 	mux.HandleFunc("POST "+vkapi.APIPrefix+"prepull", p.servePrePull)
 	mux.HandleFunc("POST "+vkapi.APIPrefix+"snapshot", p.serveSnapshot)
-	mux.HandleFunc("GET "+vkapi.APIPrefix+"capacity", p.serveCapacity)
+	mux.HandleFunc("GET "+vkapi.APIPrefix+"capacity", p.serveCapacity(true))
 	mux.HandleFunc("GET "+vkapi.APIPrefix+"usage", p.serveUsage)
-	p.AttachCapacity(mux)
+	p.attachCapacity(mux, true)
 }
 
 func flatten(all []pool.NodeImages, only map[string]bool) []vkapi.NodeImage {

@@ -21,8 +21,13 @@ var capacityPage []byte
 
 var readyBucketsMS = []float64{25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000}
 
-// Capacity returns the current snapshot.
-func (p *Provider) Capacity() vkapi.Capacity {
+// Capacity returns the current snapshot as anyone may read it: counts and
+// sizes, each node's images counted but not named.
+func (p *Provider) Capacity() vkapi.Capacity { return p.capacity(false) }
+
+// capacity is Capacity, each node's image references in it with images
+// (for a caller the kubelet port authorized).
+func (p *Provider) capacity(images bool) vkapi.Capacity {
 	now := p.cfg.Now()
 	c := vkapi.Capacity{Time: now, Pool: p.cfg.Pool.Name(), VirtualNode: p.cfg.NodeName, Queue: p.cfg.Pool.QueueLen(),
 		Pods: map[string]int{}, Totals: vkapi.CapacityTotals{Slots: map[runtime.SlotState]int{}}}
@@ -31,15 +36,15 @@ func (p *Provider) Capacity() vkapi.Capacity {
 	}
 	for _, v := range p.cfg.Pool.Nodes() {
 		n := vkapi.NodeCapacity{Name: v.Name, Healthy: v.Healthy, Error: v.Error, CapacitySlots: v.Capacity.Slots,
-			Slots: map[runtime.SlotState]int{}, Images: v.Images, Inflight: v.Inflight,
+			Slots: map[runtime.SlotState]int{}, ImageCount: len(v.Images), Inflight: v.Inflight,
 			CPU: vkapi.Amount{Allocated: float64(v.Allocated.MilliCPU) / 1000,
 				Capacity: float64(v.Capacity.Resources.MilliCPU) / 1000},
 			Memory: vkapi.Amount{Allocated: float64(v.Allocated.MemoryBytes),
 				Capacity: float64(v.Capacity.Resources.MemoryBytes)},
 			Binds: v.Binds.Count, BindFailures: v.Binds.Failed,
 			BindP50MS: ms(v.Binds.P50), BindP99MS: ms(v.Binds.P99)}
-		if n.Images == nil {
-			n.Images = []string{}
+		if images {
+			n.Images = v.Images
 		}
 		for _, st := range runtime.SlotStates {
 			n.Slots[st] = v.Slots[st]
@@ -83,20 +88,29 @@ func (p *Provider) podsByPhase() map[corev1.PodPhase]int {
 
 // AttachCapacity serves the capacity page at /capacity and its data at
 // /capacity.json (the page fetches it relative to its own address, so it
-// works through `kubectl proxy` and the apiserver's node proxy too).
-func (p *Provider) AttachCapacity(mux *http.ServeMux) {
+// works through `kubectl proxy` and the apiserver's node proxy too) on a
+// listener that authenticates no one (the metrics port): the data counts
+// each node's images but does not name them. AttachAPI serves the same
+// routes, naming them, on the kubelet port.
+func (p *Provider) AttachCapacity(mux *http.ServeMux) { p.attachCapacity(mux, false) }
+
+func (p *Provider) attachCapacity(mux *http.ServeMux, images bool) {
 	mux.HandleFunc("GET /capacity", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		w.Header().Set("Cache-Control", "no-store")
 		_, _ = w.Write(capacityPage)
 	})
-	mux.HandleFunc("GET /capacity.json", p.serveCapacity)
+	mux.HandleFunc("GET /capacity.json", p.serveCapacity(images))
 }
 
-func (p *Provider) serveCapacity(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	_ = json.NewEncoder(w).Encode(p.Capacity())
+// serveCapacity answers the capacity snapshot, with image references when
+// images is set.
+func (p *Provider) serveCapacity(images bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		_ = json.NewEncoder(w).Encode(p.capacity(images))
+	}
 }
 
 // readyRingSize bounds the create→Ready samples kept.

@@ -2,6 +2,7 @@ package vk
 
 import (
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -73,6 +74,68 @@ func TestCapacityFollowsSandboxes(t *testing.T) {
 			}
 		}
 		resp.Body.Close()
+	}
+}
+
+// TestCapacityImageRefsOnlyWhenAuthorized: the capacity page's data on an
+// unauthenticated listener (AttachCapacity: the metrics port, which any
+// pod may reach) counts each node's images but names none (their refs
+// and digests are private registry paths, snapshots, templates); on the
+// kubelet port's routes (AttachAPI, behind its authorization) it names
+// them too.
+func TestCapacityImageRefsOnlyWhenAuthorized(t *testing.T) {
+	h := newHarness(t, 3)
+	type node struct {
+		Images     []string `json:"images"`
+		ImageCount int      `json:"image_count"`
+	}
+	get := func(t *testing.T, mux *http.ServeMux, path string) (node, string) {
+		t.Helper()
+		srv := httptest.NewServer(mux)
+		defer srv.Close()
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		raw, err := io.ReadAll(resp.Body)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %s %v", path, resp.Status, err)
+		}
+		var c struct {
+			Nodes []node `json:"nodes"`
+		}
+		if err := json.Unmarshal(raw, &c); err != nil || len(c.Nodes) != 1 {
+			t.Fatalf("%s: %s: %v", path, raw, err)
+		}
+		return c.Nodes[0], string(raw)
+	}
+	public := http.NewServeMux()
+	h.p.AttachCapacity(public)
+	authorized := http.NewServeMux()
+	h.p.AttachAPI(authorized)
+	for _, tc := range []struct {
+		name   string
+		mux    *http.ServeMux
+		path   string
+		images bool
+	}{
+		{"metrics listener", public, "/capacity.json", false},
+		{"kubelet port page", authorized, "/capacity.json", true},
+		{"kubelet port API", authorized, vkapi.APIPrefix + "capacity", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n, raw := get(t, tc.mux, tc.path)
+			if n.ImageCount != 1 {
+				t.Errorf("image_count %d, want 1", n.ImageCount)
+			}
+			switch {
+			case tc.images && (len(n.Images) != 1 || !strings.Contains(n.Images[0], "img")):
+				t.Errorf("images %q, want the node's one", n.Images)
+			case !tc.images && (len(n.Images) != 0 || strings.Contains(raw, "img")):
+				t.Errorf("an unauthenticated caller is told the node's images: %s", raw)
+			}
+		})
 	}
 }
 

@@ -87,7 +87,7 @@ func writeTop(out io.Writer, c vkapi.Capacity) {
 		if !n.Healthy {
 			health = "UNHEALTHY"
 		}
-		row(n.Name, health, n.Slots, n.CapacitySlots, n.CPU, n.Memory, fmt.Sprint(len(n.Images)),
+		row(n.Name, health, n.Slots, n.CapacitySlots, n.CPU, n.Memory, fmt.Sprint(max(n.ImageCount, len(n.Images))),
 			lat(n.Binds, n.BindP50MS), lat(n.Binds, n.BindP99MS))
 	}
 	t := c.Totals

@@ -57,8 +57,14 @@ type NodeCapacity struct {
 	Slots         map[runtime.SlotState]int `json:"slots"`
 	CPU           Amount                    `json:"cpu_cores"`
 	Memory        Amount                    `json:"memory_bytes"`
-	Images        []string                  `json:"images"`
-	Inflight      int                       `json:"binds_in_flight"`
+	// ImageCount is how many images the node has cached. Images names
+	// them (references with digests: private registry paths, snapshots,
+	// templates) only for a caller the kubelet port authorized (GET
+	// APIPrefix+"capacity", and the page there); the metrics listener's
+	// page, which anyone who reaches the port can read, counts them only.
+	ImageCount int      `json:"image_count"`
+	Images     []string `json:"images,omitempty"`
+	Inflight   int      `json:"binds_in_flight"`
 	// Binds over the pool's recent window (pool.BindWindow): count,
 	// failures, latency of the successful ones.
 	Binds        int     `json:"binds"`
