@@ -36,7 +36,7 @@ func TestWireNames(t *testing.T) {
 			Totals: api.CapacityTotals{Nodes: 1, HealthyNodes: 1, CapacitySlots: 4, Slots: map[runtime.SlotState]int{runtime.StateWarm: 3},
 				CPU: api.Amount{Allocated: 1, Capacity: 4}, Memory: api.Amount{Allocated: 2, Capacity: 8}, Inflight: 1},
 			Nodes: []api.NodeCapacity{{Name: "w1", Healthy: true, Error: "e", CapacitySlots: 4, Slots: map[runtime.SlotState]int{runtime.StateBound: 1},
-				CPU: api.Amount{}, Memory: api.Amount{}, Images: []string{"i"}, Inflight: 1,
+				CPU: api.Amount{}, Memory: api.Amount{}, ImageCount: 1, Images: []string{"i"}, Inflight: 1,
 				Binds: 5, BindFailures: 1, BindP50MS: 2, BindP99MS: 3}},
 			CreateToReady: api.ReadyHistogram{Window: "5m", Count: 1, P50MS: 4, P99MS: 5, Buckets: []api.Bucket{{LeMS: 25, Count: 1}}},
 		}, `{"time":"2025-01-02T03:04:05Z","pool":"p","virtual_node":"sandman-p",` +
@@ -44,7 +44,7 @@ func TestWireNames(t *testing.T) {
 			`"cpu_cores":{"allocated":1,"capacity":4},"memory_bytes":{"allocated":2,"capacity":8},"binds_in_flight":1},` +
 			`"queue":2,"queue_room":100,"advertised_pods":104,"pods":{"Running":1},` +
 			`"nodes":[{"name":"w1","healthy":true,"error":"e","capacity_slots":4,"slots":{"bound":1},` +
-			`"cpu_cores":{"allocated":0,"capacity":0},"memory_bytes":{"allocated":0,"capacity":0},"images":["i"],` +
+			`"cpu_cores":{"allocated":0,"capacity":0},"memory_bytes":{"allocated":0,"capacity":0},"image_count":1,"images":["i"],` +
 			`"binds_in_flight":1,"binds":5,"bind_failures":1,"bind_p50_ms":2,"bind_p99_ms":3}],` +
 			`"create_to_ready":{"window":"5m","count":1,"p50_ms":4,"p99_ms":5,"buckets":[{"le_ms":25,"count":1}]}}`},
 		{"snapshot request", api.SnapshotRequest{Namespace: "ns", Pod: "p", Container: "c", Image: "envs/x:1"},
